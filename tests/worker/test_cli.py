@@ -1,0 +1,44 @@
+"""The chattts-farm command line, run as a user runs it: a separate process."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from worker.assets import MANIFEST_NAME
+from worker.audio import decode
+
+CLI = str(Path(sys.executable).parent / "chattts-farm")
+
+
+def run_cli(*arguments, data_dir):
+    environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(data_dir)}
+    return subprocess.run([CLI, *arguments], capture_output=True, text=True, env=environment, timeout=300)
+
+
+def test_say_writes_the_audio_and_describes_it(tmp_path, data_dir):
+    output = tmp_path / "hello.mp3"
+    finished = run_cli("say", "Hello from the farm.", "--voice", "42", "--format", "mp3", "-o", str(output),
+                       "--seed", "3", "--speed", "4", "--model", "synthetic-tiny", data_dir=data_dir)
+    assert finished.returncode == 0, finished.stderr
+    summary = json.loads(finished.stdout)
+    assert summary["model"]["kind"] == "synthetic" and summary["seed"] == 3 and summary["format"] == "mp3"
+    samples, rate = decode(output.read_bytes())
+    assert abs(len(samples) / rate - summary["duration_s"]) < 0.05
+
+
+def test_say_refuses_bad_input_on_stderr_with_a_failing_exit(tmp_path, data_dir):
+    output = tmp_path / "never.wav"
+    finished = run_cli("say", "Hello.", "--voice", "not-a-voice", "-o", str(output), "--model", "synthetic-tiny",
+                       data_dir=data_dir)
+    assert finished.returncode != 0
+    assert "voice: must be an integer seed" in finished.stderr
+    assert not output.exists()
+
+
+def test_assets_build_writes_a_complete_asset_folder(tmp_path, data_dir):
+    finished = run_cli("assets", "build", "--scale", "tiny", str(tmp_path / "tiny"), data_dir=data_dir)
+    assert finished.returncode == 0, finished.stderr
+    assert (tmp_path / "tiny" / MANIFEST_NAME).is_file()
+    assert (tmp_path / "tiny" / "asset" / "gpt" / "model.safetensors").is_file()

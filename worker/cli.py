@@ -1,0 +1,114 @@
+"""The ``chattts-farm`` command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from worker.contract import FORMATS, FarmError, SynthesisRequest
+from worker.settings import Settings, SettingsError
+
+
+def configure_cuda_allocator() -> None:
+    """Expandable segments keep long-running workers from dying of fragmentation OOMs.
+
+    Must run before torch initialises CUDA, so every entry point calls it first.
+    """
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def _settings(**overrides: object) -> Settings:
+    try:
+        return Settings.from_env(**overrides)
+    except SettingsError as error:
+        raise click.UsageError(str(error)) from None
+
+
+class _ProgressBar:
+    """A terminal progress bar for asset builds and downloads, one bar per step name."""
+
+    def __init__(self) -> None:
+        self.bar = None
+        self.step = None
+
+    def __call__(self, step: str, done: int, total: int) -> None:
+        from tqdm import tqdm
+
+        if step != self.step:
+            self.close()
+            self.step = step
+            self.bar = tqdm(total=total, desc=step, unit="file", file=sys.stderr)
+        self.bar.n = done
+        self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+@click.group()
+def main() -> None:
+    """chattts-farm: a ChatTTS speech-synthesis farm."""
+    configure_cuda_allocator()
+
+
+@main.command()
+@click.argument("text")
+@click.option("--voice", default="2222", show_default=True, help="A seed or a speaker-embedding string.")
+@click.option("--format", "audio_format", type=click.Choice(FORMATS), default="wav", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option("--seed", type=int, default=None, help="Audio sampling seed (default: random, printed).")
+@click.option("--speed", type=int, default=5, show_default=True, help="ChatTTS speed 1..9.")
+@click.option("--temperature", type=float, default=0.3, show_default=True)
+@click.option("--top-p", type=float, default=0.7, show_default=True)
+@click.option("--top-k", type=int, default=20, show_default=True)
+@click.option("--refine-text/--no-refine-text", default=False, show_default=True)
+@click.option("--model", default=None, help="Model source (default: CHATTTS_FARM_MODEL or huggingface).")
+def say(text: str, voice: str, audio_format: str, output: Path, seed: int | None, speed: int,
+        temperature: float, top_p: float, top_k: int, refine_text: bool, model: str | None) -> None:
+    """Synthesise TEXT into a file, locally, without the farm."""
+    from worker.synthesis import Synthesizer
+
+    settings = _settings(model=model)
+    try:
+        request = SynthesisRequest.from_arguments(
+            {"text": text, "voice": voice, "format": audio_format, "seed": seed, "speed": speed,
+             "temperature": temperature, "top_p": top_p, "top_k": top_k, "refine_text": refine_text},
+            max_text_chars=settings.max_text_chars,
+        )
+        progress = _ProgressBar()
+        synthesizer = Synthesizer.load(settings, progress=progress)
+        progress.close()
+        outcome = synthesizer.synthesize([request])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+    except FarmError as error:
+        raise click.ClickException(str(error)) from None
+    output.write_bytes(outcome.audio)
+    summary = outcome.summary()
+    del summary["voice_embedding"]
+    click.echo(json.dumps({"output": str(output), **summary}, indent=2))
+
+
+@main.group()
+def assets() -> None:
+    """Synthetic ChatTTS assets (random weights in ChatTTS's layout)."""
+
+
+@assets.command("build")
+@click.option("--scale", type=click.Choice(["tiny", "full"]), required=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+def assets_build(scale: str, seed: int, directory: Path) -> None:
+    """Build synthetic assets of SCALE into DIRECTORY."""
+    from worker.assets import build_synthetic_assets
+
+    progress = _ProgressBar()
+    manifest = build_synthetic_assets(directory, scale, seed=seed, progress=progress)
+    progress.close()
+    click.echo(f"built synthetic-{manifest.scale} assets (seed {manifest.seed}) in {directory}")

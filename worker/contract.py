@@ -1,0 +1,187 @@
+"""The farm's task contract: names, arguments, validation and error types.
+
+Torch-free and Celery-free on purpose: the web app, outside services and the worker all import this
+one module, so what a valid request is has exactly one definition.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+TASK_NAME = "chattts.synthesize"
+DEFAULT_QUEUE = "tts"
+
+DEFAULT_VOICE_SEED = 2222
+MAX_SEED = 2**32 - 1
+
+MIME_TYPES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "ogg": "audio/ogg",
+    "mp3": "audio/mpeg",
+}
+FORMATS = tuple(MIME_TYPES)
+
+# A ChatTTS speaker embedding is base16384 text (CJK-range code points), never short.
+_EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
+
+
+class FarmError(Exception):
+    """Base of the errors the farm reports to its callers."""
+
+
+class InvalidRequest(FarmError):
+    """A request argument is unusable. ``field`` names it so a form or client can point at it.
+
+    The constructor takes exactly ``(field, message)`` and passes them as ``args``, so Celery can
+    rebuild the exception on the client side from its stored arguments.
+    """
+
+    def __init__(self, field: str, message: str):
+        super().__init__(field, message)
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class ModelUnavailable(FarmError):
+    """The configured model cannot be loaded; the message says what to set instead."""
+
+
+@dataclass(frozen=True)
+class RefineText:
+    """ChatTTS's refine-text step, which adds oral fillers, laughs and breaks before speaking."""
+
+    oral: int = 2
+    laugh: int = 0
+    break_: int = 6
+
+    @property
+    def prompt(self) -> str:
+        return f"[oral_{self.oral}][laugh_{self.laugh}][break_{self.break_}]"
+
+
+@dataclass(frozen=True)
+class SynthesisRequest:
+    """One validated request. Build it with :meth:`from_arguments`; everything past that trusts it."""
+
+    text: str
+    voice: int | str = DEFAULT_VOICE_SEED
+    format: str = "wav"
+    speed: int = 5
+    temperature: float = 0.3
+    top_p: float = 0.7
+    top_k: int = 20
+    repetition_penalty: float = 1.05
+    refine_text: RefineText | None = None
+    seed: int | None = None
+    request_id: str = field(default="", compare=False)
+
+    @property
+    def voice_seed(self) -> int | None:
+        return self.voice if isinstance(self.voice, int) else None
+
+    @classmethod
+    def from_arguments(cls, arguments: dict[str, Any], *, max_text_chars: int) -> SynthesisRequest:
+        """Validate loosely typed arguments (task kwargs, JSON) into a request.
+
+        Raises :class:`InvalidRequest` naming the first offending field.
+        """
+        known = {
+            "text", "voice", "format", "speed", "temperature", "top_p", "top_k",
+            "repetition_penalty", "refine_text", "oral", "laugh", "break", "seed", "request_id",
+        }
+        unknown = sorted(set(arguments) - known)
+        if unknown:
+            raise InvalidRequest(unknown[0], f"unknown argument; known ones are {', '.join(sorted(known))}")
+        refine = _boolean(arguments.get("refine_text", False), "refine_text")
+        return cls(
+            text=_text(arguments.get("text"), max_text_chars),
+            voice=parse_voice(arguments.get("voice", DEFAULT_VOICE_SEED)),
+            format=_choice(arguments.get("format", "wav"), "format", FORMATS),
+            speed=_integer(arguments.get("speed", 5), "speed", 1, 9),
+            temperature=_number(arguments.get("temperature", 0.3), "temperature", 0.01, 2.0),
+            top_p=_number(arguments.get("top_p", 0.7), "top_p", 0.01, 1.0),
+            top_k=_integer(arguments.get("top_k", 20), "top_k", 1, 626),
+            repetition_penalty=_number(arguments.get("repetition_penalty", 1.05), "repetition_penalty", 1.0, 2.0),
+            refine_text=RefineText(
+                oral=_integer(arguments.get("oral", 2), "oral", 0, 9),
+                laugh=_integer(arguments.get("laugh", 0), "laugh", 0, 2),
+                break_=_integer(arguments.get("break", 6), "break", 0, 7),
+            ) if refine else None,
+            seed=None if arguments.get("seed") is None else _integer(arguments["seed"], "seed", 0, MAX_SEED),
+            request_id=str(arguments.get("request_id") or ""),
+        )
+
+    def as_arguments(self) -> dict[str, Any]:
+        """The plain keyword arguments that rebuild this request (for logs and results)."""
+        arguments = asdict(self)
+        refine = arguments.pop("refine_text")
+        arguments["refine_text"] = refine is not None
+        if refine is not None:
+            arguments.update(oral=refine["oral"], laugh=refine["laugh"], **{"break": refine["break_"]})
+        return arguments
+
+
+def parse_voice(value: Any) -> int | str:
+    """A voice is a seed (an integer, or a string of digits) or a ChatTTS speaker-embedding string."""
+    if isinstance(value, bool):
+        raise InvalidRequest("voice", "must be an integer seed or a speaker-embedding string, not a boolean")
+    if isinstance(value, int):
+        if not 0 <= value <= MAX_SEED:
+            raise InvalidRequest("voice", f"a seed must be between 0 and {MAX_SEED}")
+        return value
+    if isinstance(value, str):
+        stripped = value.strip()
+        if stripped.isdigit():
+            return parse_voice(int(stripped))
+        if _EMBEDDING_PATTERN.match(stripped):
+            return stripped
+        raise InvalidRequest("voice", "must be an integer seed or a ChatTTS speaker-embedding string")
+    raise InvalidRequest("voice", f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
+
+
+def _text(value: Any, max_chars: int) -> str:
+    if not isinstance(value, str):
+        raise InvalidRequest("text", "is required and must be a string")
+    if not value.strip():
+        raise InvalidRequest("text", "is empty")
+    if len(value) > max_chars:
+        raise InvalidRequest("text", f"has {len(value)} characters; the maximum is {max_chars}")
+    return value
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise InvalidRequest(name, f"must be one of {', '.join(choices)}")
+    return value.lower()
+
+
+def _boolean(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise InvalidRequest(name, "must be true or false")
+
+
+def _integer(value: Any, name: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer():
+            value = int(value)
+        else:
+            raise InvalidRequest(name, f"must be an integer between {low} and {high}")
+    if not low <= value <= high:
+        raise InvalidRequest(name, f"must be between {low} and {high}, got {value}")
+    return value
+
+
+def _number(value: Any, name: str, low: float, high: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(name, f"must be a number between {low} and {high}")
+    if not low <= value <= high:
+        raise InvalidRequest(name, f"must be between {low} and {high}, got {value}")
+    return float(value)

@@ -1,0 +1,44 @@
+"""Voices: an integer seed or a ChatTTS speaker-embedding string, resolved to an embedding.
+
+ChatTTS's ``sample_random_speaker`` draws from the global RNG on the model's device, so one seed gives
+different voices on the CPU and on CUDA. Here a seed is drawn on the CPU from a generator seeded with
+it: "seed 42" is one voice on every device and in every run.
+"""
+
+from __future__ import annotations
+
+import torch
+from ChatTTS.model.speaker import Speaker
+
+from worker.contract import InvalidRequest
+
+
+def embedding_for_seed(speaker: Speaker, seed: int) -> str:
+    """The speaker-embedding string of the voice a seed names."""
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    noise = torch.randn(speaker.dim, generator=generator, dtype=torch.float32)
+    embedding = noise * speaker.std.float().cpu() + speaker.mean.float().cpu()
+    return Speaker._encode(embedding)
+
+
+def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
+    """Decode an embedding string for this model; :class:`InvalidRequest` names ``voice`` when it is unusable."""
+    try:
+        values = Speaker._decode(embedding)
+    # pybase16384, lzma and numpy each raise their own types on malformed input.
+    except Exception as error:  # noqa: BLE001
+        raise InvalidRequest("voice", f"is not a valid ChatTTS speaker embedding ({error})") from None
+    if values.shape != (speaker.dim,):
+        raise InvalidRequest(
+            "voice", f"the speaker embedding has {values.size} values; this model needs {speaker.dim}"
+        )
+    tensor = torch.from_numpy(values).float()
+    if not bool(torch.isfinite(tensor).all()):
+        raise InvalidRequest("voice", "the speaker embedding holds values that are not finite")
+    return tensor
+
+
+def resolve(speaker: Speaker, voice: int | str) -> tuple[str, torch.Tensor]:
+    """The embedding string and tensor of a voice (seed or embedding string)."""
+    embedding = embedding_for_seed(speaker, voice) if isinstance(voice, int) else voice
+    return embedding, embedding_tensor(speaker, embedding)
