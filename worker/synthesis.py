@@ -132,13 +132,12 @@ class Synthesizer:
         prepared = time.perf_counter()
 
         stopped: set[int] = set()
-        self._generate(jobs, on_progress, cancelled, stopped)
-        generated = time.perf_counter()
+        timings = {"text_s": prepared - started, "generate_s": 0.0, "decode_s": 0.0}
+        self._generate(jobs, on_progress, cancelled, stopped, timings)
         for index in stopped:
             outcomes[index] = JobCancelled(f"request {requests[index].request_id} was cancelled")
             del jobs[index]
 
-        timings = {"text_s": prepared - started, "generate_s": generated - prepared}
         memory = self._memory_report()
         for index, job in jobs.items():
             outcomes[index] = self._finish(job, len(requests), timings, memory)
@@ -199,7 +198,7 @@ class Synthesizer:
                 refined.destroy()
 
     def _generate(self, jobs: dict[int, _Job], on_progress: ProgressCallback | None,
-                  cancelled: CancelledCheck | None, stopped: set[int]) -> None:
+                  cancelled: CancelledCheck | None, stopped: set[int], timings: dict[str, float]) -> None:
         """Generate every segment, then regenerate those the quality gate flags, up to the retry limit."""
         pending = [segment for job in jobs.values() for segment in job.segments]
         for attempt in range(self.settings.quality_retries + 1):
@@ -208,8 +207,12 @@ class Synthesizer:
                     seed = jobs[segment.request].seed
                     segment.seed = segment_seed(seed, segment.index, attempt)
                 logger.info("quality gate: generating %d flagged segment(s) again", len(pending))
+            started = time.perf_counter()
             self._generate_segments(jobs, pending, on_progress, cancelled, stopped)
+            generated = time.perf_counter()
             self._decode_and_assess(jobs, pending, retried=attempt > 0)
+            timings["generate_s"] += generated - started
+            timings["decode_s"] += time.perf_counter() - generated
             pending = [s for s in pending if not s.quality.ok and s.request not in stopped]
             if not pending:
                 return

@@ -37,7 +37,7 @@ def test_a_result_carries_audio_and_its_description(synthesizer, make_request):
     assert result.duration_s == pytest.approx(len(samples_of(result)) / SAMPLE_RATE, abs=1e-3)
     assert result.segments == 1 and result.seed == 3 and result.batch_size == 1
     assert result.tokens == result.quality["segments"][0]["tokens"] > 0
-    assert set(result.timings) == {"text_s", "generate_s", "encode_s"}
+    assert set(result.timings) == {"text_s", "generate_s", "decode_s", "encode_s"}
     assert result.quality["ok"] and result.model["kind"] == "synthetic"
 
 
