@@ -29,19 +29,18 @@ def _settings(**overrides: object) -> Settings:
 
 
 class _ProgressBar:
-    """A terminal progress bar for asset builds and downloads, one bar per step name."""
+    """A terminal progress bar for long first-run work (asset builds), fed (step, done, total) calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, description: str) -> None:
+        self.description = description
         self.bar = None
-        self.step = None
 
     def __call__(self, step: str, done: int, total: int) -> None:
         from tqdm import tqdm
 
-        if step != self.step:
-            self.close()
-            self.step = step
-            self.bar = tqdm(total=total, desc=step, unit="file", file=sys.stderr)
+        if self.bar is None:
+            self.bar = tqdm(total=total, desc=self.description, unit="file", file=sys.stderr)
+        self.bar.set_postfix_str(step, refresh=False)
         self.bar.n = done
         self.bar.refresh()
 
@@ -81,7 +80,7 @@ def say(text: str, voice: str, audio_format: str, output: Path, seed: int | None
              "temperature": temperature, "top_p": top_p, "top_k": top_k, "refine_text": refine_text},
             max_text_chars=settings.max_text_chars,
         )
-        progress = _ProgressBar()
+        progress = _ProgressBar("preparing the model")
         synthesizer = Synthesizer.load(settings, progress=progress)
         progress.close()
         outcome = synthesizer.synthesize([request])[0]
@@ -108,7 +107,7 @@ def assets_build(scale: str, seed: int, directory: Path) -> None:
     """Build synthetic assets of SCALE into DIRECTORY."""
     from worker.assets import build_synthetic_assets
 
-    progress = _ProgressBar()
+    progress = _ProgressBar(f"building synthetic-{scale} assets")
     manifest = build_synthetic_assets(directory, scale, seed=seed, progress=progress)
     progress.close()
     click.echo(f"built synthetic-{manifest.scale} assets (seed {manifest.seed}) in {directory}")
