@@ -111,3 +111,22 @@ def assets_build(scale: str, seed: int, directory: Path) -> None:
     manifest = build_synthetic_assets(directory, scale, seed=seed, progress=progress)
     progress.close()
     click.echo(f"built synthetic-{manifest.scale} assets (seed {manifest.seed}) in {directory}")
+
+
+@main.command()
+@click.option("--gpus", default=None, help="GPU indices (0,1,...) or 'all' (the default).")
+@click.option("--cpu", "cpu_workers", type=int, default=None, help="Run N CPU workers instead of GPU workers.")
+@click.option("--loglevel", default="INFO", show_default=True)
+def worker(gpus: str | None, cpu_workers: int | None, loglevel: str) -> None:
+    """Run one Celery worker process per GPU (or N CPU workers), restarting any that dies."""
+    import logging
+
+    from worker.supervisor import NoGpus, Supervisor, plan_workers
+
+    logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = _settings()
+    try:
+        specs = plan_workers(gpus, cpu_workers)
+    except (NoGpus, ValueError) as error:
+        raise click.UsageError(str(error)) from None
+    sys.exit(Supervisor(specs, settings, loglevel).run())

@@ -12,7 +12,17 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 TASK_NAME = "chattts.synthesize"
+HEALTH_TASK_NAME = "chattts.health"
 DEFAULT_QUEUE = "tts"
+# The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
+PROGRESS_STATE = "PROGRESS"
+AUDIO_KEY_PREFIX = "chattts:audio:"
+
+# Keys of the dict a successful chattts.synthesize returns (all JSON-able).
+RESULT_FIELDS = (
+    "job_id", "format", "mime_type", "sample_rate", "duration_s", "segments", "tokens", "audio_key",
+    "quality", "worker", "batch_size", "model", "model_info", "seed", "voice_embedding", "timings", "memory",
+)
 
 DEFAULT_VOICE_SEED = 2222
 MAX_SEED = 2**32 - 1
@@ -27,6 +37,16 @@ FORMATS = tuple(MIME_TYPES)
 
 # A ChatTTS speaker embedding is base16384 text (CJK-range code points), never short.
 _EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
+
+
+def audio_key(job_id: str) -> str:
+    """Where a job's encoded audio waits in Redis: one key per job, so a re-run overwrites it."""
+    return AUDIO_KEY_PREFIX + job_id
+
+
+def worker_queue(kind: str, index: int) -> str:
+    """The queue of one worker process (``gpu0``, ``cpu1``), for jobs pinned to it."""
+    return f"{kind}{index}"
 
 
 class FarmError(Exception):
@@ -51,6 +71,14 @@ class InvalidRequest(FarmError):
 
 class ModelUnavailable(FarmError):
     """The configured model cannot be loaded; the message says what to set instead."""
+
+
+class JobCancelled(FarmError):
+    """The job was revoked while it waited in a worker or was being synthesised."""
+
+
+class JobTimeout(FarmError):
+    """The job ran past the soft time limit and was stopped."""
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,28 @@ class Settings:
     # How many times a segment the quality gate flags is generated again with another audio seed.
     quality_retries: int = 1
     redis_url: str = "redis://localhost:6379/0"
+    # How long finished results and their audio stay in Redis.
+    result_ttl_s: int = 24 * 3600
+    # Jobs a worker process holds and synthesises together (their segments then share GPT passes
+    # of up to max_batch rows), and how long it waits for more once one has arrived.
+    batch_jobs: int = 32
+    worker_batch_window_ms: int = 50
+    # A job running past the soft limit is stopped and fails with JobTimeout; a batch stuck past the
+    # hard limit ends the worker process (its supervisor restarts it, its jobs are delivered again).
+    task_soft_time_limit_s: int = 600
+    task_time_limit_s: int = 900
+    # Seconds between a worker's sweeps that return unacknowledged jobs of dead workers to the queue.
+    unacked_restore_interval_s: int = 10
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """How long Redis lets a delivered, unacknowledged job be before handing it out again.
+
+        A worker holds a job at most while one batch runs ahead of it and then its own batch runs,
+        each bounded by the hard time limit; a longer timeout means no job is run twice while its
+        worker lives, and a dead worker's jobs come back within this time.
+        """
+        return 2 * self.task_time_limit_s + 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -86,11 +108,20 @@ class Settings:
             segment_pause_s=_env_float(env, "SEGMENT_PAUSE_S", defaults.segment_pause_s),
             quality_retries=_env_int(env, "QUALITY_RETRIES", defaults.quality_retries),
             redis_url=_env_str(env, "REDIS_URL", defaults.redis_url),
+            result_ttl_s=_env_int(env, "RESULT_TTL_S", defaults.result_ttl_s, minimum=60),
+            batch_jobs=_env_int(env, "BATCH_JOBS", defaults.batch_jobs, minimum=1),
+            worker_batch_window_ms=_env_int(env, "WORKER_BATCH_WINDOW_MS", defaults.worker_batch_window_ms),
+            task_soft_time_limit_s=_env_int(env, "TASK_SOFT_TIME_LIMIT_S", defaults.task_soft_time_limit_s, minimum=1),
+            task_time_limit_s=_env_int(env, "TASK_TIME_LIMIT_S", defaults.task_time_limit_s, minimum=1),
+            unacked_restore_interval_s=_env_int(env, "UNACKED_RESTORE_INTERVAL_S",
+                                                defaults.unacked_restore_interval_s, minimum=1),
         )
         unknown = set(overrides) - {f.name for f in fields(cls)}
         if unknown:
             raise TypeError(f"unknown settings: {sorted(unknown)}")
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        if settings.task_time_limit_s < settings.task_soft_time_limit_s:
+            raise SettingsError(f"{ENV_PREFIX}TASK_TIME_LIMIT_S must be at least {ENV_PREFIX}TASK_SOFT_TIME_LIMIT_S")
         if settings.cuda_dtype not in {"bf16", "fp16", "fp32"}:
             raise SettingsError(f"{ENV_PREFIX}CUDA_DTYPE must be bf16, fp16 or fp32, got {settings.cuda_dtype!r}")
         return settings

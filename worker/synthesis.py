@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from worker import audio, generation, quality, voices
-from worker.contract import MIME_TYPES, FarmError, InvalidRequest, SynthesisRequest
+from worker.contract import MIME_TYPES, FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.settings import Settings
 from worker.text import is_speakable, split_segments
@@ -36,10 +36,6 @@ PROGRESS_INTERVAL_S = 0.5
 ProgressCallback = Callable[[int, float, int, int], None]
 # cancelled() -> indices of the requests to stop now
 CancelledCheck = Callable[[], Collection[int]]
-
-
-class JobCancelled(FarmError):
-    """The request was cancelled while it was being synthesised."""
 
 
 @dataclass
@@ -210,10 +206,10 @@ class Synthesizer:
             started = time.perf_counter()
             self._generate_segments(jobs, pending, on_progress, cancelled, stopped)
             generated = time.perf_counter()
-            self._decode_and_assess(jobs, pending, retried=attempt > 0)
+            self._decode_and_assess([s for s in pending if s.request not in stopped], retried=attempt > 0)
             timings["generate_s"] += generated - started
             timings["decode_s"] += time.perf_counter() - generated
-            pending = [s for s in pending if not s.quality.ok and s.request not in stopped]
+            pending = [s for s in pending if s.request not in stopped and not s.quality.ok]
             if not pending:
                 return
 
@@ -253,10 +249,9 @@ class Synthesizer:
             pinned_tokens=segment.expected_tokens if self.model.is_synthetic else None,
         )
 
-    def _decode_and_assess(self, jobs: dict[int, _Job], segments: list[_Segment], retried: bool) -> None:
-        done = [s for s in segments if s.output is not None and s.request in jobs]
-        decoded = generation.decode(self.model, [s.output.hiddens for s in done], self.settings.max_batch)
-        for segment, samples in zip(done, decoded):
+    def _decode_and_assess(self, segments: list[_Segment], retried: bool) -> None:
+        decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_batch)
+        for segment, samples in zip(segments, decoded):
             segment.samples = samples
             segment.quality = quality.assess(samples, segment.output.tokens, segment.expected_tokens,
                                              segment.output.ended_by)

@@ -1,0 +1,126 @@
+"""End-to-end throughput of the farm: jobs through Redis and Celery workers, batching on vs off.
+
+    python bench/farm.py --model synthetic-tiny --cpu 1 --jobs 48 --batch-jobs 16
+    python bench/farm.py --model synthetic-full --gpus 0 --jobs 256 --batch-jobs 128
+
+Starts its own redis-server (from PATH, or --redis-server) and `chattts-farm worker` twice: once with
+batching (--batch-jobs jobs per batch, max_batch rows per GPT pass) and once with BATCH_JOBS=1 and
+MAX_BATCH=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
+Markdown table of jobs per second and audio seconds per wall second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from celery import Celery
+
+from worker.contract import TASK_NAME
+
+TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start_redis(server: str, workdir: Path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--appendonly", "no", "--maxmemory-policy", "noeviction", "--dir", str(workdir)],
+                               stdout=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0"
+    import redis
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            redis.Redis.from_url(url).ping()
+            return process, url
+        except redis.ConnectionError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def run_farm(arguments, redis_url: str, batch_jobs: int, max_batch: int, log: Path) -> dict:
+    environment = {
+        **os.environ, "CHATTTS_FARM_REDIS_URL": redis_url, "CHATTTS_FARM_MODEL": arguments.model,
+        "CHATTTS_FARM_BATCH_JOBS": str(batch_jobs), "CHATTTS_FARM_MAX_BATCH": str(max_batch),
+    }
+    placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
+    with log.open("w") as handle:
+        supervisor = subprocess.Popen([sys.executable, "-m", "worker", "worker", *placement],
+                                      env=environment, stdout=handle, stderr=subprocess.STDOUT)
+    client = Celery(broker=redis_url, backend=redis_url)
+    workers = arguments.cpu or len(arguments.gpus.split(","))
+    try:
+        deadline = time.monotonic() + 600
+        while len(client.control.ping(timeout=1.0)) < workers:
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start; see {log}")
+        # Warm-up: one batch's worth, so the measured run meets warm kernels.
+        for result in [client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": i}) for i in range(batch_jobs)]:
+            result.get(timeout=1800)
+        started = time.perf_counter()
+        results = [client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": 1000 + i, "seed": i})
+                   for i in range(arguments.jobs)]
+        outputs = [result.get(timeout=3600) for result in results]
+        wall = time.perf_counter() - started
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        supervisor.wait(timeout=300)
+    audio = sum(output["duration_s"] for output in outputs)
+    return {
+        "batch_jobs": batch_jobs, "max_batch": max_batch, "jobs": len(outputs), "wall_s": wall,
+        "jobs_per_s": len(outputs) / wall, "audio_per_wall": audio / wall,
+        "mean_batch": sum(o["batch_size"] for o in outputs) / len(outputs),
+        "largest_batch": max(o["batch_size"] for o in outputs),
+        "model": outputs[0]["model_info"],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="synthetic-tiny")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU workers (default: GPU workers).")
+    parser.add_argument("--gpus", default="0")
+    parser.add_argument("--jobs", type=int, default=48)
+    parser.add_argument("--batch-jobs", type=int, default=16)
+    parser.add_argument("--max-batch", type=int, default=64, help="Rows per GPT pass when batching.")
+    parser.add_argument("--redis-server", default=shutil.which("redis-server"))
+    parser.add_argument("--workdir", default="var/bench")
+    arguments = parser.parse_args()
+
+    workdir = Path(arguments.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    redis_process, redis_url = start_redis(arguments.redis_server, workdir)
+    try:
+        rows = [
+            run_farm(arguments, redis_url, arguments.batch_jobs, arguments.max_batch, workdir / "batched.log"),
+            run_farm(arguments, redis_url, 1, 1, workdir / "unbatched.log"),
+        ]
+    finally:
+        redis_process.terminate()
+    model = rows[0]["model"]
+    print(f"\nmodel {model['source']} on {model['device']} ({model['dtype']}), "
+          f"{arguments.cpu or len(arguments.gpus.split(','))} worker(s), {arguments.jobs} jobs submitted at once\n")
+    print("| mode | jobs per batch | rows per pass | jobs | wall s | jobs/s | audio-s per wall-s | mean batch | largest batch |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for row, mode in zip(rows, ("batching on", "batching off")):
+        print(f"| {mode} | {row['batch_jobs']} | {row['max_batch']} | {row['jobs']} | {row['wall_s']:.2f} | "
+              f"{row['jobs_per_s']:.2f} | {row['audio_per_wall']:.1f} | {row['mean_batch']:.1f} | {row['largest_batch']} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""The worker farm end to end: real Redis, real worker processes (synthetic-tiny weights, CPU)."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import redis
+
+from worker.audio import decode
+from worker.contract import FORMATS, MIME_TYPES, PROGRESS_STATE, RESULT_FIELDS, TASK_NAME, audio_key
+
+LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for word in "abcdefghijklmnopqrstuvwxyz" * 3)
+
+PLAIN_CLIENT = textwrap.dedent("""
+    import json, sys
+    from celery import Celery
+    import redis
+
+    url, folder = sys.argv[1], sys.argv[2]
+    app = Celery(broker=url, backend=url)
+    results = {}
+    for audio_format in ["wav", "flac", "ogg", "mp3"]:
+        result = app.send_task("chattts.synthesize", kwargs={
+            "text": "Hello from a client that knows nothing of the farm.", "voice": 42, "format": audio_format,
+        }).get(timeout=120)
+        audio = redis.Redis.from_url(url).get(result["audio_key"])
+        with open(f"{folder}/out.{audio_format}", "wb") as handle:
+            handle.write(audio)
+        results[audio_format] = result
+    project = sorted(name for name in sys.modules if name.split(".")[0] in ("worker", "web"))
+    print(json.dumps({"results": results, "project_modules": project}))
+""")
+
+
+def wait_for_state(result, states, timeout=60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if result.state in states:
+            return result.state
+        time.sleep(0.05)
+    raise AssertionError(f"{result.id} stayed {result.state}, not {states}")
+
+
+def test_a_plain_celery_client_gets_valid_audio_in_every_format(farm, tmp_path):
+    finished = subprocess.run([sys.executable, "-c", PLAIN_CLIENT, farm.redis_url, str(tmp_path)],
+                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert finished.returncode == 0, finished.stderr
+    report = json.loads(finished.stdout)
+    assert report["project_modules"] == []
+    for audio_format in FORMATS:
+        result = report["results"][audio_format]
+        assert set(RESULT_FIELDS) <= set(result)
+        assert result["format"] == audio_format and result["mime_type"] == MIME_TYPES[audio_format]
+        assert result["model"] == "synthetic" and result["audio_key"] == audio_key(result["job_id"])
+        samples, rate = decode((tmp_path / f"out.{audio_format}").read_bytes())
+        assert rate == result["sample_rate"]
+        assert abs(len(samples) / rate - result["duration_s"]) < 0.05
+
+
+def test_24_jobs_at_once_all_complete_some_of_them_batched(farm):
+    client = farm.client
+    results = [client.send_task(TASK_NAME, kwargs={"text": f"Job number {chr(97 + i)} speaks.", "voice": i})
+               for i in range(24)]
+    outputs = [result.get(timeout=240) for result in results]
+    assert all(result.state == "SUCCESS" for result in results)
+    assert max(output["batch_size"] for output in outputs) > 1
+    assert {output["worker"].split("@")[0] for output in outputs} == {"cpu0", "cpu1"}
+
+
+def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(farm):
+    client = farm.client
+    bad = client.send_task(TASK_NAME, kwargs={"text": "Fine text.", "voice": "not a voice"})
+    with pytest.raises(Exception, match="voice: must be an integer seed"):
+        bad.get(timeout=60)
+    assert bad.state == "FAILURE"
+    empty = client.send_task(TASK_NAME, kwargs={"text": "   "})
+    with pytest.raises(Exception, match="text: is empty"):
+        empty.get(timeout=60)
+    assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_a_long_job_reports_progress(farm):
+    result = farm.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT})
+    seen = []
+    while not result.ready():
+        if result.state == PROGRESS_STATE:
+            seen.append(result.info)
+        time.sleep(0.1)
+    assert result.get(timeout=10)["segments"] > 1
+    assert seen, "no PROGRESS state was observed"
+    assert all(set(meta) == {"progress", "segment", "segments"} and 0 <= meta["progress"] <= 1 for meta in seen)
+    assert seen[-1]["segments"] == result.result["segments"]
+
+
+def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(farm):
+    client = farm.client
+    running = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT}, queue="cpu0")
+    mate = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500]}, queue="cpu0")
+    wait_for_state(running, {PROGRESS_STATE})
+    revoked_at = time.monotonic()
+    running.revoke()
+    wait_for_state(running, {"REVOKED"}, timeout=10)
+    assert time.monotonic() - revoked_at < 5
+    finished_mate = mate.get(timeout=60)
+    assert finished_mate["segments"] > 1 and finished_mate["batch_size"] == 2
+    assert redis.Redis.from_url(farm.redis_url).get(audio_key(running.id)) is None
+
+
+def test_revoking_a_queued_job_means_it_never_runs(farm):
+    client = farm.client
+    # Both workers hold four long jobs each: the next job waits in Redis.
+    busy = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}) for i in range(8)]
+    queued = client.send_task(TASK_NAME, kwargs={"text": "Never spoken."})
+    queued.revoke()
+    for result in busy:
+        result.get(timeout=120)
+    wait_for_state(queued, {"REVOKED"}, timeout=60)
+    assert redis.Redis.from_url(farm.redis_url).get(audio_key(queued.id)) is None
+    assert f"chattts.synthesize[{queued.id}] succeeded" not in farm.log()
+
+
+def test_a_sigkilled_workers_jobs_all_complete_exactly_once(farm):
+    client = farm.client
+    victim = client.send_task("chattts.health", queue="cpu1").get(timeout=30)
+    jobs = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}, queue="tts") for i in range(8)]
+    # Kill cpu1 in the middle of its batch: it holds up to four of the jobs, unacknowledged.
+    deadline = time.monotonic() + 60
+    while not any(job.state == PROGRESS_STATE for job in jobs):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    os.kill(victim["pid"], signal.SIGKILL)
+    outputs = [job.get(timeout=300) for job in jobs]
+
+    assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
+    store = redis.Redis.from_url(farm.redis_url)
+    assert all(store.get(audio_key(job.id)) for job in jobs)
+    log = farm.log()
+    for job in jobs:
+        assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", log)) == 1
+    # The supervisor brought cpu1 back.
+    names = farm.wait_for_workers(2)
+    assert any(name.startswith("cpu1@") for name in names)
+    assert client.send_task("chattts.health", queue="cpu1").get(timeout=60)["pid"] != victim["pid"]
+
+
+def test_health_reports_the_model_and_the_device(farm):
+    report = farm.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
+    assert report["model"] == "synthetic" and report["model_info"]["device"] == "cpu"
+    assert report["worker"].startswith("cpu0@") and report["gpu"] is None
+

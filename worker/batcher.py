@@ -1,0 +1,142 @@
+"""Cross-request batching inside one worker process.
+
+Celery runs each job in its own thread (the worker's threads pool, one thread per job the process
+holds); every thread hands its request to the process's single :class:`Batcher` and waits. The
+batcher owns the model and the GPU: it takes every job that is waiting when it becomes free (up to
+``batch_jobs``), synthesises them in one :meth:`Synthesizer.synthesize` call, and hands each thread
+its own result or error. One process, one model, one batch on the GPU at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from worker.contract import JobCancelled, JobTimeout, SynthesisRequest
+from worker.synthesis import SynthesisResult, Synthesizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Job:
+    request: SynthesisRequest
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None
+    finished: threading.Event = field(default_factory=threading.Event)
+    outcome: SynthesisResult | Exception | None = None
+    progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
+
+    def finish(self, outcome: SynthesisResult | Exception) -> None:
+        self.outcome = outcome
+        self.finished.set()
+
+
+@dataclass
+class BatcherStats:
+    batches: int = 0
+    jobs_done: int = 0
+    current_batch: int = 0
+    last_batch_size: int = 0
+
+
+class Batcher:
+    def __init__(self, synthesizer: Synthesizer, *, max_jobs: int, window_s: float, soft_limit_s: float,
+                 hard_limit_s: float, is_revoked: Callable[[str], bool]):
+        self.synthesizer = synthesizer
+        self.max_jobs = max_jobs
+        self.window_s = window_s
+        self.soft_limit_s = soft_limit_s
+        self.hard_limit_s = hard_limit_s
+        self.is_revoked = is_revoked
+        self.stats = BatcherStats()
+        self._waiting: queue.Queue[Job] = queue.Queue()
+        self._batch_started: float | None = None
+        self._thread = threading.Thread(target=self._serve, name="batcher", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="batcher-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._watchdog.start()
+
+    def submit(self, request: SynthesisRequest) -> Job:
+        job = Job(request)
+        self._waiting.put(job)
+        return job
+
+    def _serve(self) -> None:
+        while True:
+            batch = self._gather()
+            self._run(batch)
+
+    def _gather(self) -> list[Job]:
+        """Block for one job, then take whatever else arrives within the window, up to max_jobs."""
+        batch = [self._waiting.get()]
+        deadline = time.monotonic() + self.window_s
+        while len(batch) < self.max_jobs:
+            try:
+                batch.append(self._waiting.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                break
+        return batch
+
+    def _run(self, batch: list[Job]) -> None:
+        live = []
+        for job in batch:
+            if self.is_revoked(job.request.request_id):
+                job.finish(JobCancelled(f"job {job.request.request_id} was revoked"))
+            else:
+                live.append(job)
+        if not live:
+            return
+        started = time.monotonic()
+        for job in live:
+            job.started_at = started
+        timed_out: set[int] = set()
+
+        def cancelled() -> set[int]:
+            now = time.monotonic()
+            for index, job in enumerate(live):
+                if now - job.started_at > self.soft_limit_s:
+                    timed_out.add(index)
+            return timed_out | {i for i, job in enumerate(live) if self.is_revoked(job.request.request_id)}
+
+        def on_progress(index: int, fraction: float, done: int, total: int) -> None:
+            live[index].progress = {"progress": round(fraction, 3), "segment": done, "segments": total}
+
+        self.stats.current_batch = len(live)
+        self._batch_started = started
+        logger.info("batch of %d job(s): %s", len(live), ", ".join(j.request.request_id for j in live))
+        try:
+            outcomes = self.synthesizer.synthesize([job.request for job in live], on_progress=on_progress,
+                                                   cancelled=cancelled)
+        except Exception as error:  # noqa: BLE001 - every job of the batch must hear of it
+            logger.exception("batch of %d job(s) failed", len(live))
+            outcomes = [error] * len(live)
+        finally:
+            self._batch_started = None
+            self.stats.current_batch = 0
+        for index, (job, outcome) in enumerate(zip(live, outcomes)):
+            if index in timed_out and isinstance(outcome, JobCancelled):
+                outcome = JobTimeout(f"job {job.request.request_id} ran past the soft time limit of "
+                                     f"{self.soft_limit_s:.0f} s and was stopped")
+            job.finish(outcome)
+        self.stats.batches += 1
+        self.stats.jobs_done += len(live)
+        self.stats.last_batch_size = len(live)
+
+    def _watch(self) -> None:
+        """End the process when a batch hangs past the hard limit: its supervisor starts a fresh one,
+        and Redis hands the unacknowledged jobs out again."""
+        while True:
+            time.sleep(1.0)
+            started = self._batch_started
+            if started is not None and time.monotonic() - started > self.hard_limit_s:
+                logger.critical("a batch has run for more than %.0f s (the hard time limit): exiting so the "
+                                "supervisor restarts this worker", self.hard_limit_s)
+                os._exit(70)

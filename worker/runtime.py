@@ -1,0 +1,101 @@
+"""What a worker process holds for its whole life: the loaded model, its batcher, a Redis client.
+
+Started once per process, from the Celery ``worker_init`` signal (see :mod:`worker.tasks`), before
+the worker consumes any job: the model loads and warms up first.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+
+import redis
+
+from worker.batcher import Batcher
+from worker.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerRuntime:
+    settings: Settings
+    hostname: str
+    batcher: Batcher
+    redis: redis.Redis
+
+    def health(self) -> dict:
+        """Model kind, device, dtype, GPU name and memory, and how busy this worker is."""
+        import torch
+
+        model = self.batcher.synthesizer.model
+        report = {
+            "worker": self.hostname,
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "model": model.info.kind,
+            "model_info": model.info.as_dict(),
+            "batch_jobs": self.batcher.max_jobs,
+            "batches": self.batcher.stats.batches,
+            "jobs_done": self.batcher.stats.jobs_done,
+            "current_batch": self.batcher.stats.current_batch,
+            "gpu": None,
+        }
+        if model.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(model.device)
+            allocated = torch.cuda.memory_allocated(model.device)
+            reserved = torch.cuda.memory_reserved(model.device)
+            report["gpu"] = {
+                "name": torch.cuda.get_device_name(model.device),
+                "memory_total_mb": round(total / 2**20),
+                "memory_free_mb": round(free / 2**20),
+                "allocated_mb": round(allocated / 2**20, 1),
+                "reserved_mb": round(reserved / 2**20, 1),
+                "peak_allocated_mb": round(torch.cuda.max_memory_allocated(model.device) / 2**20, 1),
+                "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
+            }
+        return report
+
+
+_runtime: WorkerRuntime | None = None
+
+
+def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
+    """Load and warm up the model and start the batcher; once per process."""
+    global _runtime
+    from worker.synthesis import Synthesizer
+
+    # ChatTTS warns about every character its normaliser drops (digits, most symbols): per request,
+    # that drowns a worker's log.
+    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+    client = redis.Redis.from_url(settings.redis_url)
+    _warn_unless_noeviction(client)
+    synthesizer = Synthesizer.load(settings)
+    batcher = Batcher(
+        synthesizer, max_jobs=settings.batch_jobs, window_s=settings.worker_batch_window_ms / 1000,
+        soft_limit_s=settings.task_soft_time_limit_s, hard_limit_s=settings.task_time_limit_s,
+        is_revoked=is_revoked,
+    )
+    batcher.start()
+    _runtime = WorkerRuntime(settings, hostname, batcher, client)
+    logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
+    return _runtime
+
+
+def current() -> WorkerRuntime:
+    if _runtime is None:
+        raise RuntimeError("the worker runtime is not started: run workers with `chattts-farm worker`")
+    return _runtime
+
+
+def _warn_unless_noeviction(client: redis.Redis) -> None:
+    """Redis must never evict queued jobs or results to make room: that would lose jobs silently."""
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.ResponseError:  # CONFIG may be disabled on managed Redis
+        return
+    if policy != "noeviction":
+        logger.warning("!!! Redis maxmemory-policy is %r; set it to noeviction, or Redis may drop queued jobs "
+                       "and results under memory pressure !!!", policy)

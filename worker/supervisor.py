@@ -1,0 +1,158 @@
+"""``chattts-farm worker``: one Celery worker process per GPU (or N CPU workers), kept alive.
+
+The supervisor never imports torch or initialises CUDA (GPUs are counted with nvidia-smi), so every
+child gets a clean process pinned to its GPU with ``CUDA_VISIBLE_DEVICES``. A child that dies is
+started again after a backoff; SIGTERM or SIGINT asks every child for a warm shutdown (it finishes
+its current batch) and waits for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from worker.contract import DEFAULT_QUEUE, worker_queue
+from worker.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+CELERY_DEFAULT_QUEUE = "celery"
+# A child that lived this long counts as healthy again: its next crash restarts it quickly.
+HEALTHY_AFTER_S = 60.0
+MAX_BACKOFF_S = 60.0
+
+
+class NoGpus(RuntimeError):
+    """No GPU could be found for ``--gpus all``."""
+
+
+def list_gpus() -> list[int]:
+    """GPU indices from nvidia-smi; NVML through nvidia-smi keeps CUDA out of this process."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return []
+    try:
+        listing = subprocess.run([nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=30, check=True).stdout
+    except (subprocess.SubprocessError, OSError):
+        return []
+    return [int(line) for line in listing.split() if line.strip().isdigit()]
+
+
+@dataclass
+class WorkerSpec:
+    kind: str  # "gpu" | "cpu"
+    index: int
+
+    @property
+    def name(self) -> str:
+        return worker_queue(self.kind, self.index)
+
+    def command(self, settings: Settings, loglevel: str) -> list[str]:
+        return [
+            sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+            # One process, one model: the threads pool gives each held job a thread that waits for
+            # the process's batcher, so `batch_jobs` threads are the batching window.
+            "--pool", "threads", "--concurrency", str(settings.batch_jobs),
+            # Celery's own default queue too: a plain client's send_task without routing lands there.
+            "--hostname", f"{self.name}@%h", "--queues", f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.name}",
+            "--prefetch-multiplier", "1", "--task-events", "--loglevel", loglevel,
+        ]
+
+    def environment(self) -> dict[str, str]:
+        environment = dict(os.environ)
+        if self.kind == "gpu":
+            environment["CUDA_VISIBLE_DEVICES"] = str(self.index)
+            environment.setdefault("CHATTTS_FARM_DEVICE", "cuda")
+        else:
+            environment["CUDA_VISIBLE_DEVICES"] = ""
+            environment["CHATTTS_FARM_DEVICE"] = "cpu"
+        environment.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        return environment
+
+
+@dataclass
+class _Child:
+    spec: WorkerSpec
+    process: subprocess.Popen | None = None
+    started_at: float = 0.0
+    failures: int = 0
+    restart_at: float = field(default=0.0)
+
+
+def plan_workers(gpus: str | None, cpu: int | None) -> list[WorkerSpec]:
+    if cpu:
+        return [WorkerSpec("cpu", i) for i in range(cpu)]
+    if gpus in (None, "all"):
+        indices = list_gpus()
+        if not indices:
+            raise NoGpus("no GPU found (nvidia-smi lists none): use --cpu N to run CPU workers")
+    else:
+        indices = [int(part) for part in gpus.split(",") if part.strip()]
+    return [WorkerSpec("gpu", i) for i in indices]
+
+
+class Supervisor:
+    def __init__(self, specs: list[WorkerSpec], settings: Settings, loglevel: str = "INFO"):
+        self.children = [_Child(spec) for spec in specs]
+        self.settings = settings
+        self.loglevel = loglevel
+        self.stopping = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        for child in self.children:
+            self._start(child)
+        while not self.stopping:
+            self._tend()
+            time.sleep(0.5)
+        return self._shut_down()
+
+    def _start(self, child: _Child) -> None:
+        command = child.spec.command(self.settings, self.loglevel)
+        # A session of its own: a terminal's Ctrl-C reaches the supervisor only, which then asks each
+        # child once for a warm shutdown (a second signal would make Celery cut the batch short).
+        child.process = subprocess.Popen(command, env=child.spec.environment(), start_new_session=True)
+        child.started_at = time.monotonic()
+        logger.info("started worker %s (pid %d)", child.spec.name, child.process.pid)
+
+    def _tend(self) -> None:
+        now = time.monotonic()
+        for child in self.children:
+            if child.process is None:
+                if now >= child.restart_at:
+                    self._start(child)
+                continue
+            code = child.process.poll()
+            if code is None:
+                continue
+            lived = now - child.started_at
+            child.failures = 1 if lived > HEALTHY_AFTER_S else child.failures + 1
+            delay = min(MAX_BACKOFF_S, 2 ** (child.failures - 1))
+            logger.warning("worker %s (pid %d) exited with %s after %.0f s; restarting in %.0f s",
+                           child.spec.name, child.process.pid, code, lived, delay)
+            child.process = None
+            child.restart_at = now + delay
+
+    def _request_stop(self, signum, _frame) -> None:
+        if self.stopping:
+            return
+        logger.info("received %s: stopping workers after their current batch", signal.Signals(signum).name)
+        self.stopping = True
+
+    def _shut_down(self) -> int:
+        running = [child.process for child in self.children if child.process is not None]
+        for process in running:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)  # Celery's warm shutdown
+        for process in running:
+            process.wait()
+        logger.info("all workers stopped")
+        return 0
