@@ -53,7 +53,7 @@ def start_redis(server: str, workdir: Path) -> tuple[subprocess.Popen, str]:
             time.sleep(0.1)
 
 
-def run_farm(arguments, redis_url: str, batch_jobs: int, max_batch: int, log: Path) -> dict:
+def run_farm(arguments, redis_url: str, jobs: int, batch_jobs: int, max_batch: int, log: Path) -> dict:
     environment = {
         **os.environ, "CHATTTS_FARM_REDIS_URL": redis_url, "CHATTTS_FARM_MODEL": arguments.model,
         "CHATTTS_FARM_BATCH_JOBS": str(batch_jobs), "CHATTTS_FARM_MAX_BATCH": str(max_batch),
@@ -74,7 +74,7 @@ def run_farm(arguments, redis_url: str, batch_jobs: int, max_batch: int, log: Pa
             result.get(timeout=1800)
         started = time.perf_counter()
         results = [client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": 1000 + i, "seed": i})
-                   for i in range(arguments.jobs)]
+                   for i in range(jobs)]
         outputs = [result.get(timeout=3600) for result in results]
         wall = time.perf_counter() - started
     finally:
@@ -96,6 +96,8 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=0, help="CPU workers (default: GPU workers).")
     parser.add_argument("--gpus", default="0")
     parser.add_argument("--jobs", type=int, default=48)
+    parser.add_argument("--unbatched-jobs", type=int, default=None,
+                        help="Jobs for the run without batching (default: --jobs); it is the slow one.")
     parser.add_argument("--batch-jobs", type=int, default=16)
     parser.add_argument("--max-batch", type=int, default=64, help="Rows per GPT pass when batching.")
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
@@ -107,14 +109,15 @@ def main() -> None:
     redis_process, redis_url = start_redis(arguments.redis_server, workdir)
     try:
         rows = [
-            run_farm(arguments, redis_url, arguments.batch_jobs, arguments.max_batch, workdir / "batched.log"),
-            run_farm(arguments, redis_url, 1, 1, workdir / "unbatched.log"),
+            run_farm(arguments, redis_url, arguments.jobs, arguments.batch_jobs, arguments.max_batch,
+                     workdir / "batched.log"),
+            run_farm(arguments, redis_url, arguments.unbatched_jobs or arguments.jobs, 1, 1, workdir / "unbatched.log"),
         ]
     finally:
         redis_process.terminate()
     model = rows[0]["model"]
     print(f"\nmodel {model['source']} on {model['device']} ({model['dtype']}), "
-          f"{arguments.cpu or len(arguments.gpus.split(','))} worker(s), {arguments.jobs} jobs submitted at once\n")
+          f"{arguments.cpu or len(arguments.gpus.split(','))} worker(s), all jobs of a run submitted at once\n")
     print("| mode | jobs per batch | rows per pass | jobs | wall s | jobs/s | audio-s per wall-s | mean batch | largest batch |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row, mode in zip(rows, ("batching on", "batching off")):

@@ -45,6 +45,8 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # Every job thread of a worker reports progress and stores its result through the backend.
+        redis_max_connections=2 * settings.batch_jobs + 32,
         worker_hijack_root_logger=False,
     )
     app.farm_settings = settings

@@ -70,7 +70,10 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     # ChatTTS warns about every character its normaliser drops (digits, most symbols): per request,
     # that drowns a worker's log.
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
-    client = redis.Redis.from_url(settings.redis_url)
+    # Every job thread may store audio at once: a blocking pool makes a thread wait for a connection
+    # rather than fail when they all finish together.
+    client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=settings.batch_jobs + 8, timeout=60))
     _warn_unless_noeviction(client)
     synthesizer = Synthesizer.load(settings)
     batcher = Batcher(
