@@ -128,21 +128,27 @@ class SynthesisRequest:
         if unknown:
             raise InvalidRequest(unknown[0], f"unknown argument; known ones are {', '.join(sorted(known))}")
         refine = _boolean(arguments.get("refine_text", False), "refine_text")
+
+        def given(name: str) -> Any:
+            """The argument, or the field's default: the dataclass is the one place defaults live."""
+            return arguments.get(name, cls.__dataclass_fields__[name].default)
+
+        levels = RefineText()
         return cls(
             text=_text(arguments.get("text"), max_text_chars),
-            voice=parse_voice(arguments.get("voice", DEFAULT_VOICE_SEED)),
-            format=_choice(arguments.get("format", "wav"), "format", FORMATS),
-            speed=_integer(arguments.get("speed", 5), "speed", 1, 9),
-            temperature=_number(arguments.get("temperature", 0.3), "temperature", 0.01, 2.0),
-            top_p=_number(arguments.get("top_p", 0.7), "top_p", 0.01, 1.0),
-            top_k=_integer(arguments.get("top_k", 20), "top_k", 1, 626),
-            repetition_penalty=_number(arguments.get("repetition_penalty", 1.05), "repetition_penalty", 1.0, 2.0),
+            voice=parse_voice(given("voice")),
+            format=_choice(given("format"), "format", FORMATS),
+            speed=_integer(given("speed"), "speed", 1, 9),
+            temperature=_number(given("temperature"), "temperature", 0.01, 2.0),
+            top_p=_number(given("top_p"), "top_p", 0.01, 1.0),
+            top_k=_integer(given("top_k"), "top_k", 1, 626),
+            repetition_penalty=_number(given("repetition_penalty"), "repetition_penalty", 1.0, 2.0),
             refine_text=RefineText(
-                oral=_integer(arguments.get("oral", 2), "oral", 0, 9),
-                laugh=_integer(arguments.get("laugh", 0), "laugh", 0, 2),
-                break_=_integer(arguments.get("break", 6), "break", 0, 7),
+                oral=_integer(arguments.get("oral", levels.oral), "oral", 0, 9),
+                laugh=_integer(arguments.get("laugh", levels.laugh), "laugh", 0, 2),
+                break_=_integer(arguments.get("break", levels.break_), "break", 0, 7),
             ) if refine else None,
-            seed=None if arguments.get("seed") is None else _integer(arguments["seed"], "seed", 0, MAX_SEED),
+            seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
             request_id=str(arguments.get("request_id") or ""),
         )
 
