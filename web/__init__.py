@@ -1,0 +1,40 @@
+"""The web front end: JSON API, pages and the OpenAI-compatible endpoint. Never imports torch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flask import Flask
+from flask_migrate import Migrate
+
+from web.models import db
+from worker.settings import Settings
+
+MIGRATIONS = str(Path(__file__).resolve().parent.parent / "migrations")
+migrate = Migrate()
+
+
+def create_app(test_config: dict | None = None) -> Flask:
+    """Build the app. ``test_config`` may carry ``SETTINGS`` (a :class:`Settings`) and Flask keys."""
+    app = Flask(__name__)
+    settings = (test_config or {}).get("SETTINGS") or Settings.from_env()
+    app.config.from_mapping(
+        SETTINGS=settings,
+        SQLALCHEMY_DATABASE_URI=settings.database_uri,
+        MAX_CONTENT_LENGTH=settings.max_request_bytes,
+        JSON_SORT_KEYS=False,
+    )
+    if test_config:
+        app.config.update(test_config)
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    db.init_app(app)
+    migrate.init_app(app, db, directory=MIGRATIONS)
+
+    from web import errors, farm
+    from web.api import bp as api_bp
+
+    farm.init_app(app)
+    errors.init_app(app)
+    app.register_blueprint(api_bp)
+    return app

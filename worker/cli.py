@@ -130,3 +130,50 @@ def worker(gpus: str | None, cpu_workers: int | None, loglevel: str) -> None:
     except (NoGpus, ValueError) as error:
         raise click.UsageError(str(error)) from None
     sys.exit(Supervisor(specs, settings, loglevel).run())
+
+
+@main.group()
+def db() -> None:
+    """The web app's database schema (Alembic migrations in migrations/)."""
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+def db_upgrade(revision: str) -> None:
+    """Apply migrations up to REVISION (default: the newest)."""
+    _migrate("upgrade", revision)
+    click.echo(f"database at {revision}: {_settings().database_uri}")
+
+
+@db.command("downgrade")
+@click.argument("revision", default="-1")
+def db_downgrade(revision: str) -> None:
+    """Undo migrations down to REVISION (default: one step; 'base' empties the schema)."""
+    _migrate("downgrade", revision)
+    click.echo(f"database downgraded to {revision}: {_settings().database_uri}")
+
+
+def _migrate(direction: str, revision: str) -> None:
+    import flask_migrate
+
+    from web import create_app
+
+    with create_app().app_context():
+        getattr(flask_migrate, direction)(revision=revision)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--workers", type=int, default=2, show_default=True, help="gunicorn worker processes.")
+def web(host: str, port: int, workers: int) -> None:
+    """Serve the web app with gunicorn, after applying pending database migrations."""
+    import shutil
+
+    _migrate("upgrade", "head")
+    gunicorn = shutil.which("gunicorn", path=os.path.dirname(sys.executable)) or shutil.which("gunicorn")
+    if gunicorn is None:
+        raise click.ClickException("gunicorn is not installed: pip install 'chattts-farm[web]'")
+    # Threads let a worker answer status polls while another request waits on the queue.
+    os.execv(gunicorn, [gunicorn, "--bind", f"{host}:{port}", "--workers", str(workers), "--threads", "8",
+                        "--access-logfile", "-", "web:create_app()"])

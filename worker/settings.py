@@ -69,6 +69,10 @@ class Settings:
     # How many times a segment the quality gate flags is generated again with another audio seed.
     quality_retries: int = 1
     redis_url: str = "redis://localhost:6379/0"
+    # The web app's database; empty means sqlite:///<data_dir>/farm.db.
+    database_url: str = ""
+    # Largest HTTP request body the web app reads.
+    max_request_bytes: int = 1024 * 1024
     # How long finished results and their audio stay in Redis.
     result_ttl_s: int = 24 * 3600
     # Jobs a worker process holds and synthesises together (their segments then share GPT passes
@@ -81,6 +85,10 @@ class Settings:
     task_time_limit_s: int = 900
     # Seconds between a worker's sweeps that return unacknowledged jobs of dead workers to the queue.
     unacked_restore_interval_s: int = 10
+
+    @property
+    def database_uri(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'farm.db'}"
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -108,6 +116,8 @@ class Settings:
             segment_pause_s=_env_float(env, "SEGMENT_PAUSE_S", defaults.segment_pause_s),
             quality_retries=_env_int(env, "QUALITY_RETRIES", defaults.quality_retries),
             redis_url=_env_str(env, "REDIS_URL", defaults.redis_url),
+            database_url=_env_str(env, "DATABASE_URL", defaults.database_url),
+            max_request_bytes=_env_int(env, "MAX_REQUEST_BYTES", defaults.max_request_bytes, minimum=1024),
             result_ttl_s=_env_int(env, "RESULT_TTL_S", defaults.result_ttl_s, minimum=60),
             batch_jobs=_env_int(env, "BATCH_JOBS", defaults.batch_jobs, minimum=1),
             worker_batch_window_ms=_env_int(env, "WORKER_BATCH_WINDOW_MS", defaults.worker_batch_window_ms),

@@ -1,0 +1,7 @@
+"""The JSON API under /api."""
+
+from flask import Blueprint
+
+bp = Blueprint("api", __name__, url_prefix="/api")
+
+from web.api import routes  # noqa: E402,F401 - registers the views on bp

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+from flask import Response, current_app, request, url_for
+
+from web import jobs
+from web.api import bp
+from web.errors import ApiError
+from web.models import Job, JobStatus, Voice, db
+from worker.contract import MIME_TYPES, InvalidRequest, SynthesisRequest, parse_voice
+
+MAX_LIST_LIMIT = 500
+
+
+def _json_body() -> dict:
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "body")
+    return body
+
+
+def _catalog_voice(value: object) -> Voice | None:
+    """A voice given by catalog name; seeds and embedding strings are not catalog voices."""
+    try:
+        parse_voice(value)
+        return None
+    except InvalidRequest:
+        if not isinstance(value, str):
+            raise
+    voice = db.session.execute(db.select(Voice).where(Voice.name == value.strip())).scalar_one_or_none()
+    if voice is None:
+        raise ApiError(422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an "
+                            "embedding", "voice")
+    return voice
+
+
+def _get_job(job_id: str) -> Job:
+    job = db.session.get(Job, job_id)
+    if job is None:
+        raise ApiError(404, f"no job {job_id}")
+    return job
+
+
+def describe(job: Job) -> dict:
+    audio_url = url_for("api.job_audio", job_id=job.id, _external=False)
+    result = None
+    if job.status == JobStatus.DONE and job.result:
+        result = {
+            "duration_s": job.duration_s,
+            "format": job.format,
+            "mime_type": MIME_TYPES[job.format],
+            "sample_rate": job.result.get("sample_rate"),
+            "segments": job.result.get("segments"),
+            "batch_size": job.result.get("batch_size"),
+            "model": job.result.get("model"),
+            "seed": job.result.get("seed"),
+            "quality": job.result.get("quality"),
+            "audio_url": audio_url,
+        }
+    return {
+        "id": job.id,
+        "status": job.status,
+        "progress": round(job.progress, 3),
+        "error": job.error,
+        "created_at": job.created_at.isoformat(),
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
+        "text": job.text,
+        "voice": {"catalog_id": job.voice_id, "seed": job.voice_seed},
+        "format": job.format,
+        "parameters": job.parameters,
+        "status_url": url_for("api.get_job", job_id=job.id),
+        "audio_url": audio_url,
+        "result": result,
+    }
+
+
+@bp.post("/jobs")
+def create_job():
+    arguments = _json_body()
+    voice = _catalog_voice(arguments.get("voice", 2222))
+    if voice is not None:
+        arguments = {**arguments, "voice": voice.spk_emb}
+    settings = current_app.config["SETTINGS"]
+    synthesis = SynthesisRequest.from_arguments(arguments, max_text_chars=settings.max_text_chars)
+    job = jobs.submit(synthesis, voice)
+    body = {"id": job.id, "status": job.status, "status_url": url_for("api.get_job", job_id=job.id),
+            "audio_url": url_for("api.job_audio", job_id=job.id)}
+    return body, 202, {"Location": body["status_url"]}
+
+
+@bp.get("/jobs/<job_id>")
+def get_job(job_id: str):
+    return describe(jobs.refresh(_get_job(job_id)))
+
+
+@bp.get("/jobs")
+def list_jobs():
+    status = request.args.get("status")
+    if status is not None and status not in JobStatus.ALL:
+        raise ApiError(400, f"status must be one of {', '.join(JobStatus.ALL)}", "status")
+    try:
+        limit = int(request.args.get("limit", 50))
+    except ValueError:
+        raise ApiError(400, "limit must be an integer", "limit") from None
+    if not 1 <= limit <= MAX_LIST_LIMIT:
+        raise ApiError(400, f"limit must be between 1 and {MAX_LIST_LIMIT}", "limit")
+    query = db.select(Job).order_by(Job.created_at.desc()).limit(limit)
+    if status is not None:
+        query = query.where(Job.status == status)
+    listed = [jobs.refresh(job) for job in db.session.execute(query).scalars()]
+    return {"jobs": [describe(job) for job in listed if status is None or job.status == status]}
+
+
+@bp.get("/jobs/<job_id>/audio")
+def job_audio(job_id: str):
+    job = _get_job(job_id)
+    data = jobs.audio(job)
+    return Response(data, mimetype=MIME_TYPES[job.format], headers={
+        "Content-Disposition": f'attachment; filename="chattts-{job.id}.{job.format}"',
+    })
+
+
+@bp.delete("/jobs/<job_id>")
+def cancel_job(job_id: str):
+    return describe(jobs.cancel(_get_job(job_id)))

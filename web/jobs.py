@@ -1,0 +1,109 @@
+"""Jobs as the web app sees them: a database row written before the job is enqueued, kept in step
+with the task's state in Celery."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from celery.result import AsyncResult
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from web import farm
+from web.errors import ApiError
+from web.models import Job, JobStatus, Voice, db, utcnow
+from worker.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
+
+logger = logging.getLogger(__name__)
+
+_STATUS_OF_STATE = {
+    "PENDING": JobStatus.QUEUED,
+    "RECEIVED": JobStatus.QUEUED,
+    "RETRY": JobStatus.QUEUED,
+    "STARTED": JobStatus.RUNNING,
+    PROGRESS_STATE: JobStatus.RUNNING,
+    "SUCCESS": JobStatus.DONE,
+    "FAILURE": JobStatus.FAILED,
+    "REVOKED": JobStatus.CANCELLED,
+}
+
+
+def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
+    """Record the job, then enqueue it under the same id. A queue that cannot be reached fails the job."""
+    arguments = request.as_arguments()
+    del arguments["request_id"]
+    job = Job(
+        id=str(uuid.uuid4()),
+        text=request.text,
+        voice_id=voice.id if voice else None,
+        voice_seed=request.voice_seed,
+        voice_embedding=request.voice if isinstance(request.voice, str) else None,
+        parameters={k: v for k, v in arguments.items() if k not in ("text", "voice")},
+        format=request.format,
+        status=JobStatus.QUEUED,
+    )
+    db.session.add(job)
+    db.session.commit()
+    try:
+        farm.client().celery.send_task(TASK_NAME, kwargs=arguments, task_id=job.id, queue=DEFAULT_QUEUE)
+    # kombu raises OperationalError for the broker; Celery's Redis result backend, which subscribes to
+    # the job's result channel as it is sent, gives up with a RuntimeError after its own retries.
+    except (OperationalError, RedisError, RuntimeError) as error:
+        logger.error("job %s could not be enqueued: %s", job.id, error)
+        _finish(job, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
+        raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
+    logger.info("job %s queued", job.id)
+    return job
+
+
+def refresh(job: Job) -> Job:
+    """Bring an unfinished job's row up to date with its task's state."""
+    if job.status in JobStatus.FINISHED:
+        return job
+    result = AsyncResult(job.id, app=farm.client().celery)
+    state = result.state
+    status = _STATUS_OF_STATE.get(state, job.status)
+    if state == PROGRESS_STATE and isinstance(result.info, dict):
+        job.progress = float(result.info.get("progress", job.progress))
+    if status == JobStatus.DONE:
+        summary = result.result
+        job.duration_s = summary["duration_s"]
+        job.audio_key = summary["audio_key"]
+        job.voice_embedding = summary.get("voice_embedding") or job.voice_embedding
+        job.result = {k: v for k, v in summary.items() if k != "voice_embedding"}
+        job.progress = 1.0
+        _finish(job, status)
+    elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
+        _finish(job, status, error=str(result.result) if status == JobStatus.FAILED else "cancelled")
+    elif status != job.status:
+        job.status = status
+        db.session.commit()
+    return job
+
+
+def cancel(job: Job) -> Job:
+    """Revoke an unfinished job (queued or running); a finished one is left as it is."""
+    refresh(job)
+    if job.status not in JobStatus.FINISHED:
+        AsyncResult(job.id, app=farm.client().celery).revoke()
+        _finish(job, JobStatus.CANCELLED, error="cancelled")
+    return job
+
+
+def audio(job: Job) -> bytes:
+    """The job's audio; 409 while it is not done, 410 once Redis no longer holds it."""
+    refresh(job)
+    if job.status != JobStatus.DONE:
+        raise ApiError(409, f"job {job.id} is {job.status}, not done: it has no audio")
+    data = farm.client().redis.get(job.audio_key)
+    if data is None:
+        raise ApiError(410, f"the audio of job {job.id} has expired")
+    return data
+
+
+def _finish(job: Job, status: str, error: str | None = None) -> None:
+    job.status = status
+    job.error = error
+    job.finished_at = utcnow()
+    db.session.commit()

@@ -1,0 +1,97 @@
+"""The web app's database: the voice catalog and the durable job list (SQLAlchemy 2.0 models)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from flask_sqlalchemy import SQLAlchemy
+from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Integer, String, Table, Text, event
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+db = SQLAlchemy(model_class=Base)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+@event.listens_for(Engine, "connect")
+def _configure_sqlite(connection, _record) -> None:
+    """WAL lets status pages read while a request writes; the busy timeout makes writers queue, not fail."""
+    if type(connection).__module__.startswith("sqlite3"):
+        cursor = connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+
+voice_tags = Table(
+    "voice_tags",
+    Base.metadata,
+    Column("voice_id", ForeignKey("voices.id", ondelete="CASCADE"), primary_key=True),
+    Column("tag_id", ForeignKey("tags.id", ondelete="CASCADE"), primary_key=True),
+)
+
+
+class Tag(db.Model):
+    __tablename__ = "tags"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)  # always lower-case
+
+
+class Voice(db.Model):
+    __tablename__ = "voices"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    seed: Mapped[int | None] = mapped_column(Integer)
+    # Always stored: the embedding, not the seed, is the voice on any model build and device.
+    spk_emb: Mapped[str] = mapped_column(Text)
+    description: Mapped[str] = mapped_column(Text, default="")
+    gender: Mapped[str | None] = mapped_column(String(20))
+    age: Mapped[str | None] = mapped_column(String(20))
+    rating: Mapped[int] = mapped_column(Integer, default=0)
+    favourite: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    tags: Mapped[list[Tag]] = relationship(secondary=voice_tags, order_by=Tag.name)
+
+
+class JobStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    FINISHED = (DONE, FAILED, CANCELLED)
+    ALL = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
+
+
+class Job(db.Model):
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    text: Mapped[str] = mapped_column(Text)
+    voice_id: Mapped[int | None] = mapped_column(ForeignKey("voices.id", ondelete="SET NULL"))
+    voice_seed: Mapped[int | None] = mapped_column(Integer)
+    voice_embedding: Mapped[str | None] = mapped_column(Text)
+    parameters: Mapped[dict] = mapped_column(JSON, default=dict)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
+    duration_s: Mapped[float | None] = mapped_column(Float)
+    format: Mapped[str] = mapped_column(String(8))
+    audio_key: Mapped[str | None] = mapped_column(String(100))
+    result: Mapped[dict | None] = mapped_column(JSON)
+    finished_at: Mapped[datetime | None] = mapped_column()
+
+    voice: Mapped[Voice | None] = relationship()
