@@ -31,10 +31,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS)
 
-    from web import errors, farm
+    from web import errors, farm, openai
     from web.api import bp as api_bp
 
     farm.init_app(app)
     errors.init_app(app)
     app.register_blueprint(api_bp)
+    app.register_blueprint(openai.bp)
     return app

@@ -13,6 +13,8 @@ from typing import Any
 
 TASK_NAME = "chattts.synthesize"
 HEALTH_TASK_NAME = "chattts.health"
+# voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model.
+EMBEDDING_TASK_NAME = "chattts.voice_embedding"
 DEFAULT_QUEUE = "tts"
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"

@@ -12,7 +12,8 @@ from celery.worker import state as worker_state
 from worker import runtime
 from worker.celery_app import app
 from worker.contract import (
-    HEALTH_TASK_NAME, PROGRESS_STATE, TASK_NAME, FarmError, JobCancelled, SynthesisRequest, audio_key,
+    EMBEDDING_TASK_NAME, HEALTH_TASK_NAME, PROGRESS_STATE, TASK_NAME, FarmError, InvalidRequest, JobCancelled,
+    SynthesisRequest, audio_key, parse_voice,
 )
 
 logger = logging.getLogger(__name__)
@@ -65,3 +66,14 @@ def synthesize(self, **arguments) -> dict:
 @app.task(name=HEALTH_TASK_NAME)
 def health() -> dict:
     return runtime.current().health()
+
+
+@app.task(name=EMBEDDING_TASK_NAME, throws=(FarmError,))
+def voice_embedding(seed: int) -> str:
+    """The embedding a seed names, for callers without torch (the web catalog stores it)."""
+    from worker.voices import embedding_for_seed
+
+    voice = parse_voice(seed)
+    if not isinstance(voice, int):
+        raise InvalidRequest("seed", "must be an integer seed")
+    return embedding_for_seed(runtime.current().batcher.synthesizer.model.chat.speaker, voice)

@@ -1,9 +1,12 @@
 from __future__ import annotations
 
+import json
+
 from flask import Response, current_app, request, url_for
 
-from web import jobs
+from web import jobs, voices
 from web.api import bp
+from web.api.openapi import openapi_description
 from web.errors import ApiError
 from web.models import Job, JobStatus, Voice, db
 from worker.contract import MIME_TYPES, InvalidRequest, SynthesisRequest, parse_voice
@@ -122,3 +125,51 @@ def job_audio(job_id: str):
 @bp.delete("/jobs/<job_id>")
 def cancel_job(job_id: str):
     return describe(jobs.cancel(_get_job(job_id)))
+
+
+@bp.get("/voices")
+def list_voices():
+    return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
+
+
+@bp.post("/voices")
+def create_voice():
+    return voices.describe(voices.create(_json_body())), 201
+
+
+@bp.get("/voices/export")
+def export_voices():
+    return Response(json.dumps(voices.export(), ensure_ascii=False, indent=2), mimetype="application/json",
+                    headers={"Content-Disposition": 'attachment; filename="chattts-voices.json"'})
+
+
+@bp.post("/voices/import")
+def import_voices():
+    return voices.import_(request.get_json(silent=True)), 200
+
+
+@bp.get("/voices/<int:voice_id>")
+def get_voice(voice_id: int):
+    return voices.describe(voices.get(voice_id))
+
+
+@bp.patch("/voices/<int:voice_id>")
+def update_voice(voice_id: int):
+    return voices.describe(voices.update(voices.get(voice_id), _json_body()))
+
+
+@bp.delete("/voices/<int:voice_id>")
+def delete_voice(voice_id: int):
+    voices.delete(voices.get(voice_id))
+    return "", 204
+
+
+@bp.post("/voices/from-job/<job_id>")
+def voice_from_job(job_id: str):
+    job = jobs.refresh(_get_job(job_id))
+    return voices.describe(voices.from_job(job, _json_body())), 201
+
+
+@bp.get("/openapi.json")
+def openapi():
+    return openapi_description()

@@ -1,0 +1,96 @@
+"""The voice catalog API (embeddings of seeds come from a real worker)."""
+
+import time
+
+import pytest
+
+
+def add(client, **fields):
+    answer = client.post("/api/voices", json=fields)
+    assert answer.status_code == 201, answer.get_json()
+    return answer.get_json()
+
+
+def test_a_voice_from_a_seed_stores_the_embedding_a_worker_derives(client, farm):
+    voice = add(client, name="Warm narrator", seed=42, tags=["Warm", " narrator ", "warm"], rating=4)
+    assert voice["seed"] == 42 and len(voice["spk_emb"]) > 16
+    assert voice["tags"] == ["narrator", "warm"]
+    again = farm.client.send_task("chattts.voice_embedding", kwargs={"seed": 42}).get(timeout=30)
+    assert voice["spk_emb"] == again
+
+
+def test_voices_are_found_by_every_tag_and_by_text(client, farm):
+    add(client, name="Calm", seed=1, tags=["calm", "female"], description="for bedtime stories")
+    add(client, name="Bright", seed=2, tags=["bright", "female"])
+    add(client, name="Deep", seed=3, tags=["calm", "male"])
+    names = lambda query: [v["name"] for v in client.get(f"/api/voices{query}").get_json()["voices"]]
+    assert sorted(names("?tag=calm")) == ["Calm", "Deep"]
+    assert names("?tag=calm&tag=FEMALE") == ["Calm"]
+    assert names("?q=bedtime") == ["Calm"]
+    assert names("?tag=nobody") == []
+
+
+def test_a_voice_is_read_edited_and_deleted(client, farm):
+    voice = add(client, name="Editable", seed=5)
+    edited = client.patch(f"/api/voices/{voice['id']}", json={"name": "Edited", "tags": ["new"], "rating": 5,
+                                                                "favourite": True}).get_json()
+    assert (edited["name"], edited["tags"], edited["rating"], edited["favourite"]) == ("Edited", ["new"], 5, True)
+    assert client.get(f"/api/voices/{voice['id']}").get_json()["name"] == "Edited"
+    assert client.delete(f"/api/voices/{voice['id']}").status_code == 204
+    assert client.get(f"/api/voices/{voice['id']}").status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("fields", "field", "status"),
+    [
+        ({"seed": 1}, "name", 400),
+        ({"name": "X"}, "seed", 400),
+        ({"name": "X", "seed": -1}, "seed", 400),
+        ({"name": "X", "spk_emb": "not an embedding"}, "spk_emb", 400),
+        ({"name": "X", "seed": 1, "rating": 9}, "rating", 400),
+        ({"name": "X", "seed": 1, "tags": "calm"}, "tags", 400),
+        ({"name": "X", "seed": 1, "colour": "red"}, "colour", 400),
+    ],
+)
+def test_bad_voice_fields_are_named(client, farm, fields, field, status):
+    answer = client.post("/api/voices", json=fields)
+    assert answer.status_code == status and answer.get_json()["field"] == field
+
+
+def test_names_are_unique(client, farm):
+    add(client, name="Twin", seed=1)
+    answer = client.post("/api/voices", json={"name": "Twin", "seed": 2})
+    assert answer.status_code == 409 and answer.get_json()["field"] == "name"
+
+
+def test_export_then_import_round_trips_and_skips_existing_names(client, app, farm):
+    add(client, name="Kept", seed=7, tags=["a", "b"], description="kept voice", rating=3)
+    exported = client.get("/api/voices/export")
+    assert exported.mimetype == "application/json"
+    entries = exported.get_json()
+    client.delete(f"/api/voices/{client.get('/api/voices').get_json()['voices'][0]['id']}")
+    assert client.post("/api/voices/import", json=entries).get_json() == {"added": ["Kept"], "skipped": []}
+    assert client.post("/api/voices/import", json=entries).get_json() == {"added": [], "skipped": ["Kept"]}
+    restored = client.get("/api/voices").get_json()["voices"][0]
+    assert {k: restored[k] for k in entries[0]} == entries[0]
+    assert client.post("/api/voices/import", json={"not": "a list"}).get_json()["field"] == "body"
+
+
+def test_the_voice_of_a_finished_job_is_saved_and_usable_by_name(client, farm):
+    job_id = client.post("/api/jobs", json={"text": "Keep my voice.", "voice": 77}).get_json()["id"]
+    deadline = time.monotonic() + 60
+    while client.get(f"/api/jobs/{job_id}").get_json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    saved = client.post(f"/api/voices/from-job/{job_id}", json={"name": "From a job", "tags": ["kept"]})
+    assert saved.status_code == 201 and saved.get_json()["seed"] == 77
+    by_name = client.post("/api/jobs", json={"text": "Spoken by name.", "voice": "From a job"})
+    assert by_name.status_code == 202
+    assert client.post("/api/voices/from-job/nope", json={"name": "x"}).status_code == 404
+
+
+def test_the_api_is_described_by_openapi(client):
+    description = client.get("/api/openapi.json").get_json()
+    assert description["openapi"].startswith("3.")
+    for path in ("/api/jobs", "/api/jobs/{job_id}/audio", "/api/voices", "/api/voices/import", "/v1/audio/speech"):
+        assert path in description["paths"]

@@ -1,0 +1,46 @@
+"""The OpenAI-compatible speech endpoint, against real workers."""
+
+import numpy as np
+import pytest
+
+from web.openai import chattts_speed
+from worker.audio import decode
+
+
+@pytest.mark.parametrize(("response_format", "mime_type"),
+                         [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("wav", "audio/wav")])
+def test_speech_returns_decodable_audio(client, farm, response_format, mime_type):
+    answer = client.post("/v1/audio/speech", json={"model": "tts-1", "input": "Hello, OpenAI client.",
+                                                   "voice": 42, "response_format": response_format})
+    assert answer.status_code == 200 and answer.mimetype == mime_type
+    samples, rate = decode(answer.data)
+    assert rate == 24_000 and len(samples) > rate // 2
+    assert client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()["status"] == "done"
+
+
+def test_pcm_is_raw_16_bit_samples(client, farm):
+    answer = client.post("/v1/audio/speech", json={"input": "Raw samples.", "voice": 3, "response_format": "pcm"})
+    assert answer.status_code == 200 and answer.mimetype == "audio/pcm"
+    samples = np.frombuffer(answer.data, dtype="<i2")
+    assert samples.size > 12_000 and np.abs(samples).max() > 0
+
+
+def test_speed_maps_onto_chattts_levels():
+    assert [chattts_speed(s) for s in (0.25, 0.5, 1.0, 2.0, 4.0)] == [1, 3, 5, 7, 9]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "field"),
+    [
+        ({"input": "Hi.", "voice": 1, "response_format": "aac"}, 400, "response_format"),
+        ({"input": "Hi.", "voice": 1, "response_format": "ogg-vorbis"}, 400, "response_format"),
+        ({"input": "Hi.", "voice": 1, "speed": 5}, 400, "speed"),
+        ({"input": "", "voice": 1}, 400, "input"),
+        ({"voice": 1}, 400, "input"),
+        ({"input": "Hi.", "voice": "alloy"}, 400, "voice"),
+        ({"input": "Hi."}, 400, "voice"),
+    ],
+)
+def test_bad_requests_are_4xx_naming_the_field(client, body, status, field):
+    answer = client.post("/v1/audio/speech", json=body)
+    assert answer.status_code == status and answer.get_json()["field"] == field

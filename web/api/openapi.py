@@ -1,0 +1,129 @@
+"""The OpenAPI 3.1 description of the JSON API, served at /api/openapi.json."""
+
+from __future__ import annotations
+
+from web.models import JobStatus
+from worker.contract import FORMATS, MAX_SEED
+
+_ERROR = {"$ref": "#/components/schemas/Error"}
+_VOICE_ARG = {
+    "description": "A catalog voice name, an integer seed, or a ChatTTS speaker-embedding string.",
+    "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
+}
+
+
+def _errors(*codes: int) -> dict:
+    return {str(code): {"description": "error", "content": {"application/json": {"schema": _ERROR}}}
+            for code in codes}
+
+
+def _json(schema: dict, description: str = "ok") -> dict:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+def openapi_description() -> dict:
+    job_request = {
+        "type": "object", "required": ["text"], "additionalProperties": False,
+        "properties": {
+            "text": {"type": "string", "minLength": 1}, "voice": _VOICE_ARG,
+            "format": {"type": "string", "enum": list(FORMATS)},
+            "speed": {"type": "integer", "minimum": 1, "maximum": 9},
+            "temperature": {"type": "number", "minimum": 0.01, "maximum": 2},
+            "top_p": {"type": "number", "minimum": 0.01, "maximum": 1},
+            "top_k": {"type": "integer", "minimum": 1, "maximum": 626},
+            "repetition_penalty": {"type": "number", "minimum": 1, "maximum": 2},
+            "refine_text": {"type": "boolean"},
+            "oral": {"type": "integer", "minimum": 0, "maximum": 9},
+            "laugh": {"type": "integer", "minimum": 0, "maximum": 2},
+            "break": {"type": "integer", "minimum": 0, "maximum": 7},
+            "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
+        },
+    }
+    voice_fields = {
+        "name": {"type": "string", "minLength": 1, "maxLength": 100},
+        "tags": {"type": "array", "items": {"type": "string", "maxLength": 64}},
+        "description": {"type": "string", "maxLength": 2000},
+        "gender": {"type": ["string", "null"], "maxLength": 20},
+        "age": {"type": ["string", "null"], "maxLength": 20},
+        "rating": {"type": "integer", "minimum": 0, "maximum": 5},
+        "favourite": {"type": "boolean"},
+    }
+    voice = {"$ref": "#/components/schemas/Voice"}
+    job = {"$ref": "#/components/schemas/Job"}
+    job_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    voice_id = [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "integer"}}]
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "chattts-farm", "version": "1", "description": "ChatTTS speech synthesis farm"},
+        "paths": {
+            "/api/jobs": {
+                "post": {"summary": "Submit a synthesis job",
+                         "requestBody": {"required": True, "content": {"application/json": {"schema": job_request}}},
+                         "responses": {"202": _json({"type": "object", "properties": {
+                             "id": {"type": "string"}, "status": {"type": "string"},
+                             "status_url": {"type": "string"}, "audio_url": {"type": "string"}}}, "accepted"),
+                             **_errors(400, 413, 422, 503)}},
+                "get": {"summary": "Recent jobs", "parameters": [
+                    {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(JobStatus.ALL)}},
+                    {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}}],
+                    "responses": {"200": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": job}}}),
+                                  **_errors(400)}},
+            },
+            "/api/jobs/{job_id}": {
+                "get": {"summary": "A job's status", "parameters": job_id, "responses": {"200": _json(job), **_errors(404)}},
+                "delete": {"summary": "Cancel a job", "parameters": job_id, "responses": {"200": _json(job), **_errors(404)}},
+            },
+            "/api/jobs/{job_id}/audio": {
+                "get": {"summary": "A finished job's audio", "parameters": job_id,
+                        "responses": {"200": {"description": "the audio", "content": {
+                            f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")}}, **_errors(404, 409, 410)}},
+            },
+            "/api/voices": {
+                "get": {"summary": "Find voices", "parameters": [
+                    {"name": "tag", "in": "query", "schema": {"type": "array", "items": {"type": "string"}},
+                     "style": "form", "explode": True},
+                    {"name": "q", "in": "query", "schema": {"type": "string"}}],
+                    "responses": {"200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}})}},
+                "post": {"summary": "Add a voice from a seed or an embedding", "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
+                        **voice_fields, "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+                        "spk_emb": {"type": "string"}}}}}},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 503)}},
+            },
+            "/api/voices/{voice_id}": {
+                "get": {"summary": "A voice", "parameters": voice_id, "responses": {"200": _json(voice), **_errors(404)}},
+                "patch": {"summary": "Edit a voice", "parameters": voice_id, "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object", "properties": voice_fields}}}},
+                    "responses": {"200": _json(voice), **_errors(400, 404, 409)}},
+                "delete": {"summary": "Delete a voice", "parameters": voice_id,
+                           "responses": {"204": {"description": "deleted"}, **_errors(404)}},
+            },
+            "/api/voices/from-job/{job_id}": {
+                "post": {"summary": "Keep the voice a job used", "parameters": job_id, "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": voice_fields}}}},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409)}},
+            },
+            "/api/voices/export": {"get": {"summary": "All voices as JSON", "responses": {"200": _json({"type": "array"})}}},
+            "/api/voices/import": {"post": {"summary": "Add exported voices (existing names are skipped)",
+                                            "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "array"}}}},
+                                            "responses": {"200": _json({"type": "object"}), **_errors(400)}}},
+            "/v1/audio/speech": {
+                "post": {"summary": "OpenAI-compatible speech", "requestBody": {"required": True, "content": {
+                    "application/json": {"schema": {"type": "object", "required": ["input", "voice"], "properties": {
+                        "model": {"type": "string"}, "input": {"type": "string"}, "voice": _VOICE_ARG,
+                        "response_format": {"type": "string", "enum": ["mp3", "opus", "flac", "wav", "pcm"]},
+                        "speed": {"type": "number", "minimum": 0.25, "maximum": 4}}}}}},
+                    "responses": {"200": {"description": "the audio"}, **_errors(400, 413, 502, 504)}},
+            },
+        },
+        "components": {"schemas": {
+            "Error": {"type": "object", "required": ["error"],
+                      "properties": {"error": {"type": "string"}, "field": {"type": "string"}}},
+            "Voice": {"type": "object", "properties": {"id": {"type": "integer"}, "seed": {"type": ["integer", "null"]},
+                                                       "spk_emb": {"type": "string"}, **voice_fields}},
+            "Job": {"type": "object", "properties": {
+                "id": {"type": "string"}, "status": {"type": "string", "enum": list(JobStatus.ALL)},
+                "progress": {"type": "number"}, "error": {"type": ["string", "null"]},
+                "result": {"type": ["object", "null"]}, "status_url": {"type": "string"}, "audio_url": {"type": "string"}}},
+        }},
+    }

@@ -1,0 +1,99 @@
+"""``POST /v1/audio/speech``: the OpenAI text-to-speech API, served by the farm.
+
+It records and enqueues an ordinary job, waits for it, and answers with the audio bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+import wave
+
+from flask import Blueprint, Response, current_app, request
+
+from web import jobs
+from web.errors import ApiError
+from web.models import JobStatus, Voice, db
+from worker.contract import InvalidRequest, SynthesisRequest, parse_voice
+
+bp = Blueprint("openai", __name__, url_prefix="/v1")
+
+# OpenAI format -> (the farm's format, MIME type). OpenAI's "opus" is Opus in Ogg, as the farm's ogg.
+FORMATS = {
+    "mp3": ("mp3", "audio/mpeg"),
+    "opus": ("ogg", "audio/ogg"),
+    "flac": ("flac", "audio/flac"),
+    "wav": ("wav", "audio/wav"),
+    "pcm": ("wav", "audio/pcm"),
+}
+UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
+WAIT_TIMEOUT_S = 600
+POLL_S = 0.1
+
+
+def chattts_speed(openai_speed: float) -> int:
+    """OpenAI's 0.25..4 (1 = normal) onto ChatTTS's [speed_1]..[speed_9] (5 = normal): two levels per doubling."""
+    return max(1, min(9, round(5 + 2 * math.log2(openai_speed))))
+
+
+@bp.post("/audio/speech")
+def speech():
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "body")
+    response_format = body.get("response_format", "mp3")
+    if response_format in UNSUPPORTED:
+        raise ApiError(400, UNSUPPORTED[response_format], "response_format")
+    if response_format not in FORMATS:
+        raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}", "response_format")
+    speed = body.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
+        raise ApiError(400, "speed must be a number from 0.25 to 4.0", "speed")
+    text = body.get("input")
+    if not isinstance(text, str):
+        raise ApiError(400, "input is required: the text to speak", "input")
+    farm_format, mime_type = FORMATS[response_format]
+    voice = _voice(body.get("voice"))
+    settings = current_app.config["SETTINGS"]
+    try:
+        synthesis = SynthesisRequest.from_arguments(
+            {"text": text, "voice": voice.spk_emb if isinstance(voice, Voice) else voice, "format": farm_format,
+             "speed": chattts_speed(speed)},
+            max_text_chars=settings.max_text_chars,
+        )
+    except InvalidRequest as error:
+        # The farm calls it text; this API calls it input.
+        raise ApiError(400, f"input: {error.message}" if error.field == "text" else str(error),
+                       "input" if error.field == "text" else error.field) from None
+    job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
+    deadline = time.monotonic() + WAIT_TIMEOUT_S
+    while jobs.refresh(job).status not in JobStatus.FINISHED:
+        if time.monotonic() > deadline:
+            raise ApiError(504, f"job {job.id} did not finish in {WAIT_TIMEOUT_S} s; it goes on: GET /api/jobs/{job.id}")
+        time.sleep(POLL_S)
+    if job.status != JobStatus.DONE:
+        # 502: the request was valid; the worker behind this endpoint failed it (or it was cancelled).
+        raise ApiError(502, f"job {job.id} {job.status}: {job.error}")
+    data = jobs.audio(job)
+    if response_format == "pcm":
+        with wave.open(io.BytesIO(data)) as wav:
+            data = wav.readframes(wav.getnframes())
+    return Response(data, mimetype=mime_type, headers={"X-Job-Id": job.id})
+
+
+def _voice(value: object) -> Voice | int:
+    """A catalog voice name, or a seed."""
+    if value is None:
+        raise ApiError(400, "voice is required: a catalog voice name or a seed", "voice")
+    try:
+        seed = parse_voice(value)
+        if isinstance(seed, int):
+            return seed
+    except InvalidRequest:
+        pass
+    if isinstance(value, str):
+        voice = db.session.execute(db.select(Voice).where(Voice.name == value.strip())).scalar_one_or_none()
+        if voice is not None:
+            return voice
+    raise ApiError(400, f"voice {value!r} is neither a catalog voice name nor a seed", "voice")

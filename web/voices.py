@@ -1,0 +1,190 @@
+"""The voice catalog: create, find by tags and text, edit, export and import."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import or_
+
+from web import farm
+from web.errors import ApiError
+from web.models import Job, Tag, Voice, db
+from worker.contract import EMBEDDING_TASK_NAME, MAX_SEED, InvalidRequest, parse_voice
+
+EMBEDDING_TIMEOUT_S = 60
+_TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
+
+
+def find(tags: list[str], query: str | None) -> list[Voice]:
+    """Voices carrying every tag given and whose name or description contains the query text."""
+    select = db.select(Voice).order_by(Voice.favourite.desc(), Voice.rating.desc(), Voice.name)
+    for tag in normalise_tags(tags):
+        select = select.where(Voice.tags.any(Tag.name == tag))
+    if query:
+        pattern = f"%{query.strip()}%"
+        select = select.where(or_(Voice.name.ilike(pattern), Voice.description.ilike(pattern)))
+    return list(db.session.execute(select).scalars())
+
+
+def get(voice_id: int) -> Voice:
+    voice = db.session.get(Voice, voice_id)
+    if voice is None:
+        raise ApiError(404, f"no voice {voice_id}")
+    return voice
+
+
+def create(fields: dict[str, Any]) -> Voice:
+    """A new voice from a name and a seed or an embedding (the embedding is always stored)."""
+    name = _name(fields.get("name"))
+    seed, embedding = fields.get("seed"), fields.get("spk_emb")
+    if (seed is None) == (embedding is None):
+        raise ApiError(400, "give exactly one of seed or spk_emb", "seed")
+    if seed is not None:
+        seed = _seed(seed)
+        embedding = embedding_for_seed(seed)
+    else:
+        embedding = _embedding(embedding)
+    voice = Voice(name=name, seed=seed, spk_emb=embedding)
+    update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
+    db.session.add(voice)
+    _commit_unique(name)
+    return voice
+
+
+def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voice:
+    editable = {"name", "tags", "rating", "favourite", *_TEXT_FIELDS}
+    unknown = sorted(set(fields) - editable)
+    if unknown:
+        raise ApiError(400, f"{unknown[0]} cannot be set; editable: {', '.join(sorted(editable))}", unknown[0])
+    if "name" in fields:
+        voice.name = _name(fields["name"])
+    if "tags" in fields:
+        voice.tags = _tags(fields["tags"])
+    if "rating" in fields:
+        rating = fields["rating"]
+        if isinstance(rating, bool) or not isinstance(rating, int) or not 0 <= rating <= 5:
+            raise ApiError(400, "rating must be an integer from 0 to 5", "rating")
+        voice.rating = rating
+    if "favourite" in fields:
+        if not isinstance(fields["favourite"], bool):
+            raise ApiError(400, "favourite must be true or false", "favourite")
+        voice.favourite = fields["favourite"]
+    for field, limit in _TEXT_FIELDS.items():
+        if field in fields:
+            value = fields[field]
+            if value is not None and (not isinstance(value, str) or len(value) > limit):
+                raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
+            setattr(voice, field, value if field != "description" else (value or ""))
+    if commit:
+        _commit_unique(voice.name)
+    return voice
+
+
+def delete(voice: Voice) -> None:
+    db.session.delete(voice)
+    db.session.commit()
+
+
+def from_job(job: Job, fields: dict[str, Any]) -> Voice:
+    """Keep the voice a finished job used, with the embedding the worker reported."""
+    if not job.voice_embedding:
+        raise ApiError(409, f"job {job.id} has not reported its voice yet (it is {job.status})")
+    return create({**fields, "spk_emb": job.voice_embedding, "seed": None} if job.voice_seed is None else
+                  {**fields, "seed": job.voice_seed})
+
+
+def describe(voice: Voice) -> dict[str, Any]:
+    return {
+        "id": voice.id, "name": voice.name, "seed": voice.seed, "spk_emb": voice.spk_emb,
+        "tags": [tag.name for tag in voice.tags], "description": voice.description, "gender": voice.gender,
+        "age": voice.age, "rating": voice.rating, "favourite": voice.favourite,
+        "created_at": voice.created_at.isoformat(), "updated_at": voice.updated_at.isoformat(),
+    }
+
+
+def export() -> list[dict[str, Any]]:
+    exported = []
+    for voice in find([], None):
+        entry = describe(voice)
+        for key in ("id", "created_at", "updated_at"):
+            del entry[key]
+        exported.append(entry)
+    return exported
+
+
+def import_(entries: Any) -> dict[str, list[str]]:
+    """Add exported voices; a name already in the catalog is skipped, never overwritten."""
+    if not isinstance(entries, list):
+        raise ApiError(400, "the body must be a JSON list of voices (as GET /api/voices/export gives)", "body")
+    added, skipped = [], []
+    for position, entry in enumerate(entries):
+        if not isinstance(entry, dict) or not entry.get("spk_emb"):
+            raise ApiError(400, f"voice {position} must be an object with a name and spk_emb", "body")
+        name = _name(entry.get("name"))
+        if db.session.execute(db.select(Voice.id).where(Voice.name == name)).first():
+            skipped.append(name)
+            continue
+        fields = {k: v for k, v in entry.items() if k not in ("seed", "spk_emb")}
+        voice = Voice(name=name, seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
+                      spk_emb=_embedding(entry["spk_emb"]))
+        update(voice, {k: v for k, v in fields.items() if k != "name"}, commit=False)
+        db.session.add(voice)
+        added.append(name)
+    db.session.commit()
+    return {"added": added, "skipped": skipped}
+
+
+def embedding_for_seed(seed: int) -> str:
+    """Ask a worker: deriving an embedding from a seed needs the model, which the web app never loads."""
+    try:
+        return farm.client().celery.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed}).get(
+            timeout=EMBEDDING_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - any failure here means no worker could answer
+        raise ApiError(503, f"no worker answered for the embedding of seed {seed} ({error}); "
+                            "start workers or give spk_emb instead", "seed") from None
+
+
+def normalise_tags(tags: list[str]) -> list[str]:
+    return sorted({tag.strip().lower() for tag in tags if tag and tag.strip()})
+
+
+def _tags(value: Any) -> list[Tag]:
+    if not isinstance(value, list) or not all(isinstance(tag, str) and len(tag.strip()) <= 64 for tag in value):
+        raise ApiError(400, "tags must be a list of texts of at most 64 characters", "tags")
+    tags = []
+    for name in normalise_tags(value):
+        tag = db.session.execute(db.select(Tag).where(Tag.name == name)).scalar_one_or_none()
+        tags.append(tag or Tag(name=name))
+    return tags
+
+
+def _name(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value.strip()) > 100:
+        raise ApiError(400, "name is required: text of 1 to 100 characters", "name")
+    return value.strip()
+
+
+def _seed(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+        raise ApiError(400, f"seed must be an integer from 0 to {MAX_SEED}", "seed")
+    return value
+
+
+def _embedding(value: Any) -> str:
+    try:
+        parsed = parse_voice(value)
+    except InvalidRequest:
+        parsed = None
+    if not isinstance(parsed, str):
+        raise ApiError(400, "spk_emb must be a ChatTTS speaker-embedding string", "spk_emb")
+    return parsed
+
+
+def _commit_unique(name: str) -> None:
+    from sqlalchemy.exc import IntegrityError
+
+    try:
+        db.session.commit()
+    except IntegrityError:
+        db.session.rollback()
+        raise ApiError(409, f"a voice named {name!r} already exists", "name") from None
