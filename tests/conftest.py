@@ -3,7 +3,6 @@
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import pytest
 import redis
 from celery import Celery
 
+from tests.support import free_port
 from worker.settings import Settings
 
 
@@ -27,12 +27,6 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_settings(data_dir) -> Settings:
     return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

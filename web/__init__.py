@@ -33,9 +33,11 @@ def create_app(test_config: dict | None = None) -> Flask:
 
     from web import errors, farm, openai
     from web.api import bp as api_bp
+    from web.pages import bp as pages_bp
 
     farm.init_app(app)
     errors.init_app(app)
     app.register_blueprint(api_bp)
     app.register_blueprint(openai.bp)
+    app.register_blueprint(pages_bp)
     return app

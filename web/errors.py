@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from werkzeug.exceptions import HTTPException
 
 from worker.contract import InvalidRequest
+
+
+JSON_PREFIXES = ("/api/", "/v1/")
 
 
 class ApiError(Exception):
@@ -36,5 +39,7 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException):
+        if not request.path.startswith(JSON_PREFIXES):
+            return error  # pages get Werkzeug's plain HTML error page
         field = "body" if error.code == 413 else None
         return _answer(error.code or 500, error.description or error.name, field)

@@ -60,6 +60,8 @@ class Voice(db.Model):
     age: Mapped[str | None] = mapped_column(String(20))
     rating: Mapped[int] = mapped_column(Integer, default=0)
     favourite: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The job that spoke this voice's preview, kept so the preview is generated once.
+    preview_job_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     tags: Mapped[list[Tag]] = relationship(secondary=voice_tags, order_by=Tag.name)

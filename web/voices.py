@@ -8,10 +8,11 @@ from sqlalchemy import or_
 
 from web import farm
 from web.errors import ApiError
-from web.models import Job, Tag, Voice, db
-from worker.contract import EMBEDDING_TASK_NAME, MAX_SEED, InvalidRequest, parse_voice
+from web.models import Job, JobStatus, Tag, Voice, db
+from worker.contract import EMBEDDING_TASK_NAME, MAX_SEED, InvalidRequest, SynthesisRequest, parse_voice
 
 EMBEDDING_TIMEOUT_S = 60
+PREVIEW_TEXT = "Hello! This is how I sound. [laugh] Nice to meet you."
 _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
 
 
@@ -78,6 +79,24 @@ def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voic
     if commit:
         _commit_unique(voice.name)
     return voice
+
+
+def preview(voice: Voice, max_text_chars: int) -> Job:
+    """Generate a voice's preview once and keep it; again only when it failed or its audio expired."""
+    from web import jobs
+
+    kept = db.session.get(Job, voice.preview_job_id) if voice.preview_job_id else None
+    if kept is not None:
+        jobs.refresh(kept)
+        usable = kept.status in (JobStatus.QUEUED, JobStatus.RUNNING) or (
+            kept.status == JobStatus.DONE and farm.client().redis.exists(kept.audio_key))
+        if usable:
+            return kept
+    job = jobs.submit(SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb},
+                                                      max_text_chars=max_text_chars), voice)
+    voice.preview_job_id = job.id
+    db.session.commit()
+    return job
 
 
 def delete(voice: Voice) -> None:

@@ -130,6 +130,7 @@ class Settings:
         if unknown:
             raise TypeError(f"unknown settings: {sorted(unknown)}")
         settings = replace(settings, **{k: v for k, v in overrides.items() if v is not None})
+        settings = replace(settings, data_dir=Path(settings.data_dir))
         if settings.task_time_limit_s < settings.task_soft_time_limit_s:
             raise SettingsError(f"{ENV_PREFIX}TASK_TIME_LIMIT_S must be at least {ENV_PREFIX}TASK_SOFT_TIME_LIMIT_S")
         if settings.cuda_dtype not in {"bf16", "fp16", "fp32"}:

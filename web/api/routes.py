@@ -9,7 +9,7 @@ from web.api import bp
 from web.api.openapi import openapi_description
 from web.errors import ApiError
 from web.models import Job, JobStatus, Voice, db
-from worker.contract import MIME_TYPES, InvalidRequest, SynthesisRequest, parse_voice
+from worker.contract import DEFAULT_VOICE_SEED, MIME_TYPES, InvalidRequest, SynthesisRequest, parse_voice
 
 MAX_LIST_LIMIT = 500
 
@@ -21,8 +21,16 @@ def _json_body() -> dict:
     return body
 
 
-def _catalog_voice(value: object) -> Voice | None:
-    """A voice given by catalog name; seeds and embedding strings are not catalog voices."""
+def _catalog_voice(arguments: dict) -> Voice | None:
+    """The catalog voice a job asks for: ``voice_id``, or ``voice`` holding a catalog name (seeds and
+    embedding strings are not catalog voices)."""
+    if "voice_id" in arguments:
+        voice_id = arguments["voice_id"]
+        voice = db.session.get(Voice, voice_id) if isinstance(voice_id, int) and not isinstance(voice_id, bool) else None
+        if voice is None:
+            raise ApiError(422, f"no voice with id {voice_id!r} in the catalog", "voice_id")
+        return voice
+    value = arguments.get("voice", DEFAULT_VOICE_SEED)
     try:
         parse_voice(value)
         return None
@@ -79,9 +87,9 @@ def describe(job: Job) -> dict:
 @bp.post("/jobs")
 def create_job():
     arguments = _json_body()
-    voice = _catalog_voice(arguments.get("voice", 2222))
+    voice = _catalog_voice(arguments)
     if voice is not None:
-        arguments = {**arguments, "voice": voice.spk_emb}
+        arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voice.spk_emb}
     settings = current_app.config["SETTINGS"]
     synthesis = SynthesisRequest.from_arguments(arguments, max_text_chars=settings.max_text_chars)
     job = jobs.submit(synthesis, voice)
@@ -173,3 +181,10 @@ def voice_from_job(job_id: str):
 @bp.get("/openapi.json")
 def openapi():
     return openapi_description()
+
+
+@bp.post("/voices/<int:voice_id>/preview")
+def preview_voice(voice_id: int):
+    """The voice's kept preview job: the existing one while its audio lives, else a new one."""
+    job = voices.preview(voices.get(voice_id), current_app.config["SETTINGS"].max_text_chars)
+    return describe(job), 200 if job.status == JobStatus.DONE else 202

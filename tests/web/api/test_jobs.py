@@ -102,6 +102,8 @@ def test_an_unknown_catalog_voice_is_a_422(client):
 
 def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
     assert client.post("/api/jobs", data="text=hi", content_type="text/plain").get_json()["field"] == "body"
+    malformed = client.post("/api/jobs", data='{"text": "hi",', content_type="application/json")
+    assert malformed.status_code == 400 and malformed.get_json()["field"] == "body"
     huge = client.post("/api/jobs", json={"text": "x" * 100_000})
     assert huge.status_code == 413 and huge.get_json()["field"] == "body"
 

@@ -94,3 +94,23 @@ def test_the_api_is_described_by_openapi(client):
     assert description["openapi"].startswith("3.")
     for path in ("/api/jobs", "/api/jobs/{job_id}/audio", "/api/voices", "/api/voices/import", "/v1/audio/speech"):
         assert path in description["paths"]
+
+
+def test_a_preview_is_generated_once_and_kept(client, farm):
+    voice = add(client, name="Previewed", seed=9)
+    first = client.post(f"/api/voices/{voice['id']}/preview")
+    assert first.status_code in (200, 202)
+    deadline = time.monotonic() + 60
+    while client.get(first.get_json()["status_url"]).get_json()["status"] != "done":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    again = client.post(f"/api/voices/{voice['id']}/preview")
+    assert again.status_code == 200 and again.get_json()["id"] == first.get_json()["id"]
+    assert client.get(again.get_json()["result"]["audio_url"]).status_code == 200
+
+
+def test_a_job_can_name_its_catalog_voice_by_id(client, farm):
+    voice = add(client, name="By id", seed=11)
+    answer = client.post("/api/jobs", json={"text": "Spoken by id.", "voice_id": voice["id"]})
+    assert answer.status_code == 202
+    assert client.post("/api/jobs", json={"text": "Hi.", "voice_id": 999}).get_json()["field"] == "voice_id"

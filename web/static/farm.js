@@ -1,0 +1,172 @@
+// Behaviour of the farm's pages. Text from users is only ever set with textContent, never as HTML.
+"use strict";
+
+async function sendJson(method, url, body) {
+  const response = await fetch(url, {
+    method,
+    headers: {"Content-Type": "application/json", "Accept": "application/json"},
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const payload = response.status === 204 ? null : await response.json();
+  if (!response.ok) {
+    const field = payload && payload.field ? ` (${payload.field})` : "";
+    throw new Error((payload && payload.error ? payload.error : response.statusText) + field);
+  }
+  return payload;
+}
+
+function splitTags(text) {
+  return text.split(",").map((tag) => tag.trim()).filter(Boolean);
+}
+
+function numberOrNull(input) {
+  return input.value === "" ? null : Number(input.value);
+}
+
+function setUpSpeakForm(form) {
+  const text = form.querySelector("#text");
+  const counter = form.querySelector("#char-count");
+  const submit = form.querySelector("#submit");
+  const error = form.querySelector("#form-error");
+  const catalog = form.querySelector("#catalog-voice");
+  const speed = form.querySelector("#speed");
+  text.addEventListener("input", () => { counter.textContent = String(text.value.length); });
+  speed.addEventListener("input", () => { form.querySelector("#speed-value").textContent = speed.value; });
+  form.querySelector("#roll-voice").addEventListener("click", () => {
+    form.querySelector("#voice-seed").value = String(Math.floor(Math.random() * 100000000));
+    catalog.value = "";
+  });
+  form.querySelector("#voice-filter").addEventListener("input", (event) => {
+    const wanted = event.target.value.trim().toLowerCase();
+    for (const option of catalog.options) {
+      if (!option.value) continue;
+      option.hidden = Boolean(wanted) && !option.dataset.tags.split(" ").some((tag) => tag.startsWith(wanted));
+    }
+  });
+  let sending = false;
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    if (sending) return;  // a double click sends one job
+    sending = true;
+    submit.disabled = true;
+    error.textContent = "";
+    const body = {
+      text: text.value,
+      voice: catalog.value || Number(form.querySelector("#voice-seed").value),
+      format: form.querySelector("#format").value,
+      speed: Number(speed.value),
+      temperature: Number(form.querySelector("#temperature").value),
+      top_p: Number(form.querySelector("#top_p").value),
+      top_k: Number(form.querySelector("#top_k").value),
+      refine_text: form.querySelector("#refine_text").checked,
+      seed: numberOrNull(form.querySelector("#audio-seed")),
+    };
+    try {
+      const job = await sendJson("POST", "/api/jobs", body);
+      window.location.assign(`/jobs/${job.id}`);
+    } catch (failure) {
+      error.textContent = failure.message;
+      sending = false;
+      submit.disabled = false;
+    }
+  });
+}
+
+function setUpJobPage(section) {
+  const status = section.querySelector("#job-status");
+  const progress = section.querySelector("#job-progress");
+  const error = section.querySelector("#job-error");
+  const result = section.querySelector("#job-result");
+  const audio = section.querySelector("#job-audio");
+  async function poll() {
+    let job;
+    try {
+      job = await sendJson("GET", section.dataset.statusUrl);
+    } catch (failure) {
+      error.textContent = failure.message;
+      window.setTimeout(poll, 2000);
+      return;
+    }
+    status.textContent = job.status;
+    progress.value = job.progress;
+    error.textContent = job.error && job.status !== "cancelled" ? job.error : "";
+    if (job.status === "done") {
+      audio.src = job.result.audio_url;
+      result.hidden = false;
+    } else if (job.status === "queued" || job.status === "running") {
+      window.setTimeout(poll, 500);
+    }
+  }
+  poll();
+  section.querySelector("#save-voice").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const message = section.querySelector("#save-message");
+    try {
+      const voice = await sendJson("POST", section.dataset.saveUrl, {
+        name: section.querySelector("#save-name").value,
+        tags: splitTags(section.querySelector("#save-tags").value),
+      });
+      message.textContent = `Saved as "${voice.name}".`;
+    } catch (failure) {
+      message.textContent = failure.message;
+    }
+  });
+}
+
+async function preview(row) {
+  const audio = row.querySelector(".voice-audio");
+  const job = await sendJson("POST", `/api/voices/${row.dataset.voiceId}/preview`);
+  for (;;) {
+    const state = await sendJson("GET", `/api/jobs/${job.id}`);
+    if (state.status === "done") {
+      audio.src = state.result.audio_url;
+      audio.hidden = false;
+      return;
+    }
+    if (state.status !== "queued" && state.status !== "running") throw new Error(state.error || state.status);
+    await new Promise((resolve) => window.setTimeout(resolve, 500));
+  }
+}
+
+function setUpVoices(table) {
+  const message = document.querySelector("#voices-message");
+  const report = (failure) => { message.textContent = failure.message; };
+  for (const row of table.querySelectorAll("tr.voice")) {
+    const url = `/api/voices/${row.dataset.voiceId}`;
+    row.querySelector(".voice-save").addEventListener("click", () => sendJson("PATCH", url, {
+      name: row.querySelector(".voice-name").value,
+      tags: splitTags(row.querySelector(".voice-tags").value),
+      rating: Number(row.querySelector(".voice-rating").value),
+    }).then(() => { message.textContent = "Saved."; }, report));
+    row.querySelector(".voice-delete").addEventListener("click", () => sendJson("DELETE", url)
+      .then(() => row.remove(), report));
+    row.querySelector(".voice-preview").addEventListener("click", () => preview(row).catch(report));
+  }
+  document.querySelector("#new-voice").addEventListener("submit", (event) => {
+    event.preventDefault();
+    sendJson("POST", "/api/voices", {
+      name: document.querySelector("#new-name").value,
+      seed: Number(document.querySelector("#new-seed").value),
+      tags: splitTags(document.querySelector("#new-tags").value),
+    }).then(() => window.location.reload(), report);
+  });
+  document.querySelector("#import-file").addEventListener("change", async (event) => {
+    const file = event.target.files[0];
+    if (!file) return;
+    try {
+      const outcome = await sendJson("POST", "/api/voices/import", JSON.parse(await file.text()));
+      message.textContent = `Added ${outcome.added.length}, skipped ${outcome.skipped.length} existing.`;
+    } catch (failure) {
+      report(failure);
+    }
+  });
+}
+
+document.addEventListener("DOMContentLoaded", () => {
+  const speak = document.querySelector("[data-page=speak]");
+  if (speak) setUpSpeakForm(speak);
+  const job = document.querySelector("[data-page=job]");
+  if (job) setUpJobPage(job);
+  const voices = document.querySelector("[data-page=voices]");
+  if (voices) setUpVoices(voices);
+});
