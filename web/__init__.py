@@ -31,7 +31,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS)
 
-    from web import errors, farm, openai
+    from web import errors, farm, monitoring, openai
     from web.api import bp as api_bp
     from web.pages import bp as pages_bp
 
@@ -40,4 +40,5 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.register_blueprint(api_bp)
     app.register_blueprint(openai.bp)
     app.register_blueprint(pages_bp)
+    app.register_blueprint(monitoring.bp)
     return app

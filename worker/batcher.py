@@ -27,7 +27,8 @@ logger = logging.getLogger(__name__)
 class Job:
     request: SynthesisRequest
     submitted_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None
+    started_at: float | None = None  # monotonic, for time limits
+    started_wall: float | None = None  # epoch seconds, reported to callers
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | Exception | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
@@ -97,6 +98,7 @@ class Batcher:
         started = time.monotonic()
         for job in live:
             job.started_at = started
+            job.started_wall = time.time()
         timed_out: set[int] = set()
 
         def cancelled() -> set[int]:

@@ -99,6 +99,18 @@ def assets() -> None:
     """Synthetic ChatTTS assets (random weights in ChatTTS's layout)."""
 
 
+@assets.command("prepare")
+@click.argument("scale", type=click.Choice(["tiny", "full"]))
+def assets_prepare(scale: str) -> None:
+    """Build synthetic assets of SCALE in the data dir's cache, unless they are already there."""
+    from worker.assets import ensure_synthetic_assets
+
+    progress = _ProgressBar(f"building synthetic-{scale} assets")
+    root = ensure_synthetic_assets(_settings().data_dir, scale, progress=progress)
+    progress.close()
+    click.echo(f"synthetic-{scale} assets ready in {root}")
+
+
 @assets.command("build")
 @click.option("--scale", type=click.Choice(["tiny", "full"]), required=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -177,3 +189,49 @@ def web(host: str, port: int, workers: int) -> None:
     # Threads let a worker answer status polls while another request waits on the queue.
     os.execv(gunicorn, [gunicorn, "--bind", f"{host}:{port}", "--workers", str(workers), "--threads", "8",
                         "--access-logfile", "-", "web:create_app()"])
+
+
+@main.command()
+@click.option("--address", default="127.0.0.1", show_default=True)
+@click.option("--port", type=int, default=5555, show_default=True)
+def flower(address: str, port: int) -> None:
+    """Run Flower on the farm's broker, behind basic auth from CHATTTS_FARM_FLOWER_AUTH=user:password."""
+    command = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower", f"--address={address}",
+               f"--port={port}"]
+    auth = os.environ.get("CHATTTS_FARM_FLOWER_AUTH", "").strip()
+    if auth:
+        if ":" not in auth:
+            raise click.UsageError("CHATTTS_FARM_FLOWER_AUTH must be user:password")
+        command.append(f"--basic-auth={auth}")
+    else:
+        click.echo("warning: CHATTTS_FARM_FLOWER_AUTH is not set: Flower runs without authentication", err=True)
+    os.execv(sys.executable, command)
+
+
+@main.command()
+@click.option("--model", envvar="CHATTTS_FARM_MODEL", default="auto", show_default=True)
+@click.option("--host", envvar="CHATTTS_FARM_HOST", default="127.0.0.1", show_default=True)
+@click.option("--port", envvar="CHATTTS_FARM_PORT", type=int, default=8000, show_default=True)
+@click.option("--flower-port", envvar="CHATTTS_FARM_FLOWER_PORT", type=int, default=5555, show_default=True)
+@click.option("--redis-url", envvar="CHATTTS_FARM_REDIS_URL", default=None,
+              help="Use this Redis instead of starting one.")
+@click.option("--redis-port", envvar="CHATTTS_FARM_REDIS_PORT", type=int, default=6379, show_default=True,
+              help="Port of the Redis that up starts.")
+@click.option("--data-dir", envvar="CHATTTS_FARM_DATA_DIR", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("var"), show_default=True)
+@click.option("--gpus", envvar="CHATTTS_FARM_GPUS", default=None, help="GPU indices or 'all' (default: all).")
+@click.option("--cpu-workers", envvar="CHATTTS_FARM_CPU_WORKERS", type=int, default=None,
+              help="CPU workers instead of GPU workers (default: 1 where there is no GPU).")
+def up(model: str, host: str, port: int, flower_port: int, redis_url: str | None, redis_port: int,
+       data_dir: Path, gpus: str | None, cpu_workers: int | None) -> None:
+    """Run the whole farm here: Redis, migrations, workers, web app and Flower."""
+    import logging
+
+    from worker.launcher import FarmPlan, Launcher, LaunchError
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    plan = FarmPlan(model, host, port, flower_port, redis_url, redis_port, data_dir, gpus, cpu_workers)
+    try:
+        sys.exit(Launcher(plan).run())
+    except LaunchError as error:
+        raise click.ClickException(str(error)) from None

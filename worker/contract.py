@@ -19,11 +19,17 @@ DEFAULT_QUEUE = "tts"
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"
 AUDIO_KEY_PREFIX = "chattts:audio:"
+# Each worker keeps its health report (chattts.health's answer) under this prefix + its node name,
+# refreshed every few seconds and expiring when the worker is gone: the ops page and /metrics read it.
+HEARTBEAT_KEY_PREFIX = "chattts:worker:"
+HEARTBEAT_INTERVAL_S = 5
+HEARTBEAT_TTL_S = 20
 
 # Keys of the dict a successful chattts.synthesize returns (all JSON-able).
 RESULT_FIELDS = (
     "job_id", "format", "mime_type", "sample_rate", "duration_s", "segments", "tokens", "audio_key",
     "quality", "worker", "batch_size", "model", "model_info", "seed", "voice_embedding", "timings", "memory",
+    "started_at", "finished_at",
 )
 
 DEFAULT_VOICE_SEED = 2222

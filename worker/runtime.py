@@ -6,14 +6,18 @@ the worker consumes any job: the model loads and warms up first.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
+import threading
+import time
 from dataclasses import dataclass
 
 import redis
 
 from worker.batcher import Batcher
+from worker.contract import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY_PREFIX, HEARTBEAT_TTL_S
 from worker.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -25,6 +29,16 @@ class WorkerRuntime:
     hostname: str
     batcher: Batcher
     redis: redis.Redis
+
+    def beat(self) -> None:
+        """Publish this worker's health to Redis every few seconds, for the ops page and /metrics."""
+        key = HEARTBEAT_KEY_PREFIX + self.hostname
+        while True:
+            try:
+                self.redis.set(key, json.dumps({**self.health(), "heartbeat": time.time()}), ex=HEARTBEAT_TTL_S)
+            except redis.RedisError as error:
+                logger.warning("heartbeat not published: %s", error)
+            time.sleep(HEARTBEAT_INTERVAL_S)
 
     def health(self) -> dict:
         """Model kind, device, dtype, GPU name and memory, and how busy this worker is."""
@@ -41,6 +55,7 @@ class WorkerRuntime:
             "batches": self.batcher.stats.batches,
             "jobs_done": self.batcher.stats.jobs_done,
             "current_batch": self.batcher.stats.current_batch,
+            "last_batch_size": self.batcher.stats.last_batch_size,
             "gpu": None,
         }
         if model.device.type == "cuda":
@@ -83,6 +98,7 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     )
     batcher.start()
     _runtime = WorkerRuntime(settings, hostname, batcher, client)
+    threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
     return _runtime
 

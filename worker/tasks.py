@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from celery.exceptions import Ignore
 from celery.concurrency import get_implementation
@@ -60,6 +61,8 @@ def synthesize(self, **arguments) -> dict:
         "worker": farm.hostname,
         "model": outcome.model["kind"],
         "model_info": outcome.model,
+        "started_at": job.started_wall,
+        "finished_at": time.time(),
     }
 
 

@@ -1,0 +1,71 @@
+"""docker-compose.yml is checked by `docker compose config` where the compose plugin exists, and by
+parsing it otherwise (no Docker engine runs here)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_docker_compose_config_accepts_the_file():
+    docker = shutil.which("docker")
+    if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
+        pytest.skip("the docker CLI's compose plugin is not installed; the file is checked by parsing below")
+    finished = subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "--env-file",
+                               str(ROOT / ".env.example"), "config", "--quiet"], capture_output=True, text=True)
+    assert finished.returncode == 0, finished.stderr
+
+
+def test_services_share_one_image(compose):
+    services = compose["services"]
+    assert {"redis", "migrate", "web", "worker-gpu0", "flower"} <= set(services)
+    farm_services = [name for name in services if name != "redis"]
+    assert {services[name]["image"] for name in farm_services} == {"chattts-farm:latest"}
+    assert (ROOT / "Dockerfile").is_file() and (ROOT / ".env.example").is_file()
+
+
+def test_redis_keeps_an_append_only_file_never_evicts_and_is_health_checked(compose):
+    redis = compose["services"]["redis"]
+    command = " ".join(redis["command"])
+    assert "--appendonly yes" in command and "--maxmemory-policy noeviction" in command
+    assert redis["healthcheck"]["test"][-1] == "ping"
+    assert "redis-data:/data" in redis["volumes"]
+
+
+def test_migrations_run_once_before_the_web_app(compose):
+    services = compose["services"]
+    assert services["migrate"]["command"][-2:] == ["db", "upgrade"] and services["migrate"]["restart"] == "no"
+    assert services["web"]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_each_gpu_worker_reserves_its_own_gpu(compose):
+    workers = {name: service for name, service in compose["services"].items() if name.startswith("worker-gpu")}
+    assert len(workers) >= 2
+    reserved = []
+    for name, service in workers.items():
+        devices = service["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["driver"] == "nvidia" and devices[0]["capabilities"] == ["gpu"]
+        assert name == f"worker-gpu{devices[0]['device_ids'][0]}"
+        assert service["command"] == ["chattts-farm", "worker", "--gpus", "0"]
+        reserved += devices[0]["device_ids"]
+    assert len(reserved) == len(set(reserved))
+
+
+def test_named_volumes_hold_every_piece_of_state(compose):
+    assert set(compose["volumes"]) == {"redis-data", "farm-data", "huggingface-cache"}
+    assert "farm-data:/data" in compose["services"]["web"]["volumes"]
+
+
+def test_flower_takes_its_basic_auth_from_the_environment(compose):
+    flower = compose["services"]["flower"]
+    assert flower["command"][:2] == ["chattts-farm", "flower"] and flower["env_file"] == ".env"
+    assert "CHATTTS_FARM_FLOWER_AUTH=" in (ROOT / ".env.example").read_text()

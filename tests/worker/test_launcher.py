@@ -1,0 +1,99 @@
+"""`chattts-farm up`: the whole farm from one command, then stopped by SIGTERM with nothing lost."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+
+from tests.support import free_port
+from worker.audio import decode
+
+AUTH = ("ops", "s3cret")
+
+
+def wait_until(check, timeout, what):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def farm_up(tmp_path, data_dir):
+    ports = {"web": free_port(), "flower": free_port(), "redis": free_port()}
+    # Synthetic assets are already built in the shared data dir; link them in to save the build.
+    (tmp_path / "assets").symlink_to(Path(data_dir).resolve() / "assets", target_is_directory=True)
+    environment = {**os.environ, "CHATTTS_FARM_FLOWER_AUTH": ":".join(AUTH)}
+    environment.pop("CHATTTS_FARM_REDIS_URL", None)
+    process = subprocess.Popen(
+        [str(Path(sys.executable).parent / "chattts-farm"), "up", "--model", "synthetic-tiny",
+         "--port", str(ports["web"]), "--flower-port", str(ports["flower"]), "--redis-port", str(ports["redis"]),
+         "--data-dir", str(tmp_path), "--cpu-workers", "1"],
+        env=environment,
+    )
+    yield process, ports
+    if process.poll() is None:
+        process.kill()
+
+
+def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp_path):
+    process, ports = farm_up
+    web = f"http://127.0.0.1:{ports['web']}"
+    flower = f"http://127.0.0.1:{ports['flower']}"
+    wait_until(lambda: requests.get(web + "/readyz", timeout=2).json()["ready"], 180, "a ready farm")
+    ready = requests.get(web + "/readyz", timeout=5).json()
+    assert ready["workers"] == 1 and ready["models"] == ["synthetic"]
+
+    job = requests.post(web + "/api/jobs", json={"text": "Hello from up.", "voice": 5}, timeout=10).json()
+    wait_until(lambda: requests.get(web + job["status_url"], timeout=5).json()["status"] == "done", 120, "the job")
+    audio = requests.get(web + job["audio_url"], timeout=10)
+    samples, rate = decode(audio.content)
+    assert rate == 24_000 and len(samples) > 0
+
+    metrics = requests.get(web + "/metrics", timeout=10).text
+    assert 'chattts_jobs{status="done"} 1.0' in metrics
+    assert "chattts_workers_online 1.0" in metrics and 'chattts_queue_depth{queue="tts"}' in metrics
+    assert "chattts_queue_wait_seconds_count 1.0" in metrics
+    ops = requests.get(web + "/api/ops", timeout=10).json()
+    assert ops["workers"][0]["worker"].startswith("cpu0@") and "tts" in ops["queues"]
+    assert requests.get(web + "/ops", timeout=10).status_code == 200
+
+    assert requests.get(flower + "/api/workers", timeout=10).status_code == 401
+    wait_until(lambda: any(name.startswith("cpu0@") for name in
+                           requests.get(flower + "/api/workers?refresh=1", auth=AUTH, timeout=10).json()), 60, "Flower's workers")
+    assert requests.get(flower + "/metrics", auth=AUTH, timeout=10).status_code == 200
+
+    # A job in flight when SIGTERM arrives still finishes: workers end their batch first.
+    in_flight = requests.post(web + "/api/jobs", json={"text": "Finish me before you stop. " * 10}, timeout=10).json()
+    wait_until(lambda: requests.get(web + in_flight["status_url"], timeout=5).json()["status"] == "running", 60,
+               "the job to start")
+    family = psutil.Process(process.pid).children(recursive=True)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=180) == 0
+    gone, alive = psutil.wait_procs(family, timeout=30)
+    assert not alive, f"still running: {[p.cmdline() for p in alive]}"
+    aof = tmp_path / "redis" / "appendonlydir"
+    assert aof.exists()
+    # Restart only Redis from its append-only file: the finished job's result is there.
+    server = subprocess.Popen(["redis-server", "--port", str(ports["redis"]), "--dir", str(tmp_path / "redis"),
+                               "--appendonly", "yes"], stdout=subprocess.DEVNULL)
+    try:
+        import redis
+
+        client = redis.Redis(port=ports["redis"])
+        wait_until(lambda: client.ping(), 20, "redis")
+        assert client.exists(f"chattts:audio:{in_flight['id']}")
+    finally:
+        server.terminate()
+        server.wait()

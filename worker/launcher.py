@@ -1,0 +1,160 @@
+"""``chattts-farm up``: the whole farm on one machine, in the foreground.
+
+Starts (in this order) a local Redis with an append-only file under the data dir (unless a Redis URL
+is given), the database migrations, the workers (one per GPU, or CPU workers), the web app under
+gunicorn and Flower; prints the URLs; on Ctrl-C or SIGTERM stops the web app and Flower, lets the
+workers finish their batch, then stops Redis (which flushes its append-only file).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+
+logger = logging.getLogger(__name__)
+
+REDIS_START_TIMEOUT_S = 30
+
+
+class LaunchError(RuntimeError):
+    """A part of the farm could not be started; the message says what to do."""
+
+
+@dataclass
+class FarmPlan:
+    model: str
+    host: str
+    port: int
+    flower_port: int
+    redis_url: str | None
+    redis_port: int
+    data_dir: Path
+    gpus: str | None
+    cpu_workers: int | None
+
+
+def _cli() -> list[str]:
+    return [sys.executable, "-m", "worker"]
+
+
+class Launcher:
+    def __init__(self, plan: FarmPlan):
+        self.plan = plan
+        self.redis_url = plan.redis_url or f"redis://127.0.0.1:{plan.redis_port}/0"
+        self.environment = {
+            **os.environ,
+            "CHATTTS_FARM_MODEL": plan.model,
+            "CHATTTS_FARM_DATA_DIR": str(plan.data_dir.resolve()),
+            "CHATTTS_FARM_REDIS_URL": self.redis_url,
+        }
+        self.redis: subprocess.Popen | None = None
+        self.services: dict[str, subprocess.Popen] = {}
+        self.stopping = False
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._request_stop)
+        signal.signal(signal.SIGINT, self._request_stop)
+        self.plan.data_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.plan.redis_url is None:
+                self._start_redis()
+            self._prepare_model()
+            self._run_checked([*_cli(), "db", "upgrade"], "database migrations")
+            self.services["workers"] = self._spawn([*_cli(), "worker", *self._worker_placement()])
+            self.services["web"] = self._spawn([*_cli(), "web", "--host", self.plan.host, "--port", str(self.plan.port)])
+            self.services["flower"] = self._spawn([*_cli(), "flower", "--address", self.plan.host,
+                                                   "--port", str(self.plan.flower_port)])
+            self._announce()
+            return self._watch()
+        finally:
+            self._stop_all()
+
+    def _start_redis(self) -> None:
+        server = shutil.which("redis-server")
+        if server is None:
+            raise LaunchError("redis-server is not installed: on Debian/Ubuntu `apt-get install -y redis-server`, "
+                              "or point --redis-url at a running Redis")
+        directory = self.plan.data_dir.resolve() / "redis"
+        directory.mkdir(parents=True, exist_ok=True)
+        # Append-only file: queued jobs and results survive a restart. noeviction: Redis refuses writes
+        # rather than silently dropping jobs when memory runs out.
+        self.redis = subprocess.Popen(
+            [server, "--port", str(self.plan.redis_port), "--bind", "127.0.0.1", "--dir", str(directory),
+             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, start_new_session=True,
+        )
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+        while True:
+            try:
+                client.ping()
+                return
+            except redis.ConnectionError:
+                if self.redis.poll() is not None or time.monotonic() > deadline:
+                    raise LaunchError(f"redis-server did not start on port {self.plan.redis_port} (in use?); "
+                                      "choose another with --redis-port") from None
+                time.sleep(0.1)
+
+    def _prepare_model(self) -> None:
+        """Build synthetic assets here, with a progress bar, before the workers need them."""
+        if self.plan.model.startswith("synthetic-"):
+            self._run_checked([*_cli(), "assets", "prepare", self.plan.model.removeprefix("synthetic-")],
+                              "synthetic asset build")
+
+    def _worker_placement(self) -> list[str]:
+        if self.plan.cpu_workers:
+            return ["--cpu", str(self.plan.cpu_workers)]
+        if self.plan.gpus:
+            return ["--gpus", self.plan.gpus]
+        from worker.supervisor import list_gpus
+
+        return ["--gpus", "all"] if list_gpus() else ["--cpu", "1"]
+
+    def _spawn(self, command: list[str]) -> subprocess.Popen:
+        # Sessions of their own: Ctrl-C reaches this process only, which stops the parts in order.
+        return subprocess.Popen(command, env=self.environment, start_new_session=True)
+
+    def _run_checked(self, command: list[str], what: str) -> None:
+        if subprocess.run(command, env=self.environment).returncode != 0:
+            raise LaunchError(f"{what} failed (see above)")
+
+    def _announce(self) -> None:
+        print(f"\nchattts-farm is up (model {self.plan.model}):\n"
+              f"  web      http://{self.plan.host}:{self.plan.port}/\n"
+              f"  flower   http://{self.plan.host}:{self.plan.flower_port}/\n"
+              f"  redis    {self.redis_url}\n"
+              "Ctrl-C stops everything (workers finish their current batch).\n", flush=True)
+
+    def _watch(self) -> int:
+        while not self.stopping:
+            for name, process in self.services.items():
+                if process.poll() is not None:
+                    logger.error("%s exited with %s: stopping the farm", name, process.returncode)
+                    return 1
+            if self.redis is not None and self.redis.poll() is not None:
+                logger.error("redis-server exited with %s: stopping the farm", self.redis.returncode)
+                return 1
+            time.sleep(0.5)
+        return 0
+
+    def _request_stop(self, _signum, _frame) -> None:
+        self.stopping = True
+
+    def _stop_all(self) -> None:
+        for name in ("web", "flower", "workers"):
+            process = self.services.get(name)
+            if process is not None and process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                process.wait()
+        if self.redis is not None and self.redis.poll() is None:
+            self.redis.send_signal(signal.SIGTERM)
+            self.redis.wait()
