@@ -43,8 +43,15 @@ def farm_up(tmp_path, data_dir):
         env=environment,
     )
     yield process, ports
-    if process.poll() is None:
-        process.kill()
+    if process.poll() is None:  # the test failed before its own SIGTERM: stop the farm, leave nothing behind
+        family = psutil.Process(process.pid).children(recursive=True)
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        for leftover in psutil.wait_procs(family, timeout=30)[1]:
+            leftover.kill()
 
 
 def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp_path):
