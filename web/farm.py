@@ -18,9 +18,21 @@ class FarmClient:
     redis: redis.Redis
 
 
+# A web request must not hang while Redis is away: give up on it within seconds and answer 503.
+# (Workers keep Celery's patient defaults: they must ride out a Redis restart.)
+REDIS_GIVE_UP_S = 3
+
+
 def init_app(app: Flask) -> None:
     settings: Settings = app.config["SETTINGS"]
-    app.extensions["farm"] = FarmClient(create_celery(settings), redis.Redis.from_url(settings.redis_url))
+    celery = create_celery(settings)
+    celery.conf.result_backend_transport_options = {
+        **celery.conf.result_backend_transport_options,
+        "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},
+    }
+    celery.conf.redis_socket_connect_timeout = REDIS_GIVE_UP_S
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S)
+    app.extensions["farm"] = FarmClient(celery, client)
 
 
 def client() -> FarmClient:
