@@ -31,14 +31,25 @@ def create_app(test_config: dict | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS)
 
-    from web import errors, farm, monitoring, openai
+    from web import access, errors, farm, monitoring, openai
     from web.api import bp as api_bp
     from web.pages import bp as pages_bp
 
     farm.init_app(app)
     errors.init_app(app)
+    access.init_app(app)
     app.register_blueprint(api_bp)
     app.register_blueprint(openai.bp)
     app.register_blueprint(pages_bp)
     app.register_blueprint(monitoring.bp)
+
+    @app.after_request
+    def security_headers(response):
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "same-origin")
+        response.headers.setdefault("Content-Security-Policy",
+                                    "default-src 'self'; media-src 'self' blob:; frame-ancestors 'none'")
+        return response
+
     return app

@@ -19,6 +19,7 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.field = field
+        self.headers: dict[str, str] = {}
 
 
 def _answer(status: int, message: str, field: str | None):
@@ -35,7 +36,8 @@ def init_app(app: Flask) -> None:
 
     @app.errorhandler(ApiError)
     def api_error(error: ApiError):
-        return _answer(error.status, error.message, error.field)
+        body, status = _answer(error.status, error.message, error.field)
+        return body, status, error.headers
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException):

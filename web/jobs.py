@@ -10,7 +10,7 @@ from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from web import farm
+from web import access, farm
 from web.errors import ApiError
 from web.models import Job, JobStatus, Voice, db, utcnow
 from worker.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
@@ -31,6 +31,8 @@ _STATUS_OF_STATE = {
 
 def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     """Record the job, then enqueue it under the same id. A queue that cannot be reached fails the job."""
+    access.check_quota()
+    api_key = access.current_key()
     arguments = request.as_arguments()
     del arguments["request_id"]
     job = Job(
@@ -42,6 +44,7 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         parameters={k: v for k, v in arguments.items() if k not in ("text", "voice")},
         format=request.format,
         status=JobStatus.QUEUED,
+        api_key_id=api_key.id if api_key else None,
     )
     db.session.add(job)
     db.session.commit()
@@ -74,6 +77,7 @@ def refresh(job: Job) -> Job:
         job.result = {k: v for k, v in summary.items() if k != "voice_embedding"}
         job.progress = 1.0
         _finish(job, status)
+        access.record_audio(job.api_key_id, job.duration_s)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
         _finish(job, status, error=str(result.result) if status == JobStatus.FAILED else "cancelled")
     elif status != job.status:

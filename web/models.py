@@ -67,6 +67,19 @@ class Voice(db.Model):
     tags: Mapped[list[Tag]] = relationship(secondary=voice_tags, order_by=Tag.name)
 
 
+class ApiKey(db.Model):
+    """An API key. Only its SHA-256 is stored: keys are 256-bit random, so a fast hash suffices."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    prefix: Mapped[str] = mapped_column(String(12))  # shown in listings to tell keys apart
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column()
+
+
 class JobStatus:
     QUEUED = "queued"
     RUNNING = "running"
@@ -95,5 +108,8 @@ class Job(db.Model):
     audio_key: Mapped[str | None] = mapped_column(String(100))
     result: Mapped[dict | None] = mapped_column(JSON)
     finished_at: Mapped[datetime | None] = mapped_column()
+
+    # The key that submitted the job, when keys are on: only it may read the job and its audio.
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
 
     voice: Mapped[Voice | None] = relationship()

@@ -235,3 +235,47 @@ def up(model: str, host: str, port: int, flower_port: int, redis_url: str | None
         sys.exit(Launcher(plan).run())
     except LaunchError as error:
         raise click.ClickException(str(error)) from None
+
+
+@main.group()
+def keys() -> None:
+    """API keys (required on the API when CHATTTS_FARM_REQUIRE_API_KEY is on)."""
+
+
+@keys.command("create")
+@click.argument("name")
+def keys_create(name: str) -> None:
+    """Create a key for NAME and print it (it is shown this once; only its hash is kept)."""
+    from sqlalchemy.exc import IntegrityError
+
+    from web import access, create_app
+
+    with create_app().app_context():
+        try:
+            click.echo(access.create_key(name))
+        except IntegrityError:
+            raise click.ClickException(f"a key named {name!r} exists already") from None
+
+
+@keys.command("list")
+def keys_list() -> None:
+    """List keys: name, prefix, created, revoked."""
+    from web import create_app
+    from web.models import ApiKey, db
+
+    with create_app().app_context():
+        for key in db.session.execute(db.select(ApiKey).order_by(ApiKey.name)).scalars():
+            state = f"revoked {key.revoked_at:%Y-%m-%d}" if key.revoked_at else "active"
+            click.echo(f"{key.name}\t{key.prefix}...\t{key.created_at:%Y-%m-%d}\t{state}")
+
+
+@keys.command("revoke")
+@click.argument("name")
+def keys_revoke(name: str) -> None:
+    """Revoke the key of NAME."""
+    from web import access, create_app
+
+    with create_app().app_context():
+        if not access.revoke_key(name):
+            raise click.ClickException(f"no active key named {name!r}")
+    click.echo(f"revoked {name}")

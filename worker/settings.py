@@ -47,6 +47,17 @@ def _env_str(env: Mapping[str, str], name: str, default: str) -> str:
 
 
 
+def _env_bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(ENV_PREFIX + name)
+    if raw is None or raw.strip() == "":
+        return default
+    if raw.strip().lower() in {"1", "true", "yes", "on"}:
+        return True
+    if raw.strip().lower() in {"0", "false", "no", "off"}:
+        return False
+    raise SettingsError(f"{ENV_PREFIX}{name} must be true or false, got {raw!r}")
+
+
 @dataclass(frozen=True)
 class Settings:
     # Which weights to load: huggingface | local:<dir> | synthetic-tiny | synthetic-full | auto.
@@ -73,6 +84,10 @@ class Settings:
     database_url: str = ""
     # Largest HTTP request body the web app reads.
     max_request_bytes: int = 1024 * 1024
+    # API keys: required on /api and /v1 when on; per-key requests a minute and audio seconds a day.
+    require_api_key: bool = False
+    rate_limit_per_minute: int = 120
+    daily_audio_quota_s: int = 4 * 3600
     # How long finished results and their audio stay in Redis.
     result_ttl_s: int = 24 * 3600
     # Jobs a worker process holds and synthesises together (their segments then share GPT passes
@@ -118,6 +133,9 @@ class Settings:
             redis_url=_env_str(env, "REDIS_URL", defaults.redis_url),
             database_url=_env_str(env, "DATABASE_URL", defaults.database_url),
             max_request_bytes=_env_int(env, "MAX_REQUEST_BYTES", defaults.max_request_bytes, minimum=1024),
+            require_api_key=_env_bool(env, "REQUIRE_API_KEY", defaults.require_api_key),
+            rate_limit_per_minute=_env_int(env, "RATE_LIMIT_PER_MINUTE", defaults.rate_limit_per_minute, minimum=1),
+            daily_audio_quota_s=_env_int(env, "DAILY_AUDIO_QUOTA_S", defaults.daily_audio_quota_s, minimum=1),
             result_ttl_s=_env_int(env, "RESULT_TTL_S", defaults.result_ttl_s, minimum=60),
             batch_jobs=_env_int(env, "BATCH_JOBS", defaults.batch_jobs, minimum=1),
             worker_batch_window_ms=_env_int(env, "WORKER_BATCH_WINDOW_MS", defaults.worker_batch_window_ms),
