@@ -279,3 +279,24 @@ def keys_revoke(name: str) -> None:
         if not access.revoke_key(name):
             raise click.ClickException(f"no active key named {name!r}")
     click.echo(f"revoked {name}")
+
+
+@main.command()
+@click.option("--every", type=float, default=None, help="Repeat every this many seconds (default: once).")
+def reconcile(every: float | None) -> None:
+    """Enqueue again every unfinished job of the database that Redis has lost."""
+    import logging
+    import time
+
+    from web import create_app
+    from web.reconcile import reconcile as reconcile_once
+
+    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app()
+    while True:
+        with app.app_context():
+            resent = reconcile_once()
+        click.echo(f"re-enqueued {len(resent)} lost job(s)" + (f": {', '.join(resent)}" if resent else ""))
+        if every is None:
+            return
+        time.sleep(every)

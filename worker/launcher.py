@@ -2,7 +2,7 @@
 
 Starts (in this order) a local Redis with an append-only file under the data dir (unless a Redis URL
 is given), the database migrations, the workers (one per GPU, or CPU workers), the web app under
-gunicorn and Flower; prints the URLs; on Ctrl-C or SIGTERM stops the web app and Flower, lets the
+gunicorn, Flower and the reconciler (which re-enqueues jobs Redis has lost); prints the URLs; on Ctrl-C or SIGTERM stops the web app and Flower, lets the
 workers finish their batch, then stops Redis (which flushes its append-only file).
 """
 
@@ -23,6 +23,7 @@ import redis
 logger = logging.getLogger(__name__)
 
 REDIS_START_TIMEOUT_S = 30
+RECONCILE_EVERY_S = 30
 
 
 class LaunchError(RuntimeError):
@@ -73,6 +74,7 @@ class Launcher:
             self.services["web"] = self._spawn([*_cli(), "web", "--host", self.plan.host, "--port", str(self.plan.port)])
             self.services["flower"] = self._spawn([*_cli(), "flower", "--address", self.plan.host,
                                                    "--port", str(self.plan.flower_port)])
+            self.services["reconciler"] = self._spawn([*_cli(), "reconcile", "--every", str(RECONCILE_EVERY_S)])
             self._announce()
             return self._watch()
         finally:
@@ -150,7 +152,7 @@ class Launcher:
         self.stopping = True
 
     def _stop_all(self) -> None:
-        for name in ("web", "flower", "workers"):
+        for name in ("web", "flower", "reconciler", "workers"):
             process = self.services.get(name)
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)

@@ -1,0 +1,72 @@
+"""The reconciler: jobs the database holds as unfinished but Redis has lost are enqueued again.
+
+Redis is the queue, the database is the record. If Redis loses its data (FLUSHALL, a restart without
+persistence), a job can be unfinished in the database with no message anywhere and no state in the
+result backend. Such a job is sent again under its own id; the audio key is per job, so a job that
+was in fact still running somewhere at worst runs twice and writes the same key.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+
+from web import farm
+from web.models import Job, JobStatus, db, utcnow
+from worker.contract import DEFAULT_QUEUE, TASK_NAME
+
+logger = logging.getLogger(__name__)
+
+# Kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
+UNACKED_HASH = "unacked"
+# A job younger than this may be between its database row and its message: leave it alone.
+GRACE = timedelta(seconds=10)
+
+
+def _queued_ids() -> set[str]:
+    """Ids of every task message in any queue list or delivered-but-unacknowledged."""
+    client = farm.client().redis
+    ids: set[str] = set()
+    raw_messages = list(client.hvals(UNACKED_HASH))
+    for key in client.scan_iter(_type="list"):
+        raw_messages.extend(client.lrange(key, 0, -1))
+    for raw in raw_messages:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            continue
+        if isinstance(message, list):  # unacked entries are [message, exchange, routing key]
+            message = message[0]
+        task_id = message.get("headers", {}).get("id") if isinstance(message, dict) else None
+        if task_id:
+            ids.add(task_id)
+    return ids
+
+
+def lost_jobs() -> list[Job]:
+    unfinished = db.session.execute(
+        db.select(Job).where(Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+                             Job.created_at < utcnow() - GRACE)
+    ).scalars().all()
+    if not unfinished:
+        return []
+    present = _queued_ids()
+    backend = farm.client().celery.backend
+    return [job for job in unfinished
+            if job.id not in present and backend.get_task_meta(job.id).get("status") == "PENDING"]
+
+
+def reconcile() -> list[str]:
+    """Enqueue every lost job again under its own id; returns their ids."""
+    resent = []
+    for job in lost_jobs():
+        voice = job.voice_embedding if job.voice_seed is None else job.voice_seed
+        arguments = {"text": job.text, "voice": voice, **job.parameters}
+        farm.client().celery.send_task(TASK_NAME, kwargs=arguments, task_id=job.id, queue=DEFAULT_QUEUE)
+        job.status = JobStatus.QUEUED
+        job.progress = 0.0
+        logger.warning("job %s was lost by Redis: enqueued again", job.id)
+        resent.append(job.id)
+    db.session.commit()
+    return resent
