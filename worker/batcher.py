@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.contract import JobCancelled, JobTimeout, SynthesisRequest
+from worker.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
 from worker.synthesis import SynthesisResult, Synthesizer
 
 logger = logging.getLogger(__name__)
@@ -115,11 +115,7 @@ class Batcher:
         self._batch_started = started
         logger.info("batch of %d job(s): %s", len(live), ", ".join(j.request.request_id for j in live))
         try:
-            outcomes = self.synthesizer.synthesize([job.request for job in live], on_progress=on_progress,
-                                                   cancelled=cancelled)
-        except Exception as error:  # noqa: BLE001 - every job of the batch must hear of it
-            logger.exception("batch of %d job(s) failed", len(live))
-            outcomes = [error] * len(live)
+            outcomes = self._synthesize_isolating(live, on_progress, cancelled)
         finally:
             self._batch_started = None
             self.stats.current_batch = 0
@@ -132,6 +128,35 @@ class Batcher:
         self.stats.jobs_done += len(live)
         self.stats.last_batch_size = len(live)
 
+    def _synthesize_isolating(self, jobs: list[Job], on_progress, cancelled) -> list:
+        """Synthesise jobs together; when the batch fails, split it in halves and try each again.
+
+        A CUDA out-of-memory error frees the cached memory first, so smaller batches fit. A job that
+        fails alone (a poison job) gets its own error after at most log2(n) splits, and its batch
+        mates complete.
+        """
+        try:
+            return self.synthesizer.synthesize([job.request for job in jobs], on_progress=on_progress,
+                                               cancelled=cancelled)
+        except Exception as error:  # noqa: BLE001 - any failure of the batch is isolated below
+            if len(jobs) == 1:
+                logger.error("job %s failed: %r", jobs[0].request.request_id, error)
+                return [SynthesisFailed(f"synthesis failed: {error!r}")]
+            logger.warning("batch of %d job(s) failed (%r): splitting it", len(jobs), error)
+            _free_cuda_cache(error)
+        half = len(jobs) // 2
+        outcomes = []
+        for offset, part in ((0, jobs[:half]), (half, jobs[half:])):
+
+            def part_progress(index, fraction, done, total, offset=offset):
+                on_progress(offset + index, fraction, done, total)
+
+            def part_cancelled(part=part, offset=offset):
+                return {i - offset for i in cancelled() if offset <= i < offset + len(part)}
+
+            outcomes.extend(self._synthesize_isolating(part, part_progress, part_cancelled))
+        return outcomes
+
     def _watch(self) -> None:
         """End the process when a batch hangs past the hard limit: its supervisor starts a fresh one,
         and Redis hands the unacknowledged jobs out again."""
@@ -142,3 +167,10 @@ class Batcher:
                 logger.critical("a batch has run for more than %.0f s (the hard time limit): exiting so the "
                                 "supervisor restarts this worker", self.hard_limit_s)
                 os._exit(70)
+
+
+def _free_cuda_cache(error: Exception) -> None:
+    import torch
+
+    if isinstance(error, torch.cuda.OutOfMemoryError):
+        torch.cuda.empty_cache()

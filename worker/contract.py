@@ -89,6 +89,10 @@ class JobTimeout(FarmError):
     """The job ran past the soft time limit and was stopped."""
 
 
+class SynthesisFailed(FarmError):
+    """Synthesis of this job failed even when it ran alone; the message says how."""
+
+
 @dataclass(frozen=True)
 class RefineText:
     """ChatTTS's refine-text step, which adds oral fillers, laughs and breaks before speaking."""
