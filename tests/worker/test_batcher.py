@@ -9,6 +9,7 @@ import torch
 from worker.batcher import Batcher
 from worker.contract import SynthesisFailed, SynthesisRequest
 
+
 class FaultySynthesizer:
     """The real synthesizer, failing the way a test asks."""
 
@@ -24,6 +25,7 @@ class FaultySynthesizer:
             raise error
         return self.real.synthesize(requests, **kwargs)
 
+
 def run_batch(synthesizer, texts):
     batcher = Batcher(synthesizer, max_jobs=len(texts), window_s=0.0, soft_limit_s=60, hard_limit_s=120,
                       is_revoked=lambda job_id: False)
@@ -32,7 +34,9 @@ def run_batch(synthesizer, texts):
     assert all(job.finished.is_set() for job in jobs)
     return [job.outcome for job in jobs]
 
+
 TEXTS = ["First mate.", "Second mate.", "POISON pill.", "Third mate.", "Fourth mate."]
+
 
 def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(synthesizer):
     poisoned = FaultySynthesizer(synthesizer, lambda requests: RuntimeError("segfault-like crash") if any(
@@ -41,6 +45,7 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(syn
     assert isinstance(outcomes[2], SynthesisFailed) and "segfault-like crash" in str(outcomes[2])
     assert all(not isinstance(o, Exception) and o.duration_s > 0 for i, o in enumerate(outcomes) if i != 2)
     assert len(poisoned.calls) <= 1 + 2 * 3  # bounded: at most log2(n) levels of splitting
+
 
 def test_an_out_of_memory_batch_is_split_until_it_fits_and_every_job_completes(synthesizer):
     too_big = FaultySynthesizer(synthesizer, lambda requests: torch.cuda.OutOfMemoryError("CUDA out of memory")
