@@ -7,7 +7,6 @@ from werkzeug.exceptions import HTTPException
 
 from worker.contract import InvalidRequest
 
-
 JSON_PREFIXES = ("/api/", "/v1/")
 
 

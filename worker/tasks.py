@@ -5,16 +5,24 @@ from __future__ import annotations
 import logging
 import time
 
-from celery.exceptions import Ignore
 from celery.concurrency import get_implementation
+from celery.exceptions import Ignore
 from celery.signals import worker_init
 from celery.worker import state as worker_state
 
 from worker import runtime
 from worker.celery_app import app
 from worker.contract import (
-    EMBEDDING_TASK_NAME, HEALTH_TASK_NAME, PROGRESS_STATE, TASK_NAME, FarmError, InvalidRequest, JobCancelled,
-    SynthesisRequest, audio_key, parse_voice,
+    EMBEDDING_TASK_NAME,
+    HEALTH_TASK_NAME,
+    PROGRESS_STATE,
+    TASK_NAME,
+    FarmError,
+    InvalidRequest,
+    JobCancelled,
+    SynthesisRequest,
+    audio_key,
+    parse_voice,
 )
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,6 @@ from ChatTTS.model.speaker import Speaker
 
 from worker.contract import InvalidRequest
 
-
 # ChatTTS compresses embeddings with LZMA2 preset 9e: 40 ms a voice, mostly setting up a 64 MiB
 # dictionary for 1.5 KB of data. Preset 1 gives the same size in under 1 ms, and ChatTTS's own
 # decoder (preset 9e, a larger dictionary) reads it unchanged.

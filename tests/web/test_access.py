@@ -89,7 +89,10 @@ def test_security_headers_are_on_pages_and_api(client):
 def test_the_keys_commands_create_list_and_revoke(tmp_path):
     cli = str(Path(sys.executable).parent / "chattts-farm")
     environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path)}
-    run = lambda *arguments: subprocess.run([cli, *arguments], env=environment, capture_output=True, text=True)
+
+    def run(*arguments):
+        return subprocess.run([cli, *arguments], env=environment, capture_output=True, text=True)
+
     assert run("db", "upgrade").returncode == 0
     created = run("keys", "create", "erin")
     assert created.returncode == 0 and created.stdout.startswith("cf_")

@@ -23,7 +23,10 @@ def test_voices_are_found_by_every_tag_and_by_text(client, farm):
     add(client, name="Calm", seed=1, tags=["calm", "female"], description="for bedtime stories")
     add(client, name="Bright", seed=2, tags=["bright", "female"])
     add(client, name="Deep", seed=3, tags=["calm", "male"])
-    names = lambda query: [v["name"] for v in client.get(f"/api/voices{query}").get_json()["voices"]]
+
+    def names(query):
+        return [v["name"] for v in client.get(f"/api/voices{query}").get_json()["voices"]]
+
     assert sorted(names("?tag=calm")) == ["Calm", "Deep"]
     assert names("?tag=calm&tag=FEMALE") == ["Calm"]
     assert names("?q=bedtime") == ["Calm"]
