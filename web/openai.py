@@ -12,9 +12,9 @@ import wave
 
 from flask import Blueprint, Response, current_app, request
 
-from web import jobs
+from web import jobs, voices
 from web.errors import ApiError
-from web.models import JobStatus, Voice, db
+from web.models import JobStatus, Voice
 from worker.contract import InvalidRequest, SynthesisRequest, parse_voice
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -93,7 +93,7 @@ def _voice(value: object) -> Voice | int:
     except InvalidRequest:
         pass
     if isinstance(value, str):
-        voice = db.session.execute(db.select(Voice).where(Voice.name == value.strip())).scalar_one_or_none()
+        voice = voices.named(value)
         if voice is not None:
             return voice
     raise ApiError(400, f"voice {value!r} is neither a catalog voice name nor a seed", "voice")

@@ -27,6 +27,11 @@ def find(tags: list[str], query: str | None) -> list[Voice]:
     return list(db.session.execute(select).scalars())
 
 
+def named(name: str) -> Voice | None:
+    """The catalog voice with this name (surrounding spaces ignored), if any."""
+    return db.session.execute(db.select(Voice).where(Voice.name == name.strip())).scalar_one_or_none()
+
+
 def get(voice_id: int) -> Voice:
     voice = db.session.get(Voice, voice_id)
     if voice is None:
@@ -140,7 +145,7 @@ def import_(entries: Any) -> dict[str, list[str]]:
         if not isinstance(entry, dict) or not entry.get("spk_emb"):
             raise ApiError(400, f"voice {position} must be an object with a name and spk_emb", "body")
         name = _name(entry.get("name"))
-        if db.session.execute(db.select(Voice.id).where(Voice.name == name)).first():
+        if named(name) is not None:
             skipped.append(name)
             continue
         fields = {k: v for k, v in entry.items() if k not in ("seed", "spk_emb")}

@@ -86,7 +86,7 @@ def load_model_from(chat, source: str, settings: Settings, device: torch.device,
                 "could not load the ChatTTS weights from HuggingFace (2Noise/ChatTTS): no usable copy in "
                 "the HuggingFace cache and the download failed (offline?). " + _WHAT_TO_SET
             )
-        info = ModelInfo("real", None, source, str(device), "")
+        kind, scale = "real", None
     elif source.startswith("local:"):
         folder = Path(source.removeprefix("local:")).expanduser()
         if not (folder / "asset").is_dir():
@@ -96,7 +96,7 @@ def load_model_from(chat, source: str, settings: Settings, device: torch.device,
                 f"the ChatTTS weights in {folder} failed ChatTTS's checksum verification (missing or "
                 "altered files). " + _WHAT_TO_SET
             )
-        info = ModelInfo("real", None, source, str(device), "")
+        kind, scale = "real", None
     elif source in ("synthetic-tiny", "synthetic-full"):
         from worker.assets import asset_paths, ensure_synthetic_assets, synthetic_config
 
@@ -106,7 +106,7 @@ def load_model_from(chat, source: str, settings: Settings, device: torch.device,
         if not chat._load(device=device, **asset_paths(root)):
             raise ModelUnavailable(f"the synthetic {scale} assets in {root} did not load; delete the folder "
                                    "to have them built again")
-        info = ModelInfo("synthetic", scale, source, str(device), "")
+        kind = "synthetic"
     else:
         raise ModelUnavailable(
             f"unknown model source {source!r}: use huggingface, local:<dir>, synthetic-tiny, synthetic-full "
@@ -121,6 +121,6 @@ def load_model_from(chat, source: str, settings: Settings, device: torch.device,
         torch.backends.cuda.enable_cudnn_sdp(False)
     dtype_name = settings.cuda_dtype if device.type == "cuda" else "fp32"
     chat.gpt.gpt.to(_DTYPES[dtype_name])
-    info = ModelInfo(info.kind, info.scale, info.source, info.device, dtype_name)
+    info = ModelInfo(kind, scale, source, str(device), dtype_name)
     logger.info("loaded ChatTTS model %s", info.as_dict())
     return LoadedModel(chat=chat, info=info, device=device)

@@ -37,7 +37,7 @@ def _catalog_voice(arguments: dict) -> Voice | None:
     except InvalidRequest:
         if not isinstance(value, str):
             raise
-    voice = db.session.execute(db.select(Voice).where(Voice.name == value.strip())).scalar_one_or_none()
+    voice = voices.named(value)
     if voice is None:
         raise ApiError(422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an "
                             "embedding", "voice")
