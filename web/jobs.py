@@ -64,13 +64,14 @@ def refresh(job: Job) -> Job:
     """Bring an unfinished job's row up to date with its task's state."""
     if job.status in JobStatus.FINISHED:
         return job
-    result = AsyncResult(job.id, app=farm.client().celery)
-    state = result.state
+    # One read of the task's state and payload together: two reads race the task's end.
+    meta = farm.client().celery.backend.get_task_meta(job.id)
+    state, payload = meta["status"], meta["result"]
     status = _STATUS_OF_STATE.get(state, job.status)
-    if state == PROGRESS_STATE and isinstance(result.info, dict):
-        job.progress = float(result.info.get("progress", job.progress))
+    if state == PROGRESS_STATE and isinstance(payload, dict):
+        job.progress = float(payload.get("progress", job.progress))
     if status == JobStatus.DONE:
-        summary = result.result
+        summary = payload
         job.duration_s = summary["duration_s"]
         job.audio_key = summary["audio_key"]
         job.voice_embedding = summary.get("voice_embedding") or job.voice_embedding
@@ -79,7 +80,7 @@ def refresh(job: Job) -> Job:
         _finish(job, status)
         access.record_audio(job.api_key_id, job.duration_s)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        _finish(job, status, error=str(result.result) if status == JobStatus.FAILED else "cancelled")
+        _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
     elif status != job.status:
         job.status = status
         db.session.commit()

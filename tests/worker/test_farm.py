@@ -89,8 +89,10 @@ def test_a_long_job_reports_progress(farm):
     result = farm.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT})
     seen = []
     while not result.ready():
-        if result.state == PROGRESS_STATE:
-            seen.append(result.info)
+        # One backend read per poll: reading .state then .info separately races the job's end.
+        meta = result.backend.get_task_meta(result.id)
+        if meta["status"] == PROGRESS_STATE:
+            seen.append(meta["result"])
         time.sleep(0.1)
     assert result.get(timeout=10)["segments"] > 1
     assert seen, "no PROGRESS state was observed"
