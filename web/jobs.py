@@ -34,7 +34,6 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     access.check_quota()
     api_key = access.current_key()
     arguments = request.as_arguments()
-    del arguments["request_id"]
     job = Job(
         id=str(uuid.uuid4()),
         text=request.text,
@@ -58,6 +57,24 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
     logger.info("job %s queued", job.id)
     return job
+
+
+def visible(job_id: str) -> Job | None:
+    """A job by id as the caller may see it: with keys on, only the key that submitted it does."""
+    job = db.session.get(Job, job_id)
+    key = access.current_key()
+    return job if job is not None and (key is None or job.api_key_id == key.id) else None
+
+
+def recent(limit: int, status: str | None = None) -> list[Job]:
+    """The caller's newest jobs (all jobs with keys off), brought up to date, newest first."""
+    query = db.select(Job).order_by(Job.created_at.desc()).limit(limit)
+    key = access.current_key()
+    if key is not None:
+        query = query.where(Job.api_key_id == key.id)
+    if status is not None:
+        query = query.where(Job.status == status)
+    return [refresh(job) for job in db.session.execute(query).scalars()]
 
 
 def refresh(job: Job) -> Job:

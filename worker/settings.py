@@ -88,6 +88,9 @@ class Settings:
     require_api_key: bool = False
     rate_limit_per_minute: int = 120
     daily_audio_quota_s: int = 4 * 3600
+    # Signs the pages' session cookies (sign-in, CSRF tokens); every web process must share it.
+    # Empty means one generated on first use and kept in <data_dir>/secret_key.
+    secret_key: str = field(default="", repr=False)
     # How long finished results and their audio stay in Redis.
     result_ttl_s: int = 24 * 3600
     # Jobs a worker process holds and synthesises together (their segments then share GPT passes
@@ -136,6 +139,7 @@ class Settings:
             require_api_key=_env_bool(env, "REQUIRE_API_KEY", defaults.require_api_key),
             rate_limit_per_minute=_env_int(env, "RATE_LIMIT_PER_MINUTE", defaults.rate_limit_per_minute, minimum=1),
             daily_audio_quota_s=_env_int(env, "DAILY_AUDIO_QUOTA_S", defaults.daily_audio_quota_s, minimum=1),
+            secret_key=_env_str(env, "SECRET_KEY", defaults.secret_key),
             result_ttl_s=_env_int(env, "RESULT_TTL_S", defaults.result_ttl_s, minimum=60),
             batch_jobs=_env_int(env, "BATCH_JOBS", defaults.batch_jobs, minimum=1),
             worker_batch_window_ms=_env_int(env, "WORKER_BATCH_WINDOW_MS", defaults.worker_batch_window_ms),

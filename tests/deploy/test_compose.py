@@ -69,3 +69,8 @@ def test_flower_takes_its_basic_auth_from_the_environment(compose):
     flower = compose["services"]["flower"]
     assert flower["command"][:2] == ["chattts-farm", "flower"] and flower["env_file"] == ".env"
     assert "CHATTTS_FARM_FLOWER_AUTH=" in (ROOT / ".env.example").read_text()
+
+
+def test_the_served_farm_requires_api_keys(compose):
+    web = compose["services"]["web"]
+    assert web["environment"]["CHATTTS_FARM_REQUIRE_API_KEY"] == "true"

@@ -1,6 +1,7 @@
 """The pages in a real headless Chromium (Debian's), against the real web server and workers."""
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,28 +19,45 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update"]
 
 
-@pytest.fixture(scope="module")
-def web_server(farm, data_dir, tmp_path_factory):
-    """`chattts-farm web` (gunicorn, migrations first) with its own fresh database."""
-    port = free_port()
-    database = tmp_path_factory.mktemp("web") / "farm.db"
+CLI = str(Path(sys.executable).parent / "chattts-farm")
+
+
+def serve_web(farm, data_dir, database, **settings):
+    """Start `chattts-farm web` (gunicorn) with its own fresh database; yields its base URL and env."""
     environment = {**os.environ, "CHATTTS_FARM_REDIS_URL": farm.redis_url, "CHATTTS_FARM_DATA_DIR": str(data_dir),
-                   "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}", "CHATTTS_FARM_MODEL": "synthetic-tiny"}
-    process = subprocess.Popen([str(Path(sys.executable).parent / "chattts-farm"), "web", "--port", str(port),
-                                "--workers", "1"], env=environment)
+                   "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}", "CHATTTS_FARM_MODEL": "synthetic-tiny",
+                   **settings}
+    port = free_port()
+    process = subprocess.Popen([CLI, "web", "--port", str(port), "--workers", "1"], env=environment)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
         try:
-            if requests.get(base + "/", timeout=2).status_code == 200:
+            if requests.get(base + "/healthz", timeout=2).status_code == 200:
                 break
         except requests.ConnectionError:
             pass
         assert process.poll() is None and time.monotonic() < deadline, "the web server did not start"
         time.sleep(0.2)
-    yield base
+    yield base, environment
     process.terminate()
     process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def web_server(farm, data_dir, tmp_path_factory):
+    for base, _ in serve_web(farm, data_dir, tmp_path_factory.mktemp("web") / "farm.db"):
+        yield base
+
+
+@pytest.fixture(scope="module")
+def keyed_web_server(farm, data_dir, tmp_path_factory):
+    """A web server that requires API keys, and a key made with `chattts-farm keys create`."""
+    for base, environment in serve_web(farm, data_dir, tmp_path_factory.mktemp("keyed-web") / "farm.db",
+                                       CHATTTS_FARM_REQUIRE_API_KEY="true"):
+        created = subprocess.run([CLI, "keys", "create", "browser-user"], env=environment, capture_output=True,
+                                 text=True, check=True)
+        yield base, re.search(r"cf_\S+", created.stdout).group(0)
 
 
 @pytest.fixture(scope="module")
@@ -93,3 +111,28 @@ def test_create_a_tagged_voice_and_find_it_by_tag(browser, web_server):
     with page.expect_navigation():
         page.click("#filter")
     assert page.locator("tr.voice").count() == 0
+
+
+def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, keyed_web_server):
+    base, key = keyed_web_server
+    page = browser.new_page()
+    page.goto(base + "/")
+    assert page.url == base + "/sign-in?next=/"
+    page.fill("#key", "cf_not-a-key")
+    page.click("#sign-in-submit")
+    assert page.text_content("#sign-in-error") == "That key is unknown or revoked."
+    page.fill("#key", key)
+    page.click("#sign-in-submit")
+    page.wait_for_url(base + "/")
+    assert "browser-user" in page.text_content("nav")
+
+    page.fill("#text", "Signed in and speaking.")
+    page.click("#submit")
+    page.wait_for_url("**/jobs/*")
+    page.wait_for_selector("#job-result", state="visible", timeout=120_000)
+    assert page.text_content("#job-status") == "done"
+    # Outside the signed-in browser, the job and its audio need the key.
+    job_id = page.url.rsplit("/", 1)[1]
+    assert requests.get(f"{base}/api/jobs/{job_id}/audio", timeout=10).status_code == 401
+    assert requests.get(f"{base}/api/jobs/{job_id}/audio", headers={"Authorization": f"Bearer {key}"},
+                        timeout=10).status_code == 200

@@ -4,7 +4,7 @@ import json
 
 from flask import Response, current_app, request, url_for
 
-from web import access, jobs, voices
+from web import jobs, voices
 from web.api import bp
 from web.api.openapi import openapi_description
 from web.errors import ApiError
@@ -45,10 +45,8 @@ def _catalog_voice(arguments: dict) -> Voice | None:
 
 
 def _get_job(job_id: str) -> Job:
-    """A job by id; with keys on, only the key that submitted it sees it (others get the same 404)."""
-    job = db.session.get(Job, job_id)
-    key = access.current_key()
-    if job is None or (key is not None and job.api_key_id != key.id):
+    job = jobs.visible(job_id)
+    if job is None:  # also when it is another key's job: the same answer, so ids cannot be probed
         raise ApiError(404, f"no job {job_id}")
     return job
 
@@ -116,12 +114,7 @@ def list_jobs():
         raise ApiError(400, "limit must be an integer", "limit") from None
     if not 1 <= limit <= MAX_LIST_LIMIT:
         raise ApiError(400, f"limit must be between 1 and {MAX_LIST_LIMIT}", "limit")
-    query = db.select(Job).order_by(Job.created_at.desc()).limit(limit)
-    if access.current_key() is not None:
-        query = query.where(Job.api_key_id == access.current_key().id)
-    if status is not None:
-        query = query.where(Job.status == status)
-    listed = [jobs.refresh(job) for job in db.session.execute(query).scalars()]
+    listed = jobs.recent(limit, status)
     return {"jobs": [describe(job) for job in listed if status is None or job.status == status]}
 
 

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
-from flask import abort, current_app, render_template, request
+from urllib.parse import urlsplit
 
-from web import jobs, voices
+from flask import abort, current_app, redirect, render_template, request, url_for
+
+from web import access, jobs, voices
 from web.models import Job, JobStatus, db
 from web.pages import bp
 
@@ -29,7 +31,7 @@ def index():
 
 @bp.get("/jobs/<job_id>")
 def job(job_id: str):
-    found = db.session.get(Job, job_id)
+    found = jobs.visible(job_id)
     if found is None:
         abort(404, f"no job {job_id}")
     return render_template("job.html", job=jobs.refresh(found))
@@ -37,8 +39,7 @@ def job(job_id: str):
 
 @bp.get("/jobs")
 def job_list():
-    recent = db.session.execute(db.select(Job).order_by(Job.created_at.desc()).limit(RECENT_JOBS)).scalars()
-    return render_template("jobs.html", jobs=[jobs.refresh(j) for j in recent])
+    return render_template("jobs.html", jobs=jobs.recent(RECENT_JOBS))
 
 
 @bp.get("/voices")
@@ -47,3 +48,34 @@ def voice_catalog():
     query = request.args.get("q", "").strip()
     return render_template("voices.html", voices=voices.find(tags, query or None),
                            tags=", ".join(voices.normalise_tags(tags)), query=query)
+
+
+@bp.route("/sign-in", methods=["GET", "POST"])
+def sign_in():
+    """With keys on, a browser signs in with an API key; its session then stands for that key."""
+    target = _local_target(request.values.get("next", ""))
+    if request.method == "GET":
+        return render_template("sign_in.html", next=target)
+    if not access.csrf_ok(request.form.get(access.CSRF_FORM_FIELD)):
+        return render_template("sign_in.html", next=target, error="The form had expired: try again."), 400
+    api_key = access.find_key(request.form.get("key", ""))
+    if api_key is None:
+        return render_template("sign_in.html", next=target, error="That key is unknown or revoked."), 401
+    access.sign_in(api_key)
+    return redirect(target)
+
+
+@bp.post("/sign-out")
+def sign_out():
+    if not access.csrf_ok(request.form.get(access.CSRF_FORM_FIELD)):
+        abort(400, "the form had expired: reload the page and sign out again")
+    access.sign_out()
+    return redirect(url_for("pages.sign_in"))
+
+
+def _local_target(target: str) -> str:
+    """Where to go after sign-in: a path on this site only, never another host."""
+    parts = urlsplit(target)
+    if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//") or "\\" in target:
+        return url_for("pages.index")
+    return target

@@ -4,7 +4,9 @@
 async function sendJson(method, url, body) {
   const response = await fetch(url, {
     method,
-    headers: {"Content-Type": "application/json", "Accept": "application/json"},
+    // The page's CSRF token: a signed-in session needs it on every change (see web/access.py).
+    headers: {"Content-Type": "application/json", "Accept": "application/json",
+              "X-CSRF-Token": document.querySelector('meta[name="csrf-token"]').content},
     body: body === undefined ? undefined : JSON.stringify(body),
   });
   const payload = response.status === 204 ? null : await response.json();
