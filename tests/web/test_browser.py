@@ -113,6 +113,24 @@ def test_create_a_tagged_voice_and_find_it_by_tag(browser, web_server):
     assert page.locator("tr.voice").count() == 0
 
 
+def test_a_voice_named_like_markup_shows_as_text_and_runs_nothing(browser, web_server):
+    hostile = "<img src=x onerror=alert(1)><script>alert(2)</script>"
+    page = browser.new_page()
+    dialogs = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.goto(web_server + "/voices")
+    page.fill("#new-name", hostile)
+    page.fill("#new-seed", "77")
+    page.fill("#new-tags", "<b>bold</b>")
+    with page.expect_navigation():
+        page.click("#new-voice-submit")
+    row = page.locator("tr.voice", has=page.locator(f"input[value='{hostile}']"))
+    assert row.count() == 1 and row.locator(".voice-tags").input_value() == "<b>bold</b>"
+    page.goto(web_server + "/")
+    assert hostile in page.locator("#catalog-voice").text_content()
+    assert page.locator("img[src=x], b").count() == 0 and dialogs == []
+
+
 def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, keyed_web_server):
     base, key = keyed_web_server
     page = browser.new_page()
