@@ -10,12 +10,13 @@ import math
 import time
 import wave
 
-from flask import Blueprint, Response, current_app, request
+from flask import Blueprint, Response, current_app
 
 from web import jobs, voices
+from web.body import json_object
 from web.errors import ApiError
 from web.models import JobStatus, Voice
-from worker.contract import InvalidRequest, SynthesisRequest, parse_voice
+from worker.contract import InvalidRequest, SynthesisRequest
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -39,13 +40,15 @@ def chattts_speed(openai_speed: float) -> int:
 
 @bp.post("/audio/speech")
 def speech():
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", "body")
+    body = json_object()
+    # The farm has one model: any name is accepted, as long as it is a name.
+    if not isinstance(body.get("model", ""), str):
+        raise ApiError(400, "model must be a string", "model")
     response_format = body.get("response_format", "mp3")
-    if response_format in UNSUPPORTED:
+    # Only a string can be looked up: a list or an object is no dictionary key.
+    if isinstance(response_format, str) and response_format in UNSUPPORTED:
         raise ApiError(400, UNSUPPORTED[response_format], "response_format")
-    if response_format not in FORMATS:
+    if not isinstance(response_format, str) or response_format not in FORMATS:
         raise ApiError(400, f"response_format must be one of {', '.join(FORMATS)}", "response_format")
     speed = body.get("speed", 1.0)
     if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0.25 <= speed <= 4.0:
@@ -82,18 +85,11 @@ def speech():
     return Response(data, mimetype=mime_type, headers={"X-Job-Id": job.id})
 
 
-def _voice(value: object) -> Voice | int:
-    """A catalog voice name, or a seed."""
+def _voice(value: object) -> Voice | int | str:
+    """A catalog voice name, a seed or an embedding string."""
     if value is None:
         raise ApiError(400, "voice is required: a catalog voice name or a seed", "voice")
-    try:
-        seed = parse_voice(value)
-        if isinstance(seed, int):
-            return seed
-    except InvalidRequest:
-        pass
-    if isinstance(value, str):
-        voice = voices.named(value)
-        if voice is not None:
-            return voice
-    raise ApiError(400, f"voice {value!r} is neither a catalog voice name nor a seed", "voice")
+    voice = voices.resolve(value)
+    if voice is None:
+        raise ApiError(400, f"voice {value.strip()!r} is neither a catalog voice name nor a seed", "voice")
+    return voice

@@ -9,9 +9,17 @@ from sqlalchemy import or_
 from web import farm
 from web.errors import ApiError
 from web.models import Job, JobStatus, Tag, Voice, db
-from worker.contract import EMBEDDING_TASK_NAME, MAX_SEED, InvalidRequest, SynthesisRequest, parse_voice
+from worker.contract import (
+    EMBEDDING_TASK_NAME,
+    MAX_SEED,
+    InvalidRequest,
+    SynthesisRequest,
+    parse_voice,
+)
 
 EMBEDDING_TIMEOUT_S = 60
+# Row ids are SQLite integers, 64-bit: a larger number names no voice (and cannot even be looked up).
+MAX_ID = 2**63 - 1
 PREVIEW_TEXT = "Hello! This is how I sound. [laugh] Nice to meet you."
 _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
 
@@ -32,26 +40,39 @@ def named(name: str) -> Voice | None:
     return db.session.execute(db.select(Voice).where(Voice.name == name.strip())).scalar_one_or_none()
 
 
+def by_id(voice_id: int) -> Voice | None:
+    return db.session.get(Voice, voice_id) if 0 < voice_id <= MAX_ID else None
+
+
 def get(voice_id: int) -> Voice:
-    voice = db.session.get(Voice, voice_id)
+    voice = by_id(voice_id)
     if voice is None:
         raise ApiError(404, f"no voice {voice_id}")
     return voice
 
 
+def resolve(value: Any) -> Voice | int | str | None:
+    """A job's voice: a seed or an embedding string, else the catalog voice the text names (None when
+    it names none). :class:`InvalidRequest` for a value that is neither a seed, an embedding nor a name."""
+    try:
+        return parse_voice(value)
+    except InvalidRequest:
+        if not isinstance(value, str) or not value.strip():
+            raise
+    return named(value)
+
+
 def create(fields: dict[str, Any]) -> Voice:
     """A new voice from a name and a seed or an embedding (the embedding is always stored)."""
     name = _name(fields.get("name"))
-    seed, embedding = fields.get("seed"), fields.get("spk_emb")
-    if (seed is None) == (embedding is None):
+    if ("seed" in fields) == ("spk_emb" in fields):
         raise ApiError(400, "give exactly one of seed or spk_emb", "seed")
-    if seed is not None:
-        seed = _seed(seed)
-        embedding = embedding_for_seed(seed)
-    else:
-        embedding = _embedding(embedding)
-    voice = Voice(name=name, seed=seed, spk_emb=embedding)
+    seed = _seed(fields["seed"]) if "seed" in fields else None
+    voice = Voice(name=name, seed=seed, spk_emb=None if seed is not None else _embedding(fields["spk_emb"]))
     update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
+    # Only once every field is valid: a worker may take up to a minute to answer.
+    if seed is not None:
+        voice.spk_emb = embedding_for_seed(seed)
     db.session.add(voice)
     _commit_unique(name)
     return voice
@@ -62,25 +83,28 @@ def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voic
     unknown = sorted(set(fields) - editable)
     if unknown:
         raise ApiError(400, f"{unknown[0]} cannot be set; editable: {', '.join(sorted(editable))}", unknown[0])
-    if "name" in fields:
-        voice.name = _name(fields["name"])
-    if "tags" in fields:
-        voice.tags = _tags(fields["tags"])
-    if "rating" in fields:
-        rating = fields["rating"]
-        if isinstance(rating, bool) or not isinstance(rating, int) or not 0 <= rating <= 5:
-            raise ApiError(400, "rating must be an integer from 0 to 5", "rating")
-        voice.rating = rating
-    if "favourite" in fields:
-        if not isinstance(fields["favourite"], bool):
-            raise ApiError(400, "favourite must be true or false", "favourite")
-        voice.favourite = fields["favourite"]
-    for field, limit in _TEXT_FIELDS.items():
-        if field in fields:
-            value = fields[field]
-            if value is not None and (not isinstance(value, str) or len(value) > limit):
-                raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
-            setattr(voice, field, value if field != "description" else (value or ""))
+    # No autoflush while fields change: a name already taken must fail at the commit (a 409), not in a
+    # query on the way (looking tags up, loading the old ones).
+    with db.session.no_autoflush:
+        if "name" in fields:
+            voice.name = _name(fields["name"])
+        if "tags" in fields:
+            voice.tags = _tags(fields["tags"])
+        if "rating" in fields:
+            rating = fields["rating"]
+            if isinstance(rating, bool) or not isinstance(rating, int) or not 0 <= rating <= 5:
+                raise ApiError(400, "rating must be an integer from 0 to 5", "rating")
+            voice.rating = rating
+        if "favourite" in fields:
+            if not isinstance(fields["favourite"], bool):
+                raise ApiError(400, "favourite must be true or false", "favourite")
+            voice.favourite = fields["favourite"]
+        for field, limit in _TEXT_FIELDS.items():
+            if field in fields:
+                value = fields[field]
+                if value is not None and (not isinstance(value, str) or len(value) > limit):
+                    raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
+                setattr(voice, field, value if field != "description" else (value or ""))
     if commit:
         _commit_unique(voice.name)
     return voice
@@ -111,9 +135,12 @@ def delete(voice: Voice) -> None:
 
 def from_job(job: Job, fields: dict[str, Any]) -> Voice:
     """Keep the voice a finished job used, with the embedding the worker reported."""
+    given = sorted({"seed", "spk_emb"} & set(fields))
+    if given:
+        raise ApiError(400, f"{given[0]} comes from the job: give only the voice's name and details", given[0])
     if not job.voice_embedding:
         raise ApiError(409, f"job {job.id} has not reported its voice yet (it is {job.status})")
-    return create({**fields, "spk_emb": job.voice_embedding, "seed": None} if job.voice_seed is None else
+    return create({**fields, "spk_emb": job.voice_embedding} if job.voice_seed is None else
                   {**fields, "seed": job.voice_seed})
 
 

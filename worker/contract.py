@@ -11,6 +11,8 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from worker.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
+
 TASK_NAME = "chattts.synthesize"
 HEALTH_TASK_NAME = "chattts.health"
 # voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model.
@@ -45,6 +47,10 @@ FORMATS = tuple(MIME_TYPES)
 
 # A ChatTTS speaker embedding is base16384 text (CJK-range code points), never short.
 _EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
+# JSON's \uXXXX escapes can name one half of a UTF-16 surrogate pair alone, and Python keeps it as a
+# code point of its own: text that no UTF-8 encoder, database or model takes.
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+_SEED_DIGITS = re.compile(r"[0-9]+")
 
 
 def audio_key(job_id: str) -> str:
@@ -127,14 +133,16 @@ class SynthesisRequest:
         return self.voice if isinstance(self.voice, int) else None
 
     @classmethod
-    def from_arguments(cls, arguments: dict[str, Any], *, max_text_chars: int) -> SynthesisRequest:
+    def from_arguments(cls, arguments: dict[str, Any], *, max_text_chars: int,
+                       request_id: str = "") -> SynthesisRequest:
         """Validate loosely typed arguments (task kwargs, JSON) into a request.
 
-        Raises :class:`InvalidRequest` naming the first offending field.
+        Raises :class:`InvalidRequest` naming the first offending field. ``request_id`` is the job's
+        own id, given by the task, never by the caller.
         """
         known = {
             "text", "voice", "format", "speed", "temperature", "top_p", "top_k",
-            "repetition_penalty", "refine_text", "oral", "laugh", "break", "seed", "request_id",
+            "repetition_penalty", "refine_text", "oral", "laugh", "break", "seed",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -145,7 +153,13 @@ class SynthesisRequest:
             """The argument, or the field's default: the dataclass is the one place defaults live."""
             return arguments.get(name, cls.__dataclass_fields__[name].default)
 
-        levels = RefineText()
+        defaults = RefineText()
+        # Levels are checked even without refine_text: a bad one is a mistake either way.
+        levels = RefineText(
+            oral=_integer(arguments.get("oral", defaults.oral), "oral", 0, 9),
+            laugh=_integer(arguments.get("laugh", defaults.laugh), "laugh", 0, 2),
+            break_=_integer(arguments.get("break", defaults.break_), "break", 0, 7),
+        )
         return cls(
             text=_text(arguments.get("text"), max_text_chars),
             voice=parse_voice(given("voice")),
@@ -155,18 +169,15 @@ class SynthesisRequest:
             top_p=_number(given("top_p"), "top_p", 0.01, 1.0),
             top_k=_integer(given("top_k"), "top_k", 1, 626),
             repetition_penalty=_number(given("repetition_penalty"), "repetition_penalty", 1.0, 2.0),
-            refine_text=RefineText(
-                oral=_integer(arguments.get("oral", levels.oral), "oral", 0, 9),
-                laugh=_integer(arguments.get("laugh", levels.laugh), "laugh", 0, 2),
-                break_=_integer(arguments.get("break", levels.break_), "break", 0, 7),
-            ) if refine else None,
+            refine_text=levels if refine else None,
             seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
-            request_id=str(arguments.get("request_id") or ""),
+            request_id=request_id,
         )
 
     def as_arguments(self) -> dict[str, Any]:
-        """The plain keyword arguments that rebuild this request (for logs and results)."""
+        """The plain keyword arguments that rebuild this request (the task's, without the job's id)."""
         arguments = asdict(self)
+        del arguments["request_id"]
         refine = arguments.pop("refine_text")
         arguments["refine_text"] = refine is not None
         if refine is not None:
@@ -184,22 +195,39 @@ def parse_voice(value: Any) -> int | str:
         return value
     if isinstance(value, str):
         stripped = value.strip()
-        if stripped.isdigit():
-            return parse_voice(int(stripped))
+        if _SEED_DIGITS.fullmatch(stripped):
+            # int() refuses very long digit strings; any longer than the largest seed is out of range anyway.
+            digits = stripped.lstrip("0") or "0"
+            return parse_voice(int(digits) if len(digits) <= len(str(MAX_SEED)) else MAX_SEED + 1)
         if _EMBEDDING_PATTERN.match(stripped):
             return stripped
         raise InvalidRequest("voice", "must be an integer seed or a ChatTTS speaker-embedding string")
     raise InvalidRequest("voice", f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
 
 
+def check_unicode(value: str, field: str) -> None:
+    """Refuse text holding a lone UTF-16 surrogate, naming the field."""
+    if _LONE_SURROGATE.search(value):
+        raise InvalidRequest(field, "holds half of a UTF-16 surrogate pair (such as \\ud83d alone): "
+                                    "not valid Unicode")
+
+
 def _text(value: Any, max_chars: int) -> str:
+    """The text to speak, without control and invisible characters; refused when nothing in it is speech."""
     if not isinstance(value, str):
         raise InvalidRequest("text", "is required and must be a string")
     if not value.strip():
         raise InvalidRequest("text", "is empty")
     if len(value) > max_chars:
         raise InvalidRequest("text", f"has {len(value)} characters; the maximum is {max_chars}")
-    return value
+    check_unicode(value, "text")
+    if is_ssml(value):
+        raise InvalidRequest("text", "is SSML, which ChatTTS does not read: send plain text "
+                                     "(a [uv_break] tag makes a pause)")
+    text = drop_invisible(value)
+    if not is_speakable(text):
+        raise InvalidRequest("text", NOTHING_SPEAKABLE)
+    return text
 
 
 def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

@@ -21,10 +21,16 @@ import numpy as np
 import torch
 
 from worker import audio, generation, quality, voices
-from worker.contract import MIME_TYPES, FarmError, InvalidRequest, JobCancelled, SynthesisRequest
+from worker.contract import (
+    MIME_TYPES,
+    FarmError,
+    InvalidRequest,
+    JobCancelled,
+    SynthesisRequest,
+)
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.settings import Settings
-from worker.text import is_speakable, split_segments
+from worker.text import NOTHING_SPEAKABLE, is_speakable, split_segments
 
 logger = logging.getLogger(__name__)
 
@@ -150,8 +156,7 @@ class Synthesizer:
         texts = [self._normalise(piece) for piece in split_segments(request.text, self.settings.max_segment_chars)]
         texts = [text for text in texts if is_speakable(text)]
         if not texts:
-            raise InvalidRequest("text", "has nothing speakable (ChatTTS reads Latin letters and Chinese "
-                                         "characters; digits and symbols alone are dropped)")
+            raise InvalidRequest("text", NOTHING_SPEAKABLE)
         segments = [
             _Segment(index, number, text, segment_seed(audio_seed, number),
                      quality.expected_tokens(text, request.speed))

@@ -46,8 +46,8 @@ def _start_runtime(sender, **_) -> None:
 def synthesize(self, **arguments) -> dict:
     farm = runtime.current()
     job_id = self.request.id
-    request = SynthesisRequest.from_arguments({**arguments, "request_id": job_id},
-                                              max_text_chars=farm.settings.max_text_chars)
+    request = SynthesisRequest.from_arguments(arguments, max_text_chars=farm.settings.max_text_chars,
+                                              request_id=job_id)
     job = farm.batcher.submit(request)
     while not job.finished.wait(PROGRESS_EVERY_S):
         if job.started_at is not None:

@@ -1,10 +1,20 @@
 """The task contract: what a valid request is, and how a bad one is named."""
 
 import pickle
+import unicodedata
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from worker.contract import DEFAULT_VOICE_SEED, InvalidRequest, SynthesisRequest, parse_voice
+from tests.edge_texts import EDGE_TEXTS
+from worker.contract import (
+    DEFAULT_VOICE_SEED,
+    InvalidRequest,
+    SynthesisRequest,
+    parse_voice,
+)
+from worker.text import is_speakable
 
 EMBEDDING = "蘁淰敕欀" * 8
 
@@ -76,3 +86,63 @@ def test_invalid_request_survives_pickling_and_rebuilding_from_its_args():
     error = InvalidRequest("voice", "is bad")
     assert pickle.loads(pickle.dumps(error)).field == "voice"
     assert str(InvalidRequest(*error.args)) == "voice: is bad"
+
+
+@pytest.mark.parametrize(("text", "refusal"), EDGE_TEXTS.values(), ids=EDGE_TEXTS.keys())
+def test_awkward_text_is_cleaned_for_speech_or_refused_naming_text(text, refusal):
+    if refusal is None:
+        spoken = SynthesisRequest.from_arguments({"text": text}, max_text_chars=5000).text
+        assert is_speakable(spoken)
+        assert all(char.isspace() or unicodedata.category(char) not in ("Cc", "Cf") for char in spoken)
+    else:
+        with pytest.raises(InvalidRequest, match=refusal) as caught:
+            SynthesisRequest.from_arguments({"text": text}, max_text_chars=5000)
+        assert caught.value.field == "text"
+
+
+def test_terminal_colour_codes_are_dropped_whole():
+    assert build(text="\x1b[1;31mAlert\x1b[0m: disk full.").text == "Alert: disk full."
+
+
+def test_a_seed_string_is_ascii_digits_and_one_too_long_for_a_seed_is_out_of_range():
+    assert parse_voice("0042") == 42
+    for voice in ("²", "٣", "9" * 5000):
+        with pytest.raises(InvalidRequest):
+            parse_voice(voice)
+
+
+JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**30), max_value=10**30)
+                | st.floats() | st.text(st.characters(codec=None) | st.characters(categories=["Cs"])))
+ARGUMENT_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                               | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+VALUES_NEAR_THE_CONTRACT = {
+    "text": st.text(min_size=1) | st.sampled_from([text for text, _ in EDGE_TEXTS.values()]),
+    "voice": st.integers(-1, 2**32) | st.just(EMBEDDING) | st.from_regex(r"\s*[0-9]{1,12}\s*", fullmatch=True)
+    | st.integers(4000, 5000).map(lambda digits: "9" * digits) | st.text(st.characters(categories=["Nd", "No"])),
+    "format": st.sampled_from(["wav", "FLAC", "ogg", "mp3", "aiff", ""]),
+    "speed": st.integers(0, 10) | st.floats(0, 10),
+    "temperature": st.floats(0, 3), "top_p": st.floats(0, 1.5), "top_k": st.integers(0, 700),
+    "repetition_penalty": st.floats(0.5, 2.5), "refine_text": st.booleans(),
+    "oral": st.integers(-1, 10), "laugh": st.integers(-1, 3), "break": st.integers(-1, 8),
+    "seed": st.none() | st.integers(-1, 2**32),
+}
+# Known arguments holding values near (or far from) what they take, and a few unknown ones.
+ARGUMENTS = st.builds(
+    lambda unknown, known: {**unknown, **known},
+    st.dictionaries(st.text(max_size=12), ARGUMENT_VALUES, max_size=2),
+    st.fixed_dictionaries({}, optional={name: values | ARGUMENT_VALUES for name, values in VALUES_NEAR_THE_CONTRACT.items()}),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ARGUMENTS)
+def test_any_arguments_are_a_request_the_worker_rebuilds_alike_or_an_invalid_request_naming_one(arguments):
+    try:
+        request = SynthesisRequest.from_arguments(arguments, max_text_chars=2000)
+    except InvalidRequest as error:
+        assert error.field in {*arguments, "text"}
+        assert str(error).startswith(f"{error.field}: ")
+        return
+    assert is_speakable(request.text) and len(request.text) <= 2000
+    # The web validates a request, then its worker validates the same arguments again.
+    assert SynthesisRequest.from_arguments(request.as_arguments(), max_text_chars=2000) == request

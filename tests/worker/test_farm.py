@@ -12,8 +12,17 @@ import time
 import pytest
 import redis
 
+from tests.edge_texts import EDGE_TEXTS
 from worker.audio import decode
-from worker.contract import FORMATS, MIME_TYPES, PROGRESS_STATE, RESULT_FIELDS, TASK_NAME, audio_key
+from worker.contract import (
+    FORMATS,
+    MIME_TYPES,
+    PROGRESS_STATE,
+    RESULT_FIELDS,
+    TASK_NAME,
+    InvalidRequest,
+    audio_key,
+)
 
 LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for word in "abcdefghijklmnopqrstuvwxyz" * 3)
 
@@ -49,7 +58,7 @@ def wait_for_state(result, states, timeout=60):
 
 def test_a_plain_celery_client_gets_valid_audio_in_every_format(farm, tmp_path):
     finished = subprocess.run([sys.executable, "-c", PLAIN_CLIENT, farm.redis_url, str(tmp_path)],
-                              capture_output=True, text=True, timeout=300, cwd=tmp_path)
+                              check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout)
     assert report["project_modules"] == []
@@ -82,6 +91,21 @@ def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(farm):
     empty = client.send_task(TASK_NAME, kwargs={"text": "   "})
     with pytest.raises(Exception, match="text: is empty"):
         empty.get(timeout=60)
+    assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(farm):
+    client = farm.client
+    sent = {name: client.send_task(TASK_NAME, kwargs={"text": text}) for name, (text, _) in EDGE_TEXTS.items()}
+    store = redis.Redis.from_url(farm.redis_url)
+    for name, (_, refusal) in EDGE_TEXTS.items():
+        if refusal is None:
+            result = sent[name].get(timeout=120)
+            assert result["duration_s"] > 0 and store.get(result["audio_key"]), name
+        else:
+            with pytest.raises(InvalidRequest, match=refusal) as caught:
+                sent[name].get(timeout=60)
+            assert caught.value.field == "text" and sent[name].state == "FAILURE", name
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 

@@ -21,11 +21,16 @@ def _json(schema: dict, description: str = "ok") -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_description() -> dict:
+def openapi_description(max_text_chars: int) -> dict:
+    text = {"type": "string", "minLength": 1, "maxLength": max_text_chars, "description": (
+        "Plain text (SSML is refused). ChatTTS reads Latin letters and Chinese characters: other characters "
+        "are dropped, control and invisible characters first, and text with nothing left to speak is refused.")}
     job_request = {
         "type": "object", "required": ["text"], "additionalProperties": False,
+        "not": {"required": ["voice", "voice_id"]},
         "properties": {
-            "text": {"type": "string", "minLength": 1}, "voice": _VOICE_ARG,
+            "text": text, "voice": _VOICE_ARG,
+            "voice_id": {"type": "integer", "description": "A catalog voice's id, instead of voice."},
             "format": {"type": "string", "enum": list(FORMATS)},
             "speed": {"type": "integer", "minimum": 1, "maximum": 9},
             "temperature": {"type": "number", "minimum": 0.01, "maximum": 2},
@@ -42,12 +47,19 @@ def openapi_description() -> dict:
     voice_fields = {
         "name": {"type": "string", "minLength": 1, "maxLength": 100},
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 64}},
-        "description": {"type": "string", "maxLength": 2000},
+        "description": {"type": ["string", "null"], "maxLength": 2000},
         "gender": {"type": ["string", "null"], "maxLength": 20},
         "age": {"type": ["string", "null"], "maxLength": 20},
         "rating": {"type": "integer", "minimum": 0, "maximum": 5},
         "favourite": {"type": "boolean"},
     }
+    new_voice = {"type": "object", "required": ["name"], "additionalProperties": False,
+                 "oneOf": [{"required": ["seed"]}, {"required": ["spk_emb"]}],
+                 "properties": {**voice_fields, "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
+                                "spk_emb": {"type": "string", "description": "A ChatTTS speaker-embedding string."}}}
+    exported_voice = {"type": "object", "required": ["name", "spk_emb"], "additionalProperties": False,
+                      "properties": {**new_voice["properties"],
+                                     "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED}}}
     voice = {"$ref": "#/components/schemas/Voice"}
     job = {"$ref": "#/components/schemas/Job"}
     job_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
@@ -85,32 +97,42 @@ def openapi_description() -> dict:
                     {"name": "q", "in": "query", "schema": {"type": "string"}}],
                     "responses": {"200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}})}},
                 "post": {"summary": "Add a voice from a seed or an embedding", "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": {
-                        **voice_fields, "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-                        "spk_emb": {"type": "string"}}}}}},
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 503)}},
+                    "application/json": {"schema": new_voice}}},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 503)}},
             },
             "/api/voices/{voice_id}": {
                 "get": {"summary": "A voice", "parameters": voice_id, "responses": {"200": _json(voice), **_errors(404)}},
                 "patch": {"summary": "Edit a voice", "parameters": voice_id, "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": {"type": "object", "properties": voice_fields}}}},
-                    "responses": {"200": _json(voice), **_errors(400, 404, 409)}},
+                    "application/json": {"schema": {"type": "object", "additionalProperties": False,
+                                                    "properties": voice_fields}}}},
+                    "responses": {"200": _json(voice), **_errors(400, 404, 409, 413)}},
                 "delete": {"summary": "Delete a voice", "parameters": voice_id,
                            "responses": {"204": {"description": "deleted"}, **_errors(404)}},
             },
+            "/api/voices/{voice_id}/preview": {
+                "post": {"summary": "The voice's preview job, generated once and kept", "parameters": voice_id,
+                         "responses": {"200": _json(job, "the kept preview, done"), "202": _json(job, "the preview, on its way"),
+                                       **_errors(404, 503)}},
+            },
             "/api/voices/from-job/{job_id}": {
                 "post": {"summary": "Keep the voice a job used", "parameters": job_id, "requestBody": {"required": True, "content": {
-                    "application/json": {"schema": {"type": "object", "required": ["name"], "properties": voice_fields}}}},
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409)}},
+                    "application/json": {"schema": {"type": "object", "required": ["name"], "additionalProperties": False,
+                                                    "properties": voice_fields}}}},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413)}},
             },
             "/api/voices/export": {"get": {"summary": "All voices as JSON", "responses": {"200": _json({"type": "array"})}}},
+            "/api/ops": {"get": {"summary": "Live workers and queue depths (the ops page's data)", "responses": {
+                "200": _json({"type": "object", "properties": {"workers": {"type": "array"}, "queues": {"type": "object"}}}),
+                **_errors(503)}}},
+            "/api/openapi.json": {"get": {"summary": "This description", "responses": {"200": _json({"type": "object"})}}},
             "/api/voices/import": {"post": {"summary": "Add exported voices (existing names are skipped)",
-                                            "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "array"}}}},
-                                            "responses": {"200": _json({"type": "object"}), **_errors(400)}}},
+                                            "requestBody": {"required": True, "content": {"application/json": {"schema": {
+                                                "type": "array", "items": exported_voice}}}},
+                                            "responses": {"200": _json({"type": "object"}), **_errors(400, 413)}}},
             "/v1/audio/speech": {
                 "post": {"summary": "OpenAI-compatible speech", "requestBody": {"required": True, "content": {
                     "application/json": {"schema": {"type": "object", "required": ["input", "voice"], "properties": {
-                        "model": {"type": "string"}, "input": {"type": "string"}, "voice": _VOICE_ARG,
+                        "model": {"type": "string"}, "input": text, "voice": _VOICE_ARG,
                         "response_format": {"type": "string", "enum": ["mp3", "opus", "flac", "wav", "pcm"]},
                         "speed": {"type": "number", "minimum": 0.25, "maximum": 4}}}}}},
                     "responses": {"200": {"description": "the audio"}, **_errors(400, 413, 502, 504)}},

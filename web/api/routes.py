@@ -7,41 +7,33 @@ from flask import Response, current_app, request, url_for
 from web import jobs, voices
 from web.api import bp
 from web.api.openapi import openapi_description
+from web.body import json_body, json_object
 from web.errors import ApiError
-from web.models import Job, JobStatus, Voice, db
-from worker.contract import DEFAULT_VOICE_SEED, MIME_TYPES, InvalidRequest, SynthesisRequest, parse_voice
+from web.models import Job, JobStatus, Voice
+from worker.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
 
 MAX_LIST_LIMIT = 500
-
-
-def _json_body() -> dict:
-    body = request.get_json(silent=True)
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object", "body")
-    return body
 
 
 def _catalog_voice(arguments: dict) -> Voice | None:
     """The catalog voice a job asks for: ``voice_id``, or ``voice`` holding a catalog name (seeds and
     embedding strings are not catalog voices)."""
     if "voice_id" in arguments:
+        if "voice" in arguments:
+            raise ApiError(400, "give voice or voice_id, not both", "voice_id")
         voice_id = arguments["voice_id"]
-        voice = db.session.get(Voice, voice_id) if isinstance(voice_id, int) and not isinstance(voice_id, bool) else None
+        if isinstance(voice_id, bool) or not isinstance(voice_id, int):
+            raise ApiError(400, "voice_id must be the integer id of a catalog voice", "voice_id")
+        voice = voices.by_id(voice_id)
         if voice is None:
-            raise ApiError(422, f"no voice with id {voice_id!r} in the catalog", "voice_id")
+            raise ApiError(422, f"no voice with id {voice_id} in the catalog", "voice_id")
         return voice
     value = arguments.get("voice", DEFAULT_VOICE_SEED)
-    try:
-        parse_voice(value)
-        return None
-    except InvalidRequest:
-        if not isinstance(value, str):
-            raise
-    voice = voices.named(value)
+    voice = voices.resolve(value)
     if voice is None:
         raise ApiError(422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an "
                             "embedding", "voice")
-    return voice
+    return voice if isinstance(voice, Voice) else None
 
 
 def _get_job(job_id: str) -> Job:
@@ -86,7 +78,7 @@ def describe(job: Job) -> dict:
 
 @bp.post("/jobs")
 def create_job():
-    arguments = _json_body()
+    arguments = json_object()
     voice = _catalog_voice(arguments)
     if voice is not None:
         arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voice.spk_emb}
@@ -139,7 +131,7 @@ def list_voices():
 
 @bp.post("/voices")
 def create_voice():
-    return voices.describe(voices.create(_json_body())), 201
+    return voices.describe(voices.create(json_object())), 201
 
 
 @bp.get("/voices/export")
@@ -150,7 +142,7 @@ def export_voices():
 
 @bp.post("/voices/import")
 def import_voices():
-    return voices.import_(request.get_json(silent=True)), 200
+    return voices.import_(json_body()), 200
 
 
 @bp.get("/voices/<int:voice_id>")
@@ -160,7 +152,7 @@ def get_voice(voice_id: int):
 
 @bp.patch("/voices/<int:voice_id>")
 def update_voice(voice_id: int):
-    return voices.describe(voices.update(voices.get(voice_id), _json_body()))
+    return voices.describe(voices.update(voices.get(voice_id), json_object()))
 
 
 @bp.delete("/voices/<int:voice_id>")
@@ -172,12 +164,12 @@ def delete_voice(voice_id: int):
 @bp.post("/voices/from-job/<job_id>")
 def voice_from_job(job_id: str):
     job = jobs.refresh(_get_job(job_id))
-    return voices.describe(voices.from_job(job, _json_body())), 201
+    return voices.describe(voices.from_job(job, json_object())), 201
 
 
 @bp.get("/openapi.json")
 def openapi():
-    return openapi_description()
+    return openapi_description(current_app.config["SETTINGS"].max_text_chars)
 
 
 @bp.post("/voices/<int:voice_id>/preview")

@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from tests.edge_texts import EDGE_TEXTS
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
@@ -93,6 +94,22 @@ def test_bad_input_is_a_400_naming_the_field_and_records_no_job(client, app, bod
     assert answer.get_json()["field"] == field and answer.get_json()["error"]
     with app.app_context():
         assert db.session.execute(db.select(Job)).first() is None
+
+
+def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(client, farm):
+    accepted = {}
+    for name, (text, refusal) in EDGE_TEXTS.items():
+        answer = client.post("/api/jobs", json={"text": text})
+        if refusal is None:
+            assert answer.status_code == 202, (name, answer.get_json())
+            accepted[name] = answer.get_json()["id"]
+        else:
+            assert answer.status_code == 400 and answer.get_json()["field"] == "text", (name, answer.get_json())
+            assert refusal in answer.get_json()["error"], name
+    for name, job_id in accepted.items():
+        finished = wait_for(client, job_id, {"done", "failed"})
+        assert finished["status"] == "done", (name, finished["error"])
+        assert client.get(finished["result"]["audio_url"]).status_code == 200, name
 
 
 def test_an_unknown_catalog_voice_is_a_422(client):

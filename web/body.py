@@ -1,0 +1,54 @@
+"""Reading a JSON request body: the one place a body is parsed, so every endpoint refuses the same bad
+bodies the same way (a 400 naming ``body``, or the field at fault)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flask import request
+
+from web.errors import ApiError
+from worker.contract import check_unicode
+
+
+def json_body() -> Any:
+    """The body's JSON value, or None when the body is not JSON."""
+    try:
+        body = request.get_json(silent=True)
+    except RecursionError:
+        # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
+        raise ApiError(400, "the request body is nested too deeply", "body") from None
+    _check_unicode(body)
+    return body
+
+
+def json_object() -> dict:
+    body = json_body()
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", "body")
+    return body
+
+
+def _check_unicode(body: Any) -> None:
+    """Refuse lone surrogates anywhere in the body, naming the top-level field that holds one: the
+    database, the queue and the model take only valid Unicode."""
+    if not isinstance(body, dict):
+        _check_value(body, "body")
+        return
+    for name, value in body.items():
+        check_unicode(name, "body")  # a broken key cannot name itself
+        _check_value(value, name)
+
+
+def _check_value(value: Any, field: str) -> None:
+    # A loop, not recursion: the value may nest as deeply as the parser allowed.
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            check_unicode(item, field)
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
