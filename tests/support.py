@@ -1,9 +1,103 @@
 """Small helpers shared by fixtures and tests."""
 
+import os
+import shutil
+import signal
 import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import redis
+from celery import Celery
+
+REDIS_START_TIMEOUT_S = 20
 
 
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def start_redis(port: int, directory: Path, *options: str) -> subprocess.Popen:
+    """A real redis-server on 127.0.0.1:``port`` keeping its files in ``directory``, answering PING.
+
+    ``options`` are further redis-server arguments (persistence); eviction is always off, as the farm needs.
+    """
+    server = shutil.which("redis-server")
+    assert server, "redis-server is missing: scripts/test installs it (apt-get install redis-server)"
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
+         "--maxmemory-policy", "noeviction", *options],
+        stdout=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
+    with redis.Redis(port=port) as client:
+        while True:
+            try:
+                client.ping()
+                return process
+            except redis.ConnectionError:
+                assert process.poll() is None, f"redis-server exited with {process.returncode} (port {port} in use?)"
+                assert time.monotonic() < deadline, "redis-server did not start"
+                time.sleep(0.1)
+
+
+FARM_ENVIRONMENT = {
+    "CHATTTS_FARM_MODEL": "synthetic-tiny",
+    "CHATTTS_FARM_BATCH_JOBS": "4",
+    # Short limits keep the SIGKILL test short: a dead worker's jobs return after
+    # 2 * 30 + 30 = 90 s (see Settings.visibility_timeout_s); tiny jobs take a few seconds.
+    "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "25",
+    "CHATTTS_FARM_TASK_TIME_LIMIT_S": "30",
+    "CHATTTS_FARM_UNACKED_RESTORE_INTERVAL_S": "2",
+}
+
+
+@dataclass
+class Farm:
+    """Real CPU worker processes under `chattts-farm worker --cpu N`, on a real Redis."""
+
+    redis_url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    @classmethod
+    def start(cls, redis_url: str, data_dir: Path, log_path: Path, workers: int) -> "Farm":
+        """Start the workers and wait until every one answers; they log to ``log_path``."""
+        environment = {**os.environ, **FARM_ENVIRONMENT, "CHATTTS_FARM_REDIS_URL": redis_url,
+                       "CHATTTS_FARM_DATA_DIR": str(data_dir)}
+        with log_path.open("w") as log:
+            process = subprocess.Popen([str(Path(sys.executable).parent / "chattts-farm"), "worker", "--cpu", str(workers)],
+                                       env=environment, stdout=log, stderr=subprocess.STDOUT)
+        farm = cls(redis_url, process, log_path)
+        try:
+            farm.wait_for_workers(workers)
+        except BaseException:
+            farm.stop()
+            raise
+        return farm
+
+    def stop(self) -> None:
+        """A warm shutdown: every worker finishes its batch, and the supervisor exits cleanly."""
+        self.process.send_signal(signal.SIGTERM)
+        assert self.process.wait(timeout=120) == 0, self.log()[-3000:]
+
+    @property
+    def client(self) -> Celery:
+        return Celery(broker=self.redis_url, backend=self.redis_url)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_workers(self, count: int, timeout: float = 180) -> list[str]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, f"the supervisor died:\n{self.log()[-3000:]}"
+            replies = self.client.control.ping(timeout=1.0)
+            if len(replies) >= count:
+                return sorted(name for reply in replies for name in reply)
+        raise AssertionError(f"{count} workers did not come up:\n{self.log()[-3000:]}")

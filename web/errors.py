@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import logging
+
 from flask import Flask, jsonify, request
-from werkzeug.exceptions import HTTPException
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
 from worker.contract import InvalidRequest
 
+logger = logging.getLogger(__name__)
+
 JSON_PREFIXES = ("/api/", "/v1/")
+QUEUE_UNREACHABLE = "the job queue (Redis) could not be reached: try again shortly"
 
 
 class ApiError(Exception):
@@ -23,7 +30,7 @@ class ApiError(Exception):
 
 def _answer(status: int, message: str, field: str | None):
     body = {"error": message}
-    if field:
+    if field is not None:  # "" is a field too: a JSON key may be empty
         body["field"] = field
     return jsonify(body), status
 
@@ -37,6 +44,16 @@ def init_app(app: Flask) -> None:
     def api_error(error: ApiError):
         body, status = _answer(error.status, error.message, error.field)
         return body, status, error.headers
+
+    # Redis away (restarting, say) is the farm's outage, not a bug: a 503 the caller can retry, never a
+    # 500. Job rows stay in the database, and every read catches up once Redis is back.
+    @app.errorhandler(RedisError)
+    @app.errorhandler(OperationalError)
+    def queue_unreachable(error: Exception):
+        logger.warning("%s %s: Redis could not be reached: %s", request.method, request.path, error)
+        if not request.path.startswith(JSON_PREFIXES):
+            return ServiceUnavailable(QUEUE_UNREACHABLE)
+        return _answer(503, QUEUE_UNREACHABLE, None)
 
     @app.errorhandler(HTTPException)
     def http_error(error: HTTPException):

@@ -19,13 +19,14 @@ class FarmClient:
 
 
 # A web request must not hang while Redis is away: give up on it within seconds and answer 503.
-# (Workers keep Celery's patient defaults: they must ride out a Redis restart.)
+# (Workers are patient instead, see create_celery: they must ride out a Redis restart.)
 REDIS_GIVE_UP_S = 3
 
 
 def init_app(app: Flask) -> None:
     settings: Settings = app.config["SETTINGS"]
     celery = create_celery(settings)
+    celery.conf.result_backend_always_retry = False
     celery.conf.result_backend_transport_options = {
         **celery.conf.result_backend_transport_options,
         "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},

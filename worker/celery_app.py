@@ -45,6 +45,12 @@ def create_celery(settings: Settings) -> Celery:
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # A worker rides out a Redis restart: a job's progress report or result that cannot be stored
+        # is retried until Redis is back (checking again at least every second), not failed. Failing
+        # it would kill the job's thread while its batch runs on, leaving its message unacknowledged
+        # until the visibility timeout (half an hour) hands it out again. (The web gives up quickly.)
+        result_backend_always_retry=True,
+        result_backend_max_sleep_between_retries_ms=1000,
         # Every job thread of a worker reports progress and stores its result through the backend.
         redis_max_connections=2 * settings.batch_jobs + 32,
         worker_hijack_root_logger=False,

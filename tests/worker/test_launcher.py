@@ -9,9 +9,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+import redis
 import requests
 
-from tests.support import free_port
+from tests.support import free_port, start_redis
 from worker.audio import decode
 
 AUTH = ("ops", "s3cret")
@@ -88,19 +89,15 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     family = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=180) == 0
-    gone, alive = psutil.wait_procs(family, timeout=30)
+    _gone, alive = psutil.wait_procs(family, timeout=30)
     assert not alive, f"still running: {[p.cmdline() for p in alive]}"
     aof = tmp_path / "redis" / "appendonlydir"
     assert aof.exists()
     # Restart only Redis from its append-only file: the finished job's result is there.
-    server = subprocess.Popen(["redis-server", "--port", str(ports["redis"]), "--dir", str(tmp_path / "redis"),
-                               "--appendonly", "yes"], stdout=subprocess.DEVNULL)
+    server = start_redis(ports["redis"], tmp_path / "redis", "--appendonly", "yes")
     try:
-        import redis
-
-        client = redis.Redis(port=ports["redis"])
-        wait_until(lambda: client.ping(), 20, "redis")
-        assert client.exists(f"chattts:audio:{in_flight['id']}")
+        with redis.Redis(port=ports["redis"]) as client:
+            assert client.exists(f"chattts:audio:{in_flight['id']}")
     finally:
         server.terminate()
         server.wait()
