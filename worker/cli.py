@@ -292,11 +292,20 @@ def reconcile(every: float | None) -> None:
     from web.reconcile import reconcile as reconcile_once
 
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
+
     app = create_app()
     while True:
-        with app.app_context():
-            resent = reconcile_once()
-        click.echo(f"re-enqueued {len(resent)} lost job(s)" + (f": {', '.join(resent)}" if resent else ""))
+        try:
+            with app.app_context():
+                resent = reconcile_once()
+            click.echo(f"re-enqueued {len(resent)} lost job(s)" + (f": {', '.join(resent)}" if resent else ""))
+        except (RedisError, OperationalError) as error:
+            if every is None:
+                raise click.ClickException(f"Redis could not be reached: {error}") from None
+            # Redis away (restarting, say) is when the reconciler is needed next: keep going.
+            logging.getLogger(__name__).warning("Redis could not be reached; trying again in %s s: %s", every, error)
         if every is None:
             return
         time.sleep(every)

@@ -15,12 +15,17 @@ import time
 from dataclasses import dataclass
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 
 from worker.batcher import Batcher
 from worker.contract import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY_PREFIX, HEARTBEAT_TTL_S
 from worker.settings import Settings
 
 logger = logging.getLogger(__name__)
+
+# Seconds of Redis outage (a restart, say) the worker's own writes wait out: one retry a second at most.
+REDIS_OUTAGE_S = 120
 
 
 @dataclass
@@ -85,10 +90,7 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     # ChatTTS warns about every character its normaliser drops (digits, most symbols): per request,
     # that drowns a worker's log.
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
-    # Every job thread may store audio at once: a blocking pool makes a thread wait for a connection
-    # rather than fail when they all finish together.
-    client = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=settings.batch_jobs + 8, timeout=60))
+    client = redis_client(settings)
     _warn_unless_noeviction(client)
     synthesizer = Synthesizer.load(settings)
     batcher = Batcher(
@@ -107,6 +109,19 @@ def current() -> WorkerRuntime:
     if _runtime is None:
         raise RuntimeError("the worker runtime is not started: run workers with `chattts-farm worker`")
     return _runtime
+
+
+def redis_client(settings: Settings) -> redis.Redis:
+    """The worker's own Redis client, for audio and heartbeats.
+
+    Every job thread may store audio at once: a blocking pool makes a thread wait for a connection
+    rather than fail when they all finish together. A finished job's audio write rides out a Redis
+    restart (retried for about REDIS_OUTAGE_S) instead of failing a job whose audio is made.
+    """
+    retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=REDIS_OUTAGE_S)
+    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=settings.batch_jobs + 8, timeout=60, retry=retry,
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError]))
 
 
 def _warn_unless_noeviction(client: redis.Redis) -> None:

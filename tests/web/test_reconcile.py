@@ -1,13 +1,20 @@
 """Redis loses everything (FLUSHALL): the reconciler finds the unfinished jobs in the database and
 enqueues them again, so none is lost."""
 
+import dataclasses
+import os
+import subprocess
+import sys
 import time
 import uuid
 from datetime import timedelta
+from pathlib import Path
 
+import flask_migrate
 import redis
 
-from web import reconcile
+from tests.support import free_port, start_redis
+from web import create_app, reconcile
 from web.models import Job, JobStatus, db, utcnow
 
 
@@ -49,3 +56,42 @@ def test_a_job_still_in_its_queue_or_running_is_not_sent_again(app, client, farm
     with app.app_context():
         assert job_id not in reconcile.reconcile()
     wait_done(client, [job_id])
+
+
+def test_the_reconciler_outlives_a_redis_outage_and_resends_once_redis_is_back(tiny_settings, tmp_path):
+    port = free_port()
+    settings = dataclasses.replace(tiny_settings, data_dir=tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
+    app = create_app({"SETTINGS": settings})
+    stranded = str(uuid.uuid4())
+    with app.app_context():
+        flask_migrate.upgrade()
+        db.session.add(Job(id=stranded, text="Sent again once Redis is back.", voice_seed=3,
+                           parameters={"format": "wav", "speed": 5}, format="wav", status=JobStatus.QUEUED,
+                           created_at=utcnow() - timedelta(minutes=1)))
+        db.session.commit()
+    environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path), "CHATTTS_FARM_REDIS_URL": settings.redis_url}
+    log_path = tmp_path / "reconciler.log"
+    with log_path.open("w") as log:
+        reconciler = subprocess.Popen([str(Path(sys.executable).parent / "chattts-farm"), "reconcile", "--every", "1"],
+                                      env=environment, stdout=log, stderr=subprocess.STDOUT)
+    server = None
+    try:
+        wait_for_line(log_path, "Redis could not be reached", reconciler)
+        (tmp_path / "redis").mkdir()
+        server = start_redis(port, tmp_path / "redis")
+        wait_for_line(log_path, f"re-enqueued 1 lost job(s): {stranded}", reconciler)
+        assert redis.Redis(port=port).llen("tts") == 1
+    finally:
+        reconciler.terminate()
+        reconciler.wait(timeout=30)
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def wait_for_line(log_path, line, process, timeout=60):
+    deadline = time.monotonic() + timeout
+    while line not in log_path.read_text():
+        assert process.poll() is None, f"the reconciler exited:\n{log_path.read_text()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {line!r} in:\n{log_path.read_text()[-2000:]}"
+        time.sleep(0.2)
