@@ -136,6 +136,24 @@ def test_a_voice_named_like_markup_shows_as_text_and_runs_nothing(browser, web_s
     assert page.locator("img[src=x], b").count() == 0 and dialogs == []
 
 
+def test_the_ops_page_lists_the_workers_and_refreshes_itself(browser, web_server):
+    page = browser.new_page()
+    page.goto(web_server + "/ops")
+
+    def jobs_done() -> int:
+        rows = page.locator("#ops-workers tr").all_inner_texts()
+        return sum(int(row.split("\t")[5]) for row in rows if "@" in row)
+
+    page.wait_for_selector("#ops-workers tr:has-text('cpu1@')", timeout=30_000)
+    assert page.locator("#ops-workers tr:has-text('cpu0@')").count() == 1
+    before = jobs_done()
+    job = requests.post(web_server + "/api/jobs", json={"text": "Count me on the ops page."}, timeout=10).json()
+    deadline = time.monotonic() + 60
+    while jobs_done() <= before:  # no reload: the page fetches /api/ops itself
+        assert time.monotonic() < deadline, f"the ops page never counted job {job['id']}"
+        time.sleep(0.5)
+
+
 def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, keyed_web_server):
     base, key = keyed_web_server
     page = browser.new_page()
