@@ -23,6 +23,7 @@ from flask import Flask, current_app, g, redirect, request, session, url_for
 from web import farm
 from web.errors import ApiError
 from web.models import ApiKey, db, utcnow
+from worker.settings import Settings
 
 KEY_PREFIX = "cf_"
 PUBLIC_PATHS = ("/api/openapi.json",)
@@ -113,7 +114,7 @@ def sign_out() -> None:
     session.clear()
 
 
-def secret_key(settings) -> str:
+def secret_key(settings: Settings) -> str:
     """The key signing session cookies: the configured one, else one kept in the data dir so every
     web process and every restart shares it."""
     if settings.secret_key:
@@ -182,20 +183,23 @@ def init_app(app: Flask) -> None:
                 raise ApiError(403, "the CSRF token is missing or wrong: reload the page and try again",
                                CSRF_HEADER)
         g.api_key = api_key
-        _count_request(api_key, settings.rate_limit_per_minute)
+        _count_request(api_key, settings)
         return None
 
 
-def _count_request(api_key: ApiKey, per_minute: int) -> None:
+def _count_request(api_key: ApiKey, settings: Settings) -> None:
+    reading = request.method in SAFE_METHODS
+    per_minute = settings.read_rate_limit_per_minute if reading else settings.rate_limit_per_minute
     window = int(time.time() // 60)
-    counter = f"chattts:rate:{api_key.key_hash[:16]}:{window}"
+    counter = f"chattts:rate:{'read' if reading else 'change'}:{api_key.key_hash[:16]}:{window}"
     client = farm.client().redis
     pipeline = client.pipeline()
     pipeline.incr(counter)
     pipeline.expire(counter, 120)
     count = pipeline.execute()[0]
     if count > per_minute:
-        raise _too_many(f"more than {per_minute} requests a minute with this key", 60 - int(time.time()) % 60)
+        what = "reads" if reading else "requests that change something"
+        raise _too_many(f"more than {per_minute} {what} a minute with this key", 60 - int(time.time()) % 60)
 
 
 def _too_many(message: str, retry_after_s: int) -> ApiError:

@@ -84,9 +84,12 @@ class Settings:
     database_url: str = ""
     # Largest HTTP request body the web app reads.
     max_request_bytes: int = 1024 * 1024
-    # API keys: required on /api and /v1 when on; per-key requests a minute and audio seconds a day.
+    # API keys: required on /api and /v1 when on; per key: requests that change something (submit a
+    # job, edit the catalog) a minute, reads a minute, and audio seconds a day. Reads get their own,
+    # larger budget: a page watching a job polls its status twice a second.
     require_api_key: bool = False
     rate_limit_per_minute: int = 120
+    read_rate_limit_per_minute: int = 1200
     daily_audio_quota_s: int = 4 * 3600
     # Signs the pages' session cookies (sign-in, CSRF tokens); every web process must share it.
     # Empty means one generated on first use and kept in <data_dir>/secret_key.
@@ -138,6 +141,8 @@ class Settings:
             max_request_bytes=_env_int(env, "MAX_REQUEST_BYTES", defaults.max_request_bytes, minimum=1024),
             require_api_key=_env_bool(env, "REQUIRE_API_KEY", defaults.require_api_key),
             rate_limit_per_minute=_env_int(env, "RATE_LIMIT_PER_MINUTE", defaults.rate_limit_per_minute, minimum=1),
+            read_rate_limit_per_minute=_env_int(env, "READ_RATE_LIMIT_PER_MINUTE", defaults.read_rate_limit_per_minute,
+                                                minimum=1),
             daily_audio_quota_s=_env_int(env, "DAILY_AUDIO_QUOTA_S", defaults.daily_audio_quota_s, minimum=1),
             secret_key=_env_str(env, "SECRET_KEY", defaults.secret_key),
             result_ttl_s=_env_int(env, "RESULT_TTL_S", defaults.result_ttl_s, minimum=60),
