@@ -86,9 +86,8 @@ def check_quota() -> None:
 
 def find_key(key: str) -> ApiKey | None:
     """The live (unrevoked) key row for a key as its holder types it."""
-    api_key = db.session.execute(db.select(ApiKey).where(ApiKey.key_hash == hash_key(key.strip()))
-                                 ).scalar_one_or_none()
-    return api_key if api_key is not None and api_key.revoked_at is None else None
+    return _live(db.session.execute(db.select(ApiKey).where(ApiKey.key_hash == hash_key(key.strip()))
+                                    ).scalar_one_or_none())
 
 
 def csrf_token() -> str:
@@ -137,7 +136,10 @@ def secret_key(settings: Settings) -> str:
 
 def _session_key() -> ApiKey | None:
     key_id = session.get("api_key_id")
-    api_key = db.session.get(ApiKey, key_id) if isinstance(key_id, int) else None
+    return _live(db.session.get(ApiKey, key_id) if isinstance(key_id, int) else None)
+
+
+def _live(api_key: ApiKey | None) -> ApiKey | None:
     return api_key if api_key is not None and api_key.revoked_at is None else None
 
 

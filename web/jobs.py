@@ -48,7 +48,7 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     db.session.add(job)
     db.session.commit()
     try:
-        farm.client().celery.send_task(TASK_NAME, kwargs=arguments, task_id=job.id, queue=DEFAULT_QUEUE)
+        enqueue(job)
     # kombu raises OperationalError for the broker; Celery's Redis result backend, which subscribes to
     # the job's result channel as it is sent, gives up with a RuntimeError after its own retries.
     except (OperationalError, RedisError, RuntimeError) as error:
@@ -57,6 +57,14 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
     logger.info("job %s queued", job.id)
     return job
+
+
+def enqueue(job: Job) -> None:
+    """Send the job's task under the job's own id, with the arguments its row records (so the
+    reconciler sends a lost job again exactly as it was first sent)."""
+    voice = job.voice_embedding if job.voice_seed is None else job.voice_seed
+    farm.client().celery.send_task(TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters},
+                                   task_id=job.id, queue=DEFAULT_QUEUE)
 
 
 def visible(job_id: str) -> Job | None:

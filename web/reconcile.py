@@ -12,9 +12,8 @@ import json
 import logging
 from datetime import timedelta
 
-from web import farm
+from web import farm, jobs
 from web.models import Job, JobStatus, db, utcnow
-from worker.contract import DEFAULT_QUEUE, TASK_NAME
 
 logger = logging.getLogger(__name__)
 
@@ -61,9 +60,7 @@ def reconcile() -> list[str]:
     """Enqueue every lost job again under its own id; returns their ids."""
     resent = []
     for job in lost_jobs():
-        voice = job.voice_embedding if job.voice_seed is None else job.voice_seed
-        arguments = {"text": job.text, "voice": voice, **job.parameters}
-        farm.client().celery.send_task(TASK_NAME, kwargs=arguments, task_id=job.id, queue=DEFAULT_QUEUE)
+        jobs.enqueue(job)
         job.status = JobStatus.QUEUED
         job.progress = 0.0
         logger.warning("job %s was lost by Redis: enqueued again", job.id)
