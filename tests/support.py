@@ -11,9 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import redis
+import requests
 from celery import Celery
 
 REDIS_START_TIMEOUT_S = 20
+WEB_START_TIMEOUT_S = 120
+CLI = str(Path(sys.executable).parent / "chattts-farm")
 
 
 def free_port() -> int:
@@ -71,7 +74,7 @@ class Farm:
         environment = {**os.environ, **FARM_ENVIRONMENT, "CHATTTS_FARM_REDIS_URL": redis_url,
                        "CHATTTS_FARM_DATA_DIR": str(data_dir)}
         with log_path.open("w") as log:
-            process = subprocess.Popen([str(Path(sys.executable).parent / "chattts-farm"), "worker", "--cpu", str(workers)],
+            process = subprocess.Popen([CLI, "worker", "--cpu", str(workers)],
                                        env=environment, stdout=log, stderr=subprocess.STDOUT)
         farm = cls(redis_url, process, log_path)
         try:
@@ -101,3 +104,64 @@ class Farm:
             if len(replies) >= count:
                 return sorted(name for reply in replies for name in reply)
         raise AssertionError(f"{count} workers did not come up:\n{self.log()[-3000:]}")
+
+
+@dataclass
+class Web:
+    """`chattts-farm web` (gunicorn) on loopback, in a process group of its own."""
+
+    url: str
+    process: subprocess.Popen
+
+    @classmethod
+    def start(cls, port: int, environment: dict[str, str], *options: str) -> "Web":
+        """Start it with further `chattts-farm web` ``options`` and wait until it answers."""
+        process = subprocess.Popen(
+            [CLI, "web", "--host", "127.0.0.1", "--port", str(port), *options],
+            env=environment, start_new_session=True, stdout=subprocess.DEVNULL,
+        )
+        web = cls(f"http://127.0.0.1:{port}", process)
+        try:
+            wait_until(web.healthy, WEB_START_TIMEOUT_S, "the web app to answer")
+        except BaseException:
+            web.kill()
+            raise
+        return web
+
+    def healthy(self) -> bool:
+        assert self.process.poll() is None, f"the web app exited with {self.process.returncode}"
+        return requests.get(self.url + "/healthz", timeout=5).status_code == 200
+
+    def stop(self) -> None:
+        """An orderly stop: gunicorn's master ends its workers."""
+        self.process.terminate()
+        self.process.wait(timeout=30)
+
+    def kill(self) -> None:
+        """SIGKILL to the gunicorn master and its workers at once, as when its host or container dies."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def submit(self, text: str, voice: int) -> str:
+        answer = requests.post(self.url + "/api/jobs", json={"text": text, "voice": voice}, timeout=30)
+        assert answer.status_code == 202, answer.text
+        return answer.json()["id"]
+
+    def statuses(self, job_ids: list[str]) -> dict[str, str]:
+        answers = {job_id: requests.get(f"{self.url}/api/jobs/{job_id}", timeout=30) for job_id in job_ids}
+        assert all(answer.status_code == 200 for answer in answers.values()), {
+            job_id: (answer.status_code, answer.text) for job_id, answer in answers.items()}
+        return {job_id: answer.json()["status"] for job_id, answer in answers.items()}
+
+
+def wait_until(check, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if check():
+                return
+        except requests.RequestException:  # not listening yet, or too busy booting to answer in time
+            pass
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -4,14 +4,12 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import requests
 
-from tests.support import free_port
+from tests.support import CLI, Web, free_port
 
 LONG_TEXT = " ".join(f"This is sentence {word} of a text long enough to watch." for word in
                      "abcdefghijklmnopqrstuvwxyz" * 3)
@@ -19,29 +17,14 @@ CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first
                   "--disable-background-networking", "--disable-component-update"]
 
 
-CLI = str(Path(sys.executable).parent / "chattts-farm")
-
-
 def serve_web(farm, data_dir, database, **settings):
     """Start `chattts-farm web` (gunicorn) with its own fresh database; yields its base URL and env."""
     environment = {**os.environ, "CHATTTS_FARM_REDIS_URL": farm.redis_url, "CHATTTS_FARM_DATA_DIR": str(data_dir),
                    "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}", "CHATTTS_FARM_MODEL": "synthetic-tiny",
                    **settings}
-    port = free_port()
-    process = subprocess.Popen([CLI, "web", "--port", str(port), "--workers", "1"], env=environment)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if requests.get(base + "/healthz", timeout=2).status_code == 200:
-                break
-        except requests.ConnectionError:
-            pass
-        assert process.poll() is None and time.monotonic() < deadline, "the web server did not start"
-        time.sleep(0.2)
-    yield base, environment
-    process.terminate()
-    process.wait(timeout=30)
+    web = Web.start(free_port(), environment, "--workers", "1")
+    yield web.url, environment
+    web.stop()
 
 
 @pytest.fixture(scope="module")

@@ -4,10 +4,7 @@ its audio downloadable."""
 
 import os
 import re
-import signal
 import subprocess
-import sys
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,13 +13,12 @@ import pytest
 import redis
 import requests
 
-from tests.support import Farm, free_port, start_redis
+from tests.support import Farm, Web, free_port, start_redis, wait_until
 from worker.audio import decode
 
 # Long enough that a batch of four takes seconds on the CPU, so a fault lands while jobs run.
 LONG_TEXT = " ".join(f"Sentence {word} of a job that outlives a fault." for word in "abcdefghijklmnopqrstuvwxyz")
 APPEND_ONLY = ("--appendonly", "yes", "--appendfsync", "everysec", "--save", "")
-WEB_START_TIMEOUT_S = 120
 
 
 @dataclass
@@ -50,61 +46,6 @@ class RestartableRedis:
         # SIGTERM is Redis's orderly SHUTDOWN: it writes out its append-only file, then exits.
         self.process.terminate()
         assert self.process.wait(timeout=30) == 0
-
-
-@dataclass
-class Web:
-    """`chattts-farm web` (gunicorn, two worker processes) on loopback, in a process group of its own."""
-
-    url: str
-    process: subprocess.Popen
-
-    @classmethod
-    def start(cls, port: int, environment: dict[str, str]) -> "Web":
-        process = subprocess.Popen(
-            [str(Path(sys.executable).parent / "chattts-farm"), "web", "--host", "127.0.0.1", "--port", str(port)],
-            env=environment, start_new_session=True, stdout=subprocess.DEVNULL,
-        )
-        web = cls(f"http://127.0.0.1:{port}", process)
-        try:
-            wait_until(web.healthy, WEB_START_TIMEOUT_S, "the web app to answer")
-        except BaseException:
-            web.kill()
-            raise
-        return web
-
-    def healthy(self) -> bool:
-        assert self.process.poll() is None, f"the web app exited with {self.process.returncode}"
-        return requests.get(self.url + "/healthz", timeout=5).status_code == 200
-
-    def kill(self) -> None:
-        """SIGKILL to the gunicorn master and its workers at once, as when its host or container dies."""
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=30)
-
-    def submit(self, text: str, voice: int) -> str:
-        answer = requests.post(self.url + "/api/jobs", json={"text": text, "voice": voice}, timeout=30)
-        assert answer.status_code == 202, answer.text
-        return answer.json()["id"]
-
-    def statuses(self, job_ids: list[str]) -> dict[str, str]:
-        answers = {job_id: requests.get(f"{self.url}/api/jobs/{job_id}", timeout=30) for job_id in job_ids}
-        assert all(answer.status_code == 200 for answer in answers.values()), {
-            job_id: (answer.status_code, answer.text) for job_id, answer in answers.items()}
-        return {job_id: answer.json()["status"] for job_id, answer in answers.items()}
-
-
-def wait_until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except requests.RequestException:  # not listening yet, or too busy booting to answer in time
-            pass
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def some_running_and_some_queued(web: Web, job_ids: list[str]) -> bool:

@@ -4,7 +4,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import psutil
@@ -12,22 +11,10 @@ import pytest
 import redis
 import requests
 
-from tests.support import free_port, start_redis
+from tests.support import free_port, start_redis, wait_until
 from worker.audio import decode
 
 AUTH = ("ops", "s3cret")
-
-
-def wait_until(check, timeout, what):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
