@@ -141,6 +141,8 @@ def test_with_keys_on_the_pages_ask_for_sign_in_and_refuse_a_wrong_key_or_a_forg
     browser, _ = signed_in(keyed_app, key)
     home = browser.get("/")
     assert home.status_code == 200 and "erin" in home.get_data(as_text=True)
+    cookie = browser.get_cookie("session")
+    assert cookie.http_only and cookie.same_site == "Lax"  # out of scripts' reach, not sent cross-site
     assert browser.get("/api/jobs").status_code == 200  # the session stands for the key on the API
 
 
