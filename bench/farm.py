@@ -1,11 +1,11 @@
 """End-to-end throughput of the farm: jobs through Redis and Celery workers, batching on vs off.
 
-    python bench/farm.py --model synthetic-tiny --cpu 1 --jobs 48 --batch-jobs 16
-    python bench/farm.py --model synthetic-full --gpus 0 --jobs 256 --batch-jobs 128
+    python bench/farm.py --model synthetic-tiny --cpu 1 --jobs 48 --jobs-in-flight 16
+    python bench/farm.py --model synthetic-full --gpus 0 --jobs 256 --jobs-in-flight 128
 
 Starts its own redis-server (from PATH, or --redis-server) and `chattts-farm worker` twice: once with
-batching (--batch-jobs jobs per batch, max_batch rows per GPT pass) and once with BATCH_JOBS=1 and
-MAX_BATCH=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
+batching (--jobs-in-flight jobs per batch, max_rows_per_pass rows per GPT pass) and once with MAX_JOBS_IN_FLIGHT=1 and
+MAX_ROWS_PER_PASS=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
 Markdown table of jobs per second and audio seconds per wall second.
 """
 
@@ -15,7 +15,6 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,45 +22,28 @@ from pathlib import Path
 
 from celery import Celery
 
-from worker.contract import TASK_NAME
+from chattts_farm.contract import TASK_NAME
+from cli.local_services import free_port, start_redis_server
 
 TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_redis(server: str, workdir: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--appendonly", "no", "--maxmemory-policy", "noeviction", "--dir", str(workdir)],
-                               stdout=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    import redis
-
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            redis.Redis.from_url(url).ping()
-            return process, url
-        except redis.ConnectionError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
-
-
-def run_farm(arguments, redis_url: str, jobs: int, batch_jobs: int, max_batch: int, log: Path) -> dict:
+def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, max_rows_per_pass: int, log: Path) -> dict:
     environment = {
-        **os.environ, "CHATTTS_FARM_REDIS_URL": redis_url, "CHATTTS_FARM_MODEL": arguments.model,
-        "CHATTTS_FARM_BATCH_JOBS": str(batch_jobs), "CHATTTS_FARM_MAX_BATCH": str(max_batch),
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": redis_url,
+        "CHATTTS_FARM_MODEL": arguments.model,
+        "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max_jobs_in_flight),
+        "CHATTTS_FARM_MAX_ROWS_PER_PASS": str(max_rows_per_pass),
     }
     placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
     with log.open("w") as handle:
-        supervisor = subprocess.Popen([sys.executable, "-m", "worker", "worker", *placement],
-                                      env=environment, stdout=handle, stderr=subprocess.STDOUT)
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "cli", "worker", *placement],
+            env=environment,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
     client = Celery(broker=redis_url, backend=redis_url)
     workers = arguments.cpu or len(arguments.gpus.split(","))
     try:
@@ -70,11 +52,14 @@ def run_farm(arguments, redis_url: str, jobs: int, batch_jobs: int, max_batch: i
             if supervisor.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; see {log}")
         # Warm-up: one batch's worth, so the measured run meets warm kernels.
-        for result in [client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": i}) for i in range(batch_jobs)]:
+        for result in [
+            client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": i}) for i in range(max_jobs_in_flight)
+        ]:
             result.get(timeout=1800)
         started = time.perf_counter()
-        results = [client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": 1000 + i, "seed": i})
-                   for i in range(jobs)]
+        results = [
+            client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": 1000 + i, "seed": i}) for i in range(jobs)
+        ]
         outputs = [result.get(timeout=3600) for result in results]
         wall = time.perf_counter() - started
     finally:
@@ -82,8 +67,12 @@ def run_farm(arguments, redis_url: str, jobs: int, batch_jobs: int, max_batch: i
         supervisor.wait(timeout=300)
     audio = sum(output["duration_s"] for output in outputs)
     return {
-        "batch_jobs": batch_jobs, "max_batch": max_batch, "jobs": len(outputs), "wall_s": wall,
-        "jobs_per_s": len(outputs) / wall, "audio_per_wall": audio / wall,
+        "max_jobs_in_flight": max_jobs_in_flight,
+        "max_rows_per_pass": max_rows_per_pass,
+        "jobs": len(outputs),
+        "wall_s": wall,
+        "jobs_per_s": len(outputs) / wall,
+        "audio_per_wall": audio / wall,
         "mean_batch": sum(o["batch_size"] for o in outputs) / len(outputs),
         "largest_batch": max(o["batch_size"] for o in outputs),
         "model": outputs[0]["model_info"],
@@ -96,33 +85,70 @@ def main() -> None:
     parser.add_argument("--cpu", type=int, default=0, help="CPU workers (default: GPU workers).")
     parser.add_argument("--gpus", default="0")
     parser.add_argument("--jobs", type=int, default=48)
-    parser.add_argument("--unbatched-jobs", type=int, default=None,
-                        help="Jobs for the run without batching (default: --jobs); it is the slow one.")
-    parser.add_argument("--batch-jobs", type=int, default=16)
-    parser.add_argument("--max-batch", type=int, default=64, help="Rows per GPT pass when batching.")
+    parser.add_argument(
+        "--unbatched-jobs",
+        type=int,
+        default=None,
+        help="Jobs for the run without batching (default: --jobs); it is the slow one.",
+    )
+    parser.add_argument("--jobs-in-flight", type=int, default=16)
+    parser.add_argument("--rows-per-pass", type=int, default=64, help="Rows per GPT pass when batching.")
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
 
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    redis_process, redis_url = start_redis(arguments.redis_server, workdir)
+    redis_port = free_port()
+    redis_process = start_redis_server(
+        redis_port, workdir, "--save", "", "--appendonly", "no", server=arguments.redis_server
+    )
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
     try:
         rows = [
-            run_farm(arguments, redis_url, arguments.jobs, arguments.batch_jobs, arguments.max_batch,
-                     workdir / "batched.log"),
+            run_farm(
+                arguments,
+                redis_url,
+                arguments.jobs,
+                arguments.jobs_in_flight,
+                arguments.rows_per_pass,
+                workdir / "batched.log",
+            ),
             run_farm(arguments, redis_url, arguments.unbatched_jobs or arguments.jobs, 1, 1, workdir / "unbatched.log"),
         ]
     finally:
         redis_process.terminate()
     model = rows[0]["model"]
-    print(f"\nmodel {model['source']} on {model['device']} ({model['dtype']}), "
-          f"{arguments.cpu or len(arguments.gpus.split(','))} worker(s), all jobs of a run submitted at once\n")
-    print("| mode | jobs per batch | rows per pass | jobs | wall s | jobs/s | audio-s per wall-s | mean batch | largest batch |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for row, mode in zip(rows, ("batching on", "batching off")):
-        print(f"| {mode} | {row['batch_jobs']} | {row['max_batch']} | {row['jobs']} | {row['wall_s']:.2f} | "
-              f"{row['jobs_per_s']:.2f} | {row['audio_per_wall']:.1f} | {row['mean_batch']:.1f} | {row['largest_batch']} |")
+    print(
+        f"\nmodel {model['source']} on {model['device']} ({model['dtype']}), "
+        f"{arguments.cpu or len(arguments.gpus.split(','))} worker(s), all jobs of a run submitted at once\n"
+    )
+    columns = (
+        "mode",
+        "jobs in flight",
+        "rows per pass",
+        "jobs",
+        "wall s",
+        "jobs/s",
+        "audio-s per wall-s",
+        "mean batch",
+        "largest batch",
+    )
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+    for row, mode in zip(rows, ("batching on", "batching off"), strict=True):
+        cells = (
+            mode,
+            row["max_jobs_in_flight"],
+            row["max_rows_per_pass"],
+            row["jobs"],
+            f"{row['wall_s']:.2f}",
+            f"{row['jobs_per_s']:.2f}",
+            f"{row['audio_per_wall']:.1f}",
+            f"{row['mean_batch']:.1f}",
+            row["largest_batch"],
+        )
+        print("| " + " | ".join(str(cell) for cell in cells) + " |")
 
 
 if __name__ == "__main__":

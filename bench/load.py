@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
+
+from cli.local_services import free_port
 
 TEXTS = ("Load test sentence number {i}.", "The farm must not lose job {i}.", "Client {c} asks for audio {i}.")
 POLL_S = 0.5
@@ -38,12 +39,6 @@ class Tally:
     accepted: list[str] = field(default_factory=list)
     done: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def timed(tally: Tally, call, *args, **kwargs):
@@ -65,8 +60,12 @@ def client(base: str, number: int, stop_at: float, tally: Tally) -> None:
     i = 0
     while time.monotonic() < stop_at:
         submitted = time.monotonic()
-        answer = timed(tally, session.post, base + "/api/jobs",
-                       json={"text": TEXTS[i % len(TEXTS)].format(i=i, c=number), "voice": number})
+        answer = timed(
+            tally,
+            session.post,
+            base + "/api/jobs",
+            json={"text": TEXTS[i % len(TEXTS)].format(i=i, c=number), "voice": number},
+        )
         i += 1
         if answer is None or answer.status_code != 202:
             continue
@@ -96,7 +95,9 @@ def follow(session, base, job, submitted, tally, deadline) -> None:
 def percentile(values: list[float], share: float) -> float:
     if not values:
         return float("nan")
-    return statistics.quantiles(values, n=100, method="inclusive")[int(share * 100) - 1] if len(values) > 1 else values[0]
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[int(share * 100) - 1] if len(values) > 1 else values[0]
+    )
 
 
 def start_farm(workdir: Path) -> tuple[subprocess.Popen, str]:
@@ -104,10 +105,27 @@ def start_farm(workdir: Path) -> tuple[subprocess.Popen, str]:
     environment = {**os.environ}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
     process = subprocess.Popen(
-        [sys.executable, "-m", "worker", "up", "--model", "synthetic-tiny", "--port", str(port),
-         "--flower-port", str(flower), "--redis-port", str(redis_port), "--data-dir", str(workdir),
-         "--cpu-workers", "1"],
-        env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "cli",
+            "up",
+            "--model",
+            "synthetic-tiny",
+            "--port",
+            str(port),
+            "--flower-port",
+            str(flower),
+            "--redis-port",
+            str(redis_port),
+            "--data-dir",
+            str(workdir),
+            "--cpu-workers",
+            "1",
+        ],
+        env=environment,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
@@ -150,14 +168,18 @@ def main() -> None:
 
     lost = len(tally.accepted) - len(tally.done) - tally.failed_jobs
     print(f"\n{arguments.clients} clients for {arguments.seconds:.0f} s against {base} (wall {wall:.0f} s)\n")
-    print("| requests | requests/s | API p50 ms | API p95 ms | API p99 ms | jobs accepted | jobs done "
-          "| job p50 s | job p95 s | failed requests | failed jobs | lost jobs |")
+    print(
+        "| requests | requests/s | API p50 ms | API p95 ms | API p99 ms | jobs accepted | jobs done "
+        "| job p50 s | job p95 s | failed requests | failed jobs | lost jobs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {len(tally.latencies)} | {len(tally.latencies) / wall:.1f} | "
-          f"{1000 * percentile(tally.latencies, 0.50):.0f} | {1000 * percentile(tally.latencies, 0.95):.0f} | "
-          f"{1000 * percentile(tally.latencies, 0.99):.0f} | {len(tally.accepted)} | {len(tally.done)} | "
-          f"{percentile(tally.completions, 0.50):.2f} | {percentile(tally.completions, 0.95):.2f} | "
-          f"{tally.failed_requests} | {tally.failed_jobs} | {lost} |")
+    print(
+        f"| {len(tally.latencies)} | {len(tally.latencies) / wall:.1f} | "
+        f"{1000 * percentile(tally.latencies, 0.50):.0f} | {1000 * percentile(tally.latencies, 0.95):.0f} | "
+        f"{1000 * percentile(tally.latencies, 0.99):.0f} | {len(tally.accepted)} | {len(tally.done)} | "
+        f"{percentile(tally.completions, 0.50):.2f} | {percentile(tally.completions, 0.95):.2f} | "
+        f"{tally.failed_requests} | {tally.failed_jobs} | {lost} |"
+    )
     sys.exit(0 if tally.failed_requests == 0 and lost == 0 else 1)
 
 

@@ -12,23 +12,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import platform
 import time
 from dataclasses import dataclass
 
-os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+from worker.cuda import configure_allocator
+
+configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
-from worker.contract import SynthesisRequest  # noqa: E402
+from chattts_farm.contract import SynthesisRequest  # noqa: E402
+from chattts_farm.settings import Settings  # noqa: E402
 from worker.model import SAMPLE_RATE  # noqa: E402
 from worker.quality import expected_tokens  # noqa: E402
-from worker.settings import Settings  # noqa: E402
 from worker.synthesis import Synthesizer  # noqa: E402
 from worker.voices import embedding_for_seed  # noqa: E402
 
-WORDS = ("farm batch voice speech queue worker model token audio sample steady clear").split()
+WORDS = ["farm", "batch", "voice", "speech", "queue", "worker", "model", "token", "audio", "sample", "steady", "clear"]
 
 
 @dataclass
@@ -112,11 +113,15 @@ def run_stock(synthesizer: Synthesizer, count: int, tokens: int) -> tuple[float,
     audio_s = 0.0
     for i in range(count):
         params = ChatTTS.Chat.InferCodeParams(
-            spk_emb=embedding_for_seed(chat.speaker, 1000 + i), min_new_token=tokens, max_new_token=tokens,
-            show_tqdm=False, manual_seed=i,
+            spk_emb=embedding_for_seed(chat.speaker, 1000 + i),
+            min_new_token=tokens,
+            max_new_token=tokens,
+            show_tqdm=False,
+            manual_seed=i,
         )
-        wavs = chat.infer([text_for_tokens(tokens, i)], skip_refine_text=True, split_text=False,
-                          params_infer_code=params)
+        wavs = chat.infer(
+            [text_for_tokens(tokens, i)], skip_refine_text=True, split_text=False, params_infer_code=params
+        )
         audio_s += len(wavs[0]) / SAMPLE_RATE
     return audio_s, None
 
@@ -135,8 +140,9 @@ def main() -> None:
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
 
     batches = [int(b) for b in arguments.batches.split(",") if b]
-    settings = Settings.from_env(model=arguments.model, device=arguments.device,
-                                 max_batch=max(batches + [1]), quality_retries=0)
+    settings = Settings.from_env(
+        model=arguments.model, device=arguments.device, max_rows_per_pass=max(batches + [1]), quality_retries=0
+    )
     synthesizer = Synthesizer.load(settings)
     info = synthesizer.model.info
     device = synthesizer.model.device
@@ -146,37 +152,78 @@ def main() -> None:
     results: list[Measurement] = []
     if arguments.stock:
         run_stock(synthesizer, 1, tokens)  # its own warm-up
-        results.append(measure(device, "stock ChatTTS, serial", arguments.stock, arguments.stock * tokens,
-                               lambda: run_stock(synthesizer, arguments.stock, tokens)))
+        results.append(
+            measure(
+                device,
+                "stock ChatTTS, serial",
+                arguments.stock,
+                arguments.stock * tokens,
+                lambda: run_stock(synthesizer, arguments.stock, tokens),
+            )
+        )
     if arguments.serial:
         requests = farm_requests(arguments.serial, tokens, 0)
-        results.append(measure(device, "farm, serial (1 per call)", arguments.serial, arguments.serial * tokens,
-                               lambda: run_farm_serially(synthesizer, requests)))
+        results.append(
+            measure(
+                device,
+                "farm, serial (1 per call)",
+                arguments.serial,
+                arguments.serial * tokens,
+                lambda: run_farm_serially(synthesizer, requests),
+            )
+        )
     for batch in batches:
         # Each batch size runs twice with new voices and seeds: the first call meets new tensor
         # shapes (kernel selection), the second shows the steady state.
         for attempt, label in enumerate(("first call", "repeat")):
             requests = farm_requests(batch, tokens, 1000 * (attempt + 1))
-            results.append(measure(device, f"farm, batched ({batch} per call, {label})", batch, tokens,
-                                   lambda requests=requests: run_farm(synthesizer, requests)))
+            results.append(
+                measure(
+                    device,
+                    f"farm, batched ({batch} per call, {label})",
+                    batch,
+                    tokens,
+                    lambda requests=requests: run_farm(synthesizer, requests),
+                )
+            )
 
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
-    print(f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
-          f"GPT dtype {info.dtype}, torch {torch.__version__}, {tokens} tokens = "
-          f"{tokens / 46.875:.2f} s of audio per request\n")
-    print("| mode | requests | audio s | wall s | audio-s per wall-s | wall ms per step | GPT-loop ms per step "
-          "| peak alloc MiB | peak reserved MiB |")
+    print(
+        f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
+        f"GPT dtype {info.dtype}, torch {torch.__version__}, {tokens} tokens = "
+        f"{tokens / 46.875:.2f} s of audio per request\n"
+    )
+    print(
+        "| mode | requests | audio s | wall s | audio-s per wall-s | wall ms per step | GPT-loop ms per step "
+        "| peak alloc MiB | peak reserved MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for m in results:
         gpt = "-" if m.gpt_ms_per_step is None else f"{m.gpt_ms_per_step:.1f}"
-        print(f"| {m.mode} | {m.requests} | {m.audio_s:.1f} | {m.wall_s:.2f} | {m.audio_per_wall:.1f} | "
-              f"{m.ms_per_step:.1f} | {gpt} | {m.peak_allocated_mib:.0f} | {m.peak_reserved_mib:.0f} |")
+        print(
+            f"| {m.mode} | {m.requests} | {m.audio_s:.1f} | {m.wall_s:.2f} | {m.audio_per_wall:.1f} | "
+            f"{m.ms_per_step:.1f} | {gpt} | {m.peak_allocated_mib:.0f} | {m.peak_reserved_mib:.0f} |"
+        )
     if arguments.json:
         with open(arguments.json, "w") as handle:
-            json.dump({"model": info.as_dict(), "gpu": gpu, "tokens": tokens,
-                       "results": [{**m.__dict__, "audio_per_wall": m.audio_per_wall, "ms_per_step": m.ms_per_step,
-                                    "gpt_ms_per_step": m.gpt_ms_per_step}
-                                   for m in results]}, handle, indent=2)
+            json.dump(
+                {
+                    "model": info.as_dict(),
+                    "gpu": gpu,
+                    "tokens": tokens,
+                    "results": [
+                        {
+                            **m.__dict__,
+                            "audio_per_wall": m.audio_per_wall,
+                            "ms_per_step": m.ms_per_step,
+                            "gpt_ms_per_step": m.gpt_ms_per_step,
+                        }
+                        for m in results
+                    ],
+                },
+                handle,
+                indent=2,
+            )
 
 
 if __name__ == "__main__":

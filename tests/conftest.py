@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Farm, free_port, start_redis
-from worker.settings import Settings
+from chattts_farm.settings import Settings
+from cli.local_services import free_port, start_redis_server
+from tests.support import Workers
 
 
 @pytest.fixture(scope="session")
@@ -25,15 +26,15 @@ def tiny_settings(data_dir) -> Settings:
 def redis_url(tmp_path_factory):
     """A real redis-server on a free port, configured as the farm needs it (noeviction), without persistence."""
     port = free_port()
-    process = start_redis(port, tmp_path_factory.mktemp("redis"), "--save", "", "--appendonly", "no")
+    process = start_redis_server(port, tmp_path_factory.mktemp("redis"), "--save", "", "--appendonly", "no")
     yield f"redis://127.0.0.1:{port}/0"
     process.terminate()
     process.wait(timeout=20)
 
 
 @pytest.fixture(scope="session")
-def farm(redis_url, data_dir, tmp_path_factory):
+def workers(redis_url, data_dir, tmp_path_factory):
     """Two real CPU worker processes, shared by the session's tests."""
-    running = Farm.start(redis_url, data_dir, tmp_path_factory.mktemp("farm") / "workers.log", workers=2)
+    running = Workers.start(redis_url, data_dir, tmp_path_factory.mktemp("farm") / "workers.log", count=2)
     yield running
     running.stop()

@@ -1,57 +1,23 @@
 """Small helpers shared by fixtures and tests."""
 
 import os
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
 import requests
 from celery import Celery
 
-REDIS_START_TIMEOUT_S = 20
 WEB_START_TIMEOUT_S = 120
 CLI = str(Path(sys.executable).parent / "chattts-farm")
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_redis(port: int, directory: Path, *options: str) -> subprocess.Popen:
-    """A real redis-server on 127.0.0.1:``port`` keeping its files in ``directory``, answering PING.
-
-    ``options`` are further redis-server arguments (persistence); eviction is always off, as the farm needs.
-    """
-    server = shutil.which("redis-server")
-    assert server, "redis-server is missing: scripts/test installs it (apt-get install redis-server)"
-    process = subprocess.Popen(
-        [server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(directory),
-         "--maxmemory-policy", "noeviction", *options],
-        stdout=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-    with redis.Redis(port=port) as client:
-        while True:
-            try:
-                client.ping()
-                return process
-            except redis.ConnectionError:
-                assert process.poll() is None, f"redis-server exited with {process.returncode} (port {port} in use?)"
-                assert time.monotonic() < deadline, "redis-server did not start"
-                time.sleep(0.1)
-
-
-FARM_ENVIRONMENT = {
+WORKER_ENVIRONMENT = {
     "CHATTTS_FARM_MODEL": "synthetic-tiny",
-    "CHATTTS_FARM_BATCH_JOBS": "4",
+    "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": "4",
     # Short limits keep the SIGKILL test short: a dead worker's jobs return after
     # 2 * 30 + 30 = 90 s (see Settings.visibility_timeout_s); tiny jobs take a few seconds.
     "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "25",
@@ -61,7 +27,7 @@ FARM_ENVIRONMENT = {
 
 
 @dataclass
-class Farm:
+class Workers:
     """Real CPU worker processes under `chattts-farm worker --cpu N`, on a real Redis."""
 
     redis_url: str
@@ -69,20 +35,25 @@ class Farm:
     log_path: Path
 
     @classmethod
-    def start(cls, redis_url: str, data_dir: Path, log_path: Path, workers: int) -> "Farm":
+    def start(cls, redis_url: str, data_dir: Path, log_path: Path, count: int) -> "Workers":
         """Start the workers and wait until every one answers; they log to ``log_path``."""
-        environment = {**os.environ, **FARM_ENVIRONMENT, "CHATTTS_FARM_REDIS_URL": redis_url,
-                       "CHATTTS_FARM_DATA_DIR": str(data_dir)}
+        environment = {
+            **os.environ,
+            **WORKER_ENVIRONMENT,
+            "CHATTTS_FARM_REDIS_URL": redis_url,
+            "CHATTTS_FARM_DATA_DIR": str(data_dir),
+        }
         with log_path.open("w") as log:
-            process = subprocess.Popen([CLI, "worker", "--cpu", str(workers)],
-                                       env=environment, stdout=log, stderr=subprocess.STDOUT)
-        farm = cls(redis_url, process, log_path)
+            process = subprocess.Popen(
+                [CLI, "worker", "--cpu", str(count)], env=environment, stdout=log, stderr=subprocess.STDOUT
+            )
+        started = cls(redis_url, process, log_path)
         try:
-            farm.wait_for_workers(workers)
+            started.wait_for_workers(count)
         except BaseException:
-            farm.stop()
+            started.stop()
             raise
-        return farm
+        return started
 
     def stop(self) -> None:
         """A warm shutdown: every worker finishes its batch, and the supervisor exits cleanly."""
@@ -97,6 +68,7 @@ class Farm:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_workers(self, count: int, timeout: float = 180) -> list[str]:
+        """Wait until ``count`` workers answer a ping; their node names."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             assert self.process.poll() is None, f"the supervisor died:\n{self.log()[-3000:]}"
@@ -118,7 +90,9 @@ class Web:
         """Start it with further `chattts-farm web` ``options`` and wait until it answers."""
         process = subprocess.Popen(
             [CLI, "web", "--host", "127.0.0.1", "--port", str(port), *options],
-            env=environment, start_new_session=True, stdout=subprocess.DEVNULL,
+            env=environment,
+            start_new_session=True,
+            stdout=subprocess.DEVNULL,
         )
         web = cls(f"http://127.0.0.1:{port}", process)
         try:
@@ -151,7 +125,8 @@ class Web:
     def statuses(self, job_ids: list[str]) -> dict[str, str]:
         answers = {job_id: requests.get(f"{self.url}/api/jobs/{job_id}", timeout=30) for job_id in job_ids}
         assert all(answer.status_code == 200 for answer in answers.values()), {
-            job_id: (answer.status_code, answer.text) for job_id, answer in answers.items()}
+            job_id: (answer.status_code, answer.text) for job_id, answer in answers.items()
+        }
         return {job_id: answer.json()["status"] for job_id, answer in answers.items()}
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 from flask import Flask
 from flask_migrate import Migrate
 
+from chattts_farm.settings import Settings
 from web.models import db
-from worker.settings import Settings
 
 MIGRATIONS = str(Path(__file__).resolve().parent.parent / "migrations")
 migrate = Migrate()
@@ -31,11 +31,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS)
 
-    from web import access, errors, farm, monitoring, openai
+    from web import access, backends, errors, monitoring, openai
     from web.api import bp as api_bp
     from web.pages import bp as pages_bp
 
-    farm.init_app(app)
+    backends.init_app(app)
     errors.init_app(app)
     access.init_app(app)
     app.register_blueprint(api_bp)
@@ -48,8 +48,9 @@ def create_app(test_config: dict | None = None) -> Flask:
         response.headers.setdefault("X-Content-Type-Options", "nosniff")
         response.headers.setdefault("X-Frame-Options", "DENY")
         response.headers.setdefault("Referrer-Policy", "same-origin")
-        response.headers.setdefault("Content-Security-Policy",
-                                    "default-src 'self'; media-src 'self' blob:; frame-ancestors 'none'")
+        response.headers.setdefault(
+            "Content-Security-Policy", "default-src 'self'; media-src 'self' blob:; frame-ancestors 'none'"
+        )
         return response
 
     return app

@@ -9,7 +9,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from werkzeug.exceptions import HTTPException, ServiceUnavailable
 
-from worker.contract import InvalidRequest
+from chattts_farm.contract import InvalidRequest
 
 logger = logging.getLogger(__name__)
 

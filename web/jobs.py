@@ -10,10 +10,11 @@ from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from web import access, farm
+from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
+from web import access, backends
+from web.access import limits
 from web.errors import ApiError
 from web.models import Job, JobStatus, Voice, db, utcnow
-from worker.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
 
 logger = logging.getLogger(__name__)
 
@@ -31,8 +32,8 @@ _STATUS_OF_STATE = {
 
 def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     """Record the job, then enqueue it under the same id. A queue that cannot be reached fails the job."""
-    access.check_quota()
     api_key = access.current_key()
+    limits.check_quota(api_key)
     arguments = request.as_arguments()
     job = Job(
         id=str(uuid.uuid4()),
@@ -63,8 +64,9 @@ def enqueue(job: Job) -> None:
     """Send the job's task under the job's own id, with the arguments its row records (so the
     reconciler sends a lost job again exactly as it was first sent)."""
     voice = job.voice_embedding if job.voice_seed is None else job.voice_seed
-    farm.client().celery.send_task(TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters},
-                                   task_id=job.id, queue=DEFAULT_QUEUE)
+    backends.current().celery.send_task(
+        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id, queue=DEFAULT_QUEUE
+    )
 
 
 def visible(job_id: str) -> Job | None:
@@ -90,7 +92,7 @@ def refresh(job: Job) -> Job:
     if job.status in JobStatus.FINISHED:
         return job
     # One read of the task's state and payload together: two reads race the task's end.
-    meta = farm.client().celery.backend.get_task_meta(job.id)
+    meta = backends.current().celery.backend.get_task_meta(job.id)
     state, payload = meta["status"], meta["result"]
     status = _STATUS_OF_STATE.get(state, job.status)
     if state == PROGRESS_STATE and isinstance(payload, dict):
@@ -103,7 +105,7 @@ def refresh(job: Job) -> Job:
         job.result = {k: v for k, v in summary.items() if k != "voice_embedding"}
         job.progress = 1.0
         _finish(job, status)
-        access.record_audio(job.api_key_id, job.duration_s)
+        limits.record_audio(job.api_key_id, job.duration_s)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
         _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
     elif status != job.status:
@@ -116,7 +118,7 @@ def cancel(job: Job) -> Job:
     """Revoke an unfinished job (queued or running); a finished one is left as it is."""
     refresh(job)
     if job.status not in JobStatus.FINISHED:
-        AsyncResult(job.id, app=farm.client().celery).revoke()
+        AsyncResult(job.id, app=backends.current().celery).revoke()
         _finish(job, JobStatus.CANCELLED, error="cancelled")
     return job
 
@@ -126,7 +128,7 @@ def audio(job: Job) -> bytes:
     refresh(job)
     if job.status != JobStatus.DONE:
         raise ApiError(409, f"job {job.id} is {job.status}, not done: it has no audio")
-    data = farm.client().redis.get(job.audio_key)
+    data = backends.current().redis.get(job.audio_key)
     if data is None:
         raise ApiError(410, f"the audio of job {job.id} has expired")
     return data

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Integer, String, Table, Text, event
@@ -18,7 +18,7 @@ db = SQLAlchemy(model_class=Base)
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 @event.listens_for(Engine, "connect")

@@ -1,44 +1,27 @@
-"""Operations: /healthz, /readyz, Prometheus /metrics and the /ops page.
+"""Probes and Prometheus: /healthz, /readyz and /metrics.
 
-Workers publish their health to Redis every few seconds (see worker.runtime); queue depths are the
-lengths of the Redis lists Celery queues in; job figures come from the database.
+Worker and queue figures come from Redis (see web.farm_state); job figures come from the database.
 """
 
 from __future__ import annotations
 
-import json
-import time
+from datetime import UTC
 
-from flask import Blueprint, Response, render_template
+from flask import Blueprint, Response
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from redis.exceptions import RedisError
 from sqlalchemy import func
 
-from web import farm
+from web import backends, farm_state
 from web.models import Job, JobStatus, db
-from worker.contract import DEFAULT_QUEUE, HEARTBEAT_KEY_PREFIX
 
 bp = Blueprint("monitoring", __name__)
 
-CELERY_DEFAULT_QUEUE = "celery"
 # Latency histograms are computed over the most recent finished jobs.
 HISTOGRAM_JOBS = 10_000
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 SYNTHESIS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
-
-
-def workers() -> list[dict]:
-    client = farm.client().redis
-    keys = sorted(client.scan_iter(match=HEARTBEAT_KEY_PREFIX + "*"))
-    reports = [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []
-    return sorted(reports, key=lambda report: report["worker"])
-
-
-def queue_depths(known_workers: list[dict]) -> dict[str, int]:
-    names = [DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE] + [report["worker"].split("@")[0] for report in known_workers]
-    client = farm.client().redis
-    return {name: int(client.llen(name)) for name in names}
 
 
 @bp.get("/healthz")
@@ -50,27 +33,17 @@ def healthz():
 def readyz():
     """Ready when Redis answers and at least one worker is alive; says which model the workers run."""
     try:
-        farm.client().redis.ping()
-        alive = workers()
+        backends.current().redis.ping()
+        alive = farm_state.workers()
     except RedisError as error:
         return {"ready": False, "redis": False, "error": str(error), "workers": 0}, 503
-    body = {"ready": bool(alive), "redis": True, "workers": len(alive),
-            "models": sorted({report["model"] for report in alive})}
+    body = {
+        "ready": bool(alive),
+        "redis": True,
+        "workers": len(alive),
+        "models": sorted({report["model"] for report in alive}),
+    }
     return body, 200 if alive else 503
-
-
-@bp.get("/ops")
-def ops():
-    return render_template("ops.html")
-
-
-@bp.get("/api/ops")
-def ops_data():
-    alive = workers()
-    now = time.time()
-    for report in alive:
-        report["heartbeat_age_s"] = round(now - report.pop("heartbeat", now), 1)
-    return {"workers": alive, "queues": queue_depths(alive)}
 
 
 @bp.get("/metrics")
@@ -90,13 +63,16 @@ class _FarmCollector:
             jobs.add_metric([status], counts.get(status, 0))
         yield jobs
 
-        audio = db.session.execute(db.select(func.coalesce(func.sum(Job.duration_s), 0.0))
-                                   .where(Job.status == JobStatus.DONE)).scalar_one()
+        audio = db.session.execute(
+            db.select(func.coalesce(func.sum(Job.duration_s), 0.0)).where(Job.status == JobStatus.DONE)
+        ).scalar_one()
         yield CounterMetricFamily("chattts_audio_seconds", "Seconds of audio produced", value=float(audio))
 
         recent = db.session.execute(
-            db.select(Job.created_at, Job.result).where(Job.status == JobStatus.DONE)
-            .order_by(Job.finished_at.desc()).limit(HISTOGRAM_JOBS)
+            db.select(Job.created_at, Job.result)
+            .where(Job.status == JobStatus.DONE)
+            .order_by(Job.finished_at.desc())
+            .limit(HISTOGRAM_JOBS)
         ).all()
         waits, synthesis = [], []
         for created_at, result in recent:
@@ -104,12 +80,13 @@ class _FarmCollector:
                 waits.append(max(0.0, result["started_at"] - _epoch(created_at)))
                 synthesis.append(max(0.0, result["finished_at"] - result["started_at"]))
         yield _histogram("chattts_queue_wait_seconds", "From submission to the start of synthesis", waits, WAIT_BUCKETS)
-        yield _histogram("chattts_synthesis_seconds", "From the start of synthesis to the result", synthesis,
-                         SYNTHESIS_BUCKETS)
+        yield _histogram(
+            "chattts_synthesis_seconds", "From the start of synthesis to the result", synthesis, SYNTHESIS_BUCKETS
+        )
 
         try:
-            alive = workers()
-            depths = queue_depths(alive)
+            alive = farm_state.workers()
+            depths = farm_state.queue_depths(alive)
         except RedisError:
             alive, depths = [], {}
         queues = GaugeMetricFamily("chattts_queue_depth", "Jobs waiting in each queue", labels=["queue"])
@@ -117,11 +94,17 @@ class _FarmCollector:
             queues.add_metric([name], depth)
         yield queues
         yield GaugeMetricFamily("chattts_workers_online", "Workers with a fresh heartbeat", value=len(alive))
-        batch = GaugeMetricFamily("chattts_worker_batch_size", "Jobs in the batch a worker runs now (last: last batch)",
-                                  labels=["worker", "which"])
-        peak = GaugeMetricFamily("chattts_gpu_peak_allocated_bytes", "Peak GPU memory allocated", labels=["worker", "gpu"])
-        fragmentation = GaugeMetricFamily("chattts_gpu_fragmentation_ratio", "1 - allocated / reserved GPU memory",
-                                          labels=["worker", "gpu"])
+        batch = GaugeMetricFamily(
+            "chattts_worker_batch_size",
+            "Jobs in the batch a worker runs now (last: last batch)",
+            labels=["worker", "which"],
+        )
+        peak = GaugeMetricFamily(
+            "chattts_gpu_peak_allocated_bytes", "Peak GPU memory allocated", labels=["worker", "gpu"]
+        )
+        fragmentation = GaugeMetricFamily(
+            "chattts_gpu_fragmentation_ratio", "1 - allocated / reserved GPU memory", labels=["worker", "gpu"]
+        )
         for report in alive:
             batch.add_metric([report["worker"], "current"], report["current_batch"])
             batch.add_metric([report["worker"], "last"], report.get("last_batch_size", 0))
@@ -135,9 +118,8 @@ class _FarmCollector:
 
 
 def _epoch(moment) -> float:
-    from datetime import timezone
 
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _histogram(name: str, documentation: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:

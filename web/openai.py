@@ -12,11 +12,11 @@ import wave
 
 from flask import Blueprint, Response, current_app
 
+from chattts_farm.contract import InvalidRequest, SynthesisRequest
 from web import jobs, voices
-from web.body import json_object
 from web.errors import ApiError
+from web.json_body import json_object
 from web.models import JobStatus, Voice
-from worker.contract import InvalidRequest, SynthesisRequest
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -61,19 +61,28 @@ def speech():
     settings = current_app.config["SETTINGS"]
     try:
         synthesis = SynthesisRequest.from_arguments(
-            {"text": text, "voice": voice.spk_emb if isinstance(voice, Voice) else voice, "format": farm_format,
-             "speed": chattts_speed(speed)},
+            {
+                "text": text,
+                "voice": voice.spk_emb if isinstance(voice, Voice) else voice,
+                "format": farm_format,
+                "speed": chattts_speed(speed),
+            },
             max_text_chars=settings.max_text_chars,
         )
     except InvalidRequest as error:
         # The farm calls it text; this API calls it input.
-        raise ApiError(400, f"input: {error.message}" if error.field == "text" else str(error),
-                       "input" if error.field == "text" else error.field) from None
+        raise ApiError(
+            400,
+            f"input: {error.message}" if error.field == "text" else str(error),
+            "input" if error.field == "text" else error.field,
+        ) from None
     job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
     deadline = time.monotonic() + WAIT_TIMEOUT_S
     while jobs.refresh(job).status not in JobStatus.FINISHED:
         if time.monotonic() > deadline:
-            raise ApiError(504, f"job {job.id} did not finish in {WAIT_TIMEOUT_S} s; it goes on: GET /api/jobs/{job.id}")
+            raise ApiError(
+                504, f"job {job.id} did not finish in {WAIT_TIMEOUT_S} s; it goes on: GET /api/jobs/{job.id}"
+            )
         time.sleep(POLL_S)
     if job.status != JobStatus.DONE:
         # 502: the request was valid; the worker behind this endpoint failed it (or it was cancelled).

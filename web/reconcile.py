@@ -12,22 +12,21 @@ import json
 import logging
 from datetime import timedelta
 
-from web import farm, jobs
+from chattts_farm import redis_keys
+from web import backends, jobs
 from web.models import Job, JobStatus, db, utcnow
 
 logger = logging.getLogger(__name__)
 
-# Kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
-UNACKED_HASH = "unacked"
 # A job younger than this may be between its database row and its message: leave it alone.
 GRACE = timedelta(seconds=10)
 
 
 def _queued_ids() -> set[str]:
     """Ids of every task message in any queue list or delivered-but-unacknowledged."""
-    client = farm.client().redis
+    client = backends.current().redis
     ids: set[str] = set()
-    raw_messages = list(client.hvals(UNACKED_HASH))
+    raw_messages = list(client.hvals(redis_keys.UNACKED_HASH))
     for key in client.scan_iter(_type="list"):
         raw_messages.extend(client.lrange(key, 0, -1))
     for raw in raw_messages:
@@ -44,16 +43,22 @@ def _queued_ids() -> set[str]:
 
 
 def lost_jobs() -> list[Job]:
-    unfinished = db.session.execute(
-        db.select(Job).where(Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
-                             Job.created_at < utcnow() - GRACE)
-    ).scalars().all()
+    unfinished = (
+        db.session.execute(
+            db.select(Job).where(
+                Job.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)), Job.created_at < utcnow() - GRACE
+            )
+        )
+        .scalars()
+        .all()
+    )
     if not unfinished:
         return []
     present = _queued_ids()
-    backend = farm.client().celery.backend
-    return [job for job in unfinished
-            if job.id not in present and backend.get_task_meta(job.id).get("status") == "PENDING"]
+    backend = backends.current().celery.backend
+    return [
+        job for job in unfinished if job.id not in present and backend.get_task_meta(job.id).get("status") == "PENDING"
+    ]
 
 
 def reconcile() -> list[str]:

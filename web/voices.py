@@ -6,16 +6,16 @@ from typing import Any
 
 from sqlalchemy import or_
 
-from web import farm
-from web.errors import ApiError
-from web.models import Job, JobStatus, Tag, Voice, db
-from worker.contract import (
+from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     MAX_SEED,
     InvalidRequest,
     SynthesisRequest,
     parse_voice,
 )
+from web import backends
+from web.errors import ApiError
+from web.models import Job, JobStatus, Tag, Voice, db
 
 EMBEDDING_TIMEOUT_S = 60
 # Row ids are SQLite integers, 64-bit: a larger number names no voice (and cannot even be looked up).
@@ -118,11 +118,14 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
     if kept is not None:
         jobs.refresh(kept)
         usable = kept.status in (JobStatus.QUEUED, JobStatus.RUNNING) or (
-            kept.status == JobStatus.DONE and farm.client().redis.exists(kept.audio_key))
+            kept.status == JobStatus.DONE and backends.current().redis.exists(kept.audio_key)
+        )
         if usable:
             return kept
-    job = jobs.submit(SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb},
-                                                      max_text_chars=max_text_chars), voice)
+    job = jobs.submit(
+        SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb}, max_text_chars=max_text_chars),
+        voice,
+    )
     voice.preview_job_id = job.id
     db.session.commit()
     return job
@@ -140,16 +143,25 @@ def from_job(job: Job, fields: dict[str, Any]) -> Voice:
         raise ApiError(400, f"{given[0]} comes from the job: give only the voice's name and details", given[0])
     if not job.voice_embedding:
         raise ApiError(409, f"job {job.id} has not reported its voice yet (it is {job.status})")
-    return create({**fields, "spk_emb": job.voice_embedding} if job.voice_seed is None else
-                  {**fields, "seed": job.voice_seed})
+    return create(
+        {**fields, "spk_emb": job.voice_embedding} if job.voice_seed is None else {**fields, "seed": job.voice_seed}
+    )
 
 
 def describe(voice: Voice) -> dict[str, Any]:
     return {
-        "id": voice.id, "name": voice.name, "seed": voice.seed, "spk_emb": voice.spk_emb,
-        "tags": [tag.name for tag in voice.tags], "description": voice.description, "gender": voice.gender,
-        "age": voice.age, "rating": voice.rating, "favourite": voice.favourite,
-        "created_at": voice.created_at.isoformat(), "updated_at": voice.updated_at.isoformat(),
+        "id": voice.id,
+        "name": voice.name,
+        "seed": voice.seed,
+        "spk_emb": voice.spk_emb,
+        "tags": [tag.name for tag in voice.tags],
+        "description": voice.description,
+        "gender": voice.gender,
+        "age": voice.age,
+        "rating": voice.rating,
+        "favourite": voice.favourite,
+        "created_at": voice.created_at.isoformat(),
+        "updated_at": voice.updated_at.isoformat(),
     }
 
 
@@ -176,8 +188,11 @@ def import_(entries: Any) -> dict[str, list[str]]:
             skipped.append(name)
             continue
         fields = {k: v for k, v in entry.items() if k not in ("seed", "spk_emb")}
-        voice = Voice(name=name, seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
-                      spk_emb=_embedding(entry["spk_emb"]))
+        voice = Voice(
+            name=name,
+            seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
+            spk_emb=_embedding(entry["spk_emb"]),
+        )
         update(voice, {k: v for k, v in fields.items() if k != "name"}, commit=False)
         db.session.add(voice)
         added.append(name)
@@ -188,11 +203,17 @@ def import_(entries: Any) -> dict[str, list[str]]:
 def embedding_for_seed(seed: int) -> str:
     """Ask a worker: deriving an embedding from a seed needs the model, which the web app never loads."""
     try:
-        return farm.client().celery.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed}).get(
-            timeout=EMBEDDING_TIMEOUT_S)
+        return (
+            backends.current()
+            .celery.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed})
+            .get(timeout=EMBEDDING_TIMEOUT_S)
+        )
     except Exception as error:  # noqa: BLE001 - any failure here means no worker could answer
-        raise ApiError(503, f"no worker answered for the embedding of seed {seed} ({error}); "
-                            "start workers or give spk_emb instead", "seed") from None
+        raise ApiError(
+            503,
+            f"no worker answered for the embedding of seed {seed} ({error}); start workers or give spk_emb instead",
+            "seed",
+        ) from None
 
 
 def normalise_tags(tags: list[str]) -> list[str]:

@@ -7,7 +7,7 @@ import io
 import numpy as np
 import soundfile
 
-from worker.contract import MIME_TYPES
+from chattts_farm.contract import MIME_TYPES
 
 # (libsndfile container, codec) per format. Ogg carries Opus: the smallest files at speech quality.
 _CODECS = {

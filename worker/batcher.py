@@ -3,7 +3,7 @@
 Celery runs each job in its own thread (the worker's threads pool, one thread per job the process
 holds); every thread hands its request to the process's single :class:`Batcher` and waits. The
 batcher owns the model and the GPU: it takes every job that is waiting when it becomes free (up to
-``batch_jobs``), synthesises them in one :meth:`Synthesizer.synthesize` call, and hands each thread
+``max_jobs_in_flight``), synthesises them in one :meth:`Synthesizer.synthesize` call, and hands each thread
 its own result or error. One process, one model, one batch on the GPU at a time.
 """
 
@@ -17,14 +17,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from worker.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
+from chattts_farm.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
 from worker.synthesis import SynthesisResult, Synthesizer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class Job:
+class JobHandle:
+    """What a worker holds for one job: its request, and what the job's thread waits on and reads."""
+
     request: SynthesisRequest
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # monotonic, for time limits
@@ -47,8 +49,16 @@ class BatcherStats:
 
 
 class Batcher:
-    def __init__(self, synthesizer: Synthesizer, *, max_jobs: int, window_s: float, soft_limit_s: float,
-                 hard_limit_s: float, is_revoked: Callable[[str], bool]):
+    def __init__(
+        self,
+        synthesizer: Synthesizer,
+        *,
+        max_jobs: int,
+        window_s: float,
+        soft_limit_s: float,
+        hard_limit_s: float,
+        is_revoked: Callable[[str], bool],
+    ):
         self.synthesizer = synthesizer
         self.max_jobs = max_jobs
         self.window_s = window_s
@@ -56,7 +66,7 @@ class Batcher:
         self.hard_limit_s = hard_limit_s
         self.is_revoked = is_revoked
         self.stats = BatcherStats()
-        self._waiting: queue.Queue[Job] = queue.Queue()
+        self._waiting: queue.Queue[JobHandle] = queue.Queue()
         self._batch_started: float | None = None
         self._thread = threading.Thread(target=self._serve, name="batcher", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="batcher-watchdog", daemon=True)
@@ -65,17 +75,17 @@ class Batcher:
         self._thread.start()
         self._watchdog.start()
 
-    def submit(self, request: SynthesisRequest) -> Job:
-        job = Job(request)
-        self._waiting.put(job)
-        return job
+    def submit(self, request: SynthesisRequest) -> JobHandle:
+        handle = JobHandle(request)
+        self._waiting.put(handle)
+        return handle
 
     def _serve(self) -> None:
         while True:
             batch = self._gather()
             self._run(batch)
 
-    def _gather(self) -> list[Job]:
+    def _gather(self) -> list[JobHandle]:
         """Block for one job, then take whatever else arrives within the window, up to max_jobs."""
         batch = [self._waiting.get()]
         deadline = time.monotonic() + self.window_s
@@ -86,27 +96,27 @@ class Batcher:
                 break
         return batch
 
-    def _run(self, batch: list[Job]) -> None:
+    def _run(self, batch: list[JobHandle]) -> None:
         live = []
-        for job in batch:
-            if self.is_revoked(job.request.request_id):
-                job.finish(JobCancelled(f"job {job.request.request_id} was revoked"))
+        for handle in batch:
+            if self.is_revoked(handle.request.request_id):
+                handle.finish(JobCancelled(f"job {handle.request.request_id} was revoked"))
             else:
-                live.append(job)
+                live.append(handle)
         if not live:
             return
         started = time.monotonic()
-        for job in live:
-            job.started_at = started
-            job.started_wall = time.time()
+        for handle in live:
+            handle.started_at = started
+            handle.started_wall = time.time()
         timed_out: set[int] = set()
 
         def cancelled() -> set[int]:
             now = time.monotonic()
-            for index, job in enumerate(live):
-                if now - job.started_at > self.soft_limit_s:
+            for index, handle in enumerate(live):
+                if now - handle.started_at > self.soft_limit_s:
                     timed_out.add(index)
-            return timed_out | {i for i, job in enumerate(live) if self.is_revoked(job.request.request_id)}
+            return timed_out | {i for i, handle in enumerate(live) if self.is_revoked(handle.request.request_id)}
 
         def on_progress(index: int, fraction: float, done: int, total: int) -> None:
             live[index].progress = {"progress": round(fraction, 3), "segment": done, "segments": total}
@@ -119,16 +129,18 @@ class Batcher:
         finally:
             self._batch_started = None
             self.stats.current_batch = 0
-        for index, (job, outcome) in enumerate(zip(live, outcomes)):
+        for index, (handle, outcome) in enumerate(zip(live, outcomes, strict=True)):
             if index in timed_out and isinstance(outcome, JobCancelled):
-                outcome = JobTimeout(f"job {job.request.request_id} ran past the soft time limit of "
-                                     f"{self.soft_limit_s:.0f} s and was stopped")
-            job.finish(outcome)
+                outcome = JobTimeout(
+                    f"job {handle.request.request_id} ran past the soft time limit of "
+                    f"{self.soft_limit_s:.0f} s and was stopped"
+                )
+            handle.finish(outcome)
         self.stats.batches += 1
         self.stats.jobs_done += len(live)
         self.stats.last_batch_size = len(live)
 
-    def _synthesize_isolating(self, jobs: list[Job], on_progress, cancelled) -> list:
+    def _synthesize_isolating(self, handles: list[JobHandle], on_progress, cancelled) -> list:
         """Synthesise jobs together; when the batch fails, split it in halves and try each again.
 
         A CUDA out-of-memory error frees the cached memory first, so smaller batches fit. A job that
@@ -136,17 +148,18 @@ class Batcher:
         mates complete.
         """
         try:
-            return self.synthesizer.synthesize([job.request for job in jobs], on_progress=on_progress,
-                                               cancelled=cancelled)
+            return self.synthesizer.synthesize(
+                [handle.request for handle in handles], on_progress=on_progress, cancelled=cancelled
+            )
         except Exception as error:  # noqa: BLE001 - any failure of the batch is isolated below
-            if len(jobs) == 1:
-                logger.error("job %s failed: %r", jobs[0].request.request_id, error)
+            if len(handles) == 1:
+                logger.error("job %s failed: %r", handles[0].request.request_id, error)
                 return [SynthesisFailed(f"synthesis failed: {error!r}")]
-            logger.warning("batch of %d job(s) failed (%r): splitting it", len(jobs), error)
+            logger.warning("batch of %d job(s) failed (%r): splitting it", len(handles), error)
             _free_cuda_cache(error)
-        half = len(jobs) // 2
+        half = len(handles) // 2
         outcomes = []
-        for offset, part in ((0, jobs[:half]), (half, jobs[half:])):
+        for offset, part in ((0, handles[:half]), (half, handles[half:])):
 
             def part_progress(index, fraction, done, total, offset=offset):
                 on_progress(offset + index, fraction, done, total)
@@ -164,8 +177,11 @@ class Batcher:
             time.sleep(1.0)
             started = self._batch_started
             if started is not None and time.monotonic() - started > self.hard_limit_s:
-                logger.critical("a batch has run for more than %.0f s (the hard time limit): exiting so the "
-                                "supervisor restarts this worker", self.hard_limit_s)
+                logger.critical(
+                    "a batch has run for more than %.0f s (the hard time limit): exiting so the "
+                    "supervisor restarts this worker",
+                    self.hard_limit_s,
+                )
                 os._exit(70)
 
 

@@ -2,7 +2,7 @@
 
 - ``huggingface`` (default): the real weights through ChatTTS's own loader (HF cache, else download).
 - ``local:<dir>``: real weights in a folder, checked against ChatTTS's own sha256 map.
-- ``synthetic-tiny`` / ``synthetic-full``: random weights in ChatTTS's layout (see :mod:`worker.assets`),
+- ``synthetic-tiny`` / ``synthetic-full``: random weights in ChatTTS's layout (see :mod:`worker.synthetic_assets`),
   built into the data dir on first use.
 - ``auto``: real weights when they can be had, else ``synthetic-tiny`` with a loud warning.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 
-from worker.contract import ModelUnavailable
-from worker.settings import Settings
+from chattts_farm.contract import ModelUnavailable
+from chattts_farm.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ class ModelInfo:
 
 @dataclass
 class LoadedModel:
-    chat: "ChatTTS.Chat"  # noqa: F821 - imported lazily, ChatTTS is heavy
+    chat: ChatTTS.Chat  # noqa: F821 - imported lazily, ChatTTS is heavy
     info: ModelInfo
     device: torch.device
 
@@ -71,15 +71,20 @@ def load_model(settings: Settings, *, progress: Callable[[str, int, int], None] 
         try:
             return load_model_from(chat, "huggingface", settings, device, progress)
         except ModelUnavailable as error:
-            logger.warning("!!! No real ChatTTS weights (%s). Falling back to RANDOM synthetic-tiny weights: "
-                           "the audio will be noise, not speech. !!!", error)
-            return load_model_from(ChatTTS.Chat(logging.getLogger("ChatTTS")), "synthetic-tiny", settings,
-                                   device, progress)
+            logger.warning(
+                "!!! No real ChatTTS weights (%s). Falling back to RANDOM synthetic-tiny weights: "
+                "the audio will be noise, not speech. !!!",
+                error,
+            )
+            return load_model_from(
+                ChatTTS.Chat(logging.getLogger("ChatTTS")), "synthetic-tiny", settings, device, progress
+            )
     return load_model_from(chat, source, settings, device, progress)
 
 
-def load_model_from(chat, source: str, settings: Settings, device: torch.device,
-                    progress: Callable[[str, int, int], None] | None) -> LoadedModel:
+def load_model_from(
+    chat, source: str, settings: Settings, device: torch.device, progress: Callable[[str, int, int], None] | None
+) -> LoadedModel:
     if source == "huggingface":
         if not chat.load(source="huggingface", device=device):
             raise ModelUnavailable(
@@ -98,19 +103,19 @@ def load_model_from(chat, source: str, settings: Settings, device: torch.device,
             )
         kind, scale = "real", None
     elif source in ("synthetic-tiny", "synthetic-full"):
-        from worker.assets import asset_paths, ensure_synthetic_assets, synthetic_config
+        from worker.synthetic_assets import asset_paths, ensure_synthetic_assets, synthetic_config
 
         scale = source.removeprefix("synthetic-")
         root = ensure_synthetic_assets(settings.data_dir, scale, progress=progress)
         chat.config = synthetic_config(scale)
         if not chat._load(device=device, **asset_paths(root)):
-            raise ModelUnavailable(f"the synthetic {scale} assets in {root} did not load; delete the folder "
-                                   "to have them built again")
+            raise ModelUnavailable(
+                f"the synthetic {scale} assets in {root} did not load; delete the folder to have them built again"
+            )
         kind = "synthetic"
     else:
         raise ModelUnavailable(
-            f"unknown model source {source!r}: use huggingface, local:<dir>, synthetic-tiny, synthetic-full "
-            "or auto"
+            f"unknown model source {source!r}: use huggingface, local:<dir>, synthetic-tiny, synthetic-full or auto"
         )
 
     if device.type == "cuda":

@@ -18,9 +18,9 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
+from chattts_farm import redis_keys
+from chattts_farm.settings import Settings
 from worker.batcher import Batcher
-from worker.contract import HEARTBEAT_INTERVAL_S, HEARTBEAT_KEY_PREFIX, HEARTBEAT_TTL_S
-from worker.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -37,13 +37,15 @@ class WorkerRuntime:
 
     def beat(self) -> None:
         """Publish this worker's health to Redis every few seconds, for the ops page and /metrics."""
-        key = HEARTBEAT_KEY_PREFIX + self.hostname
+        key = redis_keys.heartbeat(self.hostname)
         while True:
             try:
-                self.redis.set(key, json.dumps({**self.health(), "heartbeat": time.time()}), ex=HEARTBEAT_TTL_S)
+                self.redis.set(
+                    key, json.dumps({**self.health(), "heartbeat": time.time()}), ex=redis_keys.HEARTBEAT_TTL_S
+                )
             except redis.RedisError as error:
                 logger.warning("heartbeat not published: %s", error)
-            time.sleep(HEARTBEAT_INTERVAL_S)
+            time.sleep(redis_keys.HEARTBEAT_INTERVAL_S)
 
     def health(self) -> dict:
         """Model kind, device, dtype, GPU name and memory, and how busy this worker is."""
@@ -56,7 +58,7 @@ class WorkerRuntime:
             "host": socket.gethostname(),
             "model": model.info.kind,
             "model_info": model.info.as_dict(),
-            "batch_jobs": self.batcher.max_jobs,
+            "batch_jobs": self.batcher.max_jobs,  # the health answer keeps its published name
             "batches": self.batcher.stats.batches,
             "jobs_done": self.batcher.stats.jobs_done,
             "current_batch": self.batcher.stats.current_batch,
@@ -94,8 +96,11 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     _warn_unless_noeviction(client)
     synthesizer = Synthesizer.load(settings)
     batcher = Batcher(
-        synthesizer, max_jobs=settings.batch_jobs, window_s=settings.worker_batch_window_ms / 1000,
-        soft_limit_s=settings.task_soft_time_limit_s, hard_limit_s=settings.task_time_limit_s,
+        synthesizer,
+        max_jobs=settings.max_jobs_in_flight,
+        window_s=settings.gather_window_ms / 1000,
+        soft_limit_s=settings.task_soft_time_limit_s,
+        hard_limit_s=settings.task_time_limit_s,
         is_revoked=is_revoked,
     )
     batcher.start()
@@ -119,9 +124,15 @@ def redis_client(settings: Settings) -> redis.Redis:
     restart (retried for about REDIS_OUTAGE_S) instead of failing a job whose audio is made.
     """
     retry = Retry(ExponentialBackoff(cap=1.0, base=0.05), retries=REDIS_OUTAGE_S)
-    return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
-        settings.redis_url, max_connections=settings.batch_jobs + 8, timeout=60, retry=retry,
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError]))
+    return redis.Redis(
+        connection_pool=redis.BlockingConnectionPool.from_url(
+            settings.redis_url,
+            max_connections=settings.max_jobs_in_flight + 8,
+            timeout=60,
+            retry=retry,
+            retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        )
+    )
 
 
 def _warn_unless_noeviction(client: redis.Redis) -> None:
@@ -131,5 +142,8 @@ def _warn_unless_noeviction(client: redis.Redis) -> None:
     except redis.ResponseError:  # CONFIG may be disabled on managed Redis
         return
     if policy != "noeviction":
-        logger.warning("!!! Redis maxmemory-policy is %r; set it to noeviction, or Redis may drop queued jobs "
-                       "and results under memory pressure !!!", policy)
+        logger.warning(
+            "!!! Redis maxmemory-policy is %r; set it to noeviction, or Redis may drop queued jobs "
+            "and results under memory pressure !!!",
+            policy,
+        )

@@ -50,8 +50,19 @@ def uniform_noise(seed: torch.Tensor, step: int, codebooks: int, vocab: int) -> 
     return (mixed.double() + 0.5) / 2.0**32
 
 
-def sample(logits: torch.Tensor, history: torch.Tensor, sampling: RowSampling, step: int,
-           eos_token: int, eos_blocked: torch.Tensor) -> torch.Tensor:
+def segment_seed(audio_seed: int, segment: int, attempt: int = 0) -> int:
+    """The sampling seed of one segment of a request: distinct per segment and per quality retry."""
+    return (audio_seed + segment * 0x9E3779B1 + attempt * 0x85EBCA6B) & _MASK32
+
+
+def sample(
+    logits: torch.Tensor,
+    history: torch.Tensor,
+    sampling: RowSampling,
+    step: int,
+    eos_token: int,
+    eos_blocked: torch.Tensor,
+) -> torch.Tensor:
     """Draw the next token of each (row, codebook).
 
     logits: (rows, codebooks, vocab) float32; history: (rows, steps, codebooks) tokens generated so

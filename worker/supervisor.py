@@ -17,12 +17,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from worker.contract import DEFAULT_QUEUE, worker_queue
-from worker.settings import Settings
+from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, worker_queue
+from chattts_farm.settings import Settings
+from worker.cuda import configure_allocator
 
 logger = logging.getLogger(__name__)
 
-CELERY_DEFAULT_QUEUE = "celery"
 # A child that lived this long counts as healthy again: its next crash restarts it quickly.
 HEALTHY_AFTER_S = 60.0
 MAX_BACKOFF_S = 60.0
@@ -38,8 +38,13 @@ def list_gpus() -> list[int]:
     if nvidia_smi is None:
         return []
     try:
-        listing = subprocess.run([nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=30, check=True).stdout
+        listing = subprocess.run(
+            [nvidia_smi, "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return []
     return [int(line) for line in listing.split() if line.strip().isdigit()]
@@ -56,13 +61,28 @@ class WorkerSpec:
 
     def command(self, settings: Settings, loglevel: str) -> list[str]:
         return [
-            sys.executable, "-m", "celery", "-A", "worker.celery_app", "worker",
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker.celery_app",
+            "worker",
             # One process, one model: the threads pool gives each held job a thread that waits for
-            # the process's batcher, so `batch_jobs` threads are the batching window.
-            "--pool", "threads", "--concurrency", str(settings.batch_jobs),
+            # the process's batcher, so `max_jobs_in_flight` threads are the batching window.
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(settings.max_jobs_in_flight),
             # Celery's own default queue too: a plain client's send_task without routing lands there.
-            "--hostname", f"{self.name}@%h", "--queues", f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.name}",
-            "--prefetch-multiplier", "1", "--task-events", "--loglevel", loglevel,
+            "--hostname",
+            f"{self.name}@%h",
+            "--queues",
+            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.name}",
+            "--prefetch-multiplier",
+            "1",
+            "--task-events",
+            "--loglevel",
+            loglevel,
         ]
 
     def environment(self) -> dict[str, str]:
@@ -73,7 +93,7 @@ class WorkerSpec:
         else:
             environment["CUDA_VISIBLE_DEVICES"] = ""
             environment["CHATTTS_FARM_DEVICE"] = "cpu"
-        environment.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+        configure_allocator(environment)
         return environment
 
 
@@ -136,8 +156,14 @@ class Supervisor:
             lived = now - child.started_at
             child.failures = 1 if lived > HEALTHY_AFTER_S else child.failures + 1
             delay = min(MAX_BACKOFF_S, 2 ** (child.failures - 1))
-            logger.warning("worker %s (pid %d) exited with %s after %.0f s; restarting in %.0f s",
-                           child.spec.name, child.process.pid, code, lived, delay)
+            logger.warning(
+                "worker %s (pid %d) exited with %s after %.0f s; restarting in %.0f s",
+                child.spec.name,
+                child.process.pid,
+                code,
+                lived,
+                delay,
+            )
             child.process = None
             child.restart_at = now + delay
 

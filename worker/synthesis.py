@@ -5,7 +5,7 @@ Plain Python: no Celery, no Flask. Tasks, the CLI and the benchmark are thin ada
 
 One :meth:`Synthesizer.synthesize` call runs every request it is given together: each request's text
 is split into segments, all segments of all requests are generated in as few batched GPT passes as
-``max_batch`` allows (every sampling setting is per row, so any requests can share a pass), decoded,
+``max_rows_per_pass`` allows (every sampling setting is per row, so any requests can share a pass), decoded,
 checked by the quality gate, joined and encoded. A bad request gets its own error; the others go on.
 """
 
@@ -20,21 +20,23 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import torch
 
-from worker import audio, generation, quality, voices
-from worker.contract import (
+from chattts_farm.contract import (
     MIME_TYPES,
     FarmError,
     InvalidRequest,
     JobCancelled,
     SynthesisRequest,
 )
+from chattts_farm.settings import Settings
+from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
+from worker import audio, generation, quality, voices
+from worker.generation import Segment
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
-from worker.settings import Settings
-from worker.text import NOTHING_SPEAKABLE, is_speakable, split_segments
+from worker.sampling import segment_seed
+from worker.segmenting import split_segments
 
 logger = logging.getLogger(__name__)
 
-_MASK32 = 0xFFFFFFFF
 # Progress callbacks fire at most this often, however fast the steps are.
 PROGRESS_INTERVAL_S = 0.5
 
@@ -70,29 +72,13 @@ class SynthesisResult:
 
 
 @dataclass
-class _Segment:
-    request: int
-    index: int
-    text: str
-    seed: int
-    expected_tokens: int
-    output: generation.RowOutput | None = None
-    samples: np.ndarray | None = None
-    quality: quality.SegmentQuality | None = None
+class _PreparedRequest:
+    """A request split into segments, with its voice resolved and its audio seed drawn."""
 
-
-@dataclass
-class _Job:
     request: SynthesisRequest
     seed: int
     embedding: str
-    speaker: torch.Tensor
-    segments: list[_Segment]
-
-
-def segment_seed(audio_seed: int, segment: int, attempt: int = 0) -> int:
-    """The sampling seed of one segment: distinct per segment and per quality retry."""
-    return (audio_seed + segment * 0x9E3779B1 + attempt * 0x85EBCA6B) & _MASK32
+    segments: list[Segment]
 
 
 class Synthesizer:
@@ -117,40 +103,46 @@ class Synthesizer:
             raise outcome
         logger.info("warmed up in %.2f s", time.perf_counter() - started)
 
-    def synthesize(self, requests: Sequence[SynthesisRequest], *, on_progress: ProgressCallback | None = None,
-                   cancelled: CancelledCheck | None = None) -> list[SynthesisResult | FarmError]:
+    def synthesize(
+        self,
+        requests: Sequence[SynthesisRequest],
+        *,
+        on_progress: ProgressCallback | None = None,
+        cancelled: CancelledCheck | None = None,
+    ) -> list[SynthesisResult | FarmError]:
         """Synthesise all requests together; each gets a result or its own error, in order."""
         started = time.perf_counter()
         self._reset_memory_stats()
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
-        jobs: dict[int, _Job] = {}
+        prepared: dict[int, _PreparedRequest] = {}
         for index, request in enumerate(requests):
             try:
-                jobs[index] = self._prepare(index, request)
+                prepared[index] = self._prepare(index, request)
             except InvalidRequest as error:
                 logger.info("request %s refused: %s", request.request_id, error)
                 outcomes[index] = error
-        self._refine(jobs)
-        prepared = time.perf_counter()
+        self._refine(prepared)
+        text_done = time.perf_counter()
 
         stopped: set[int] = set()
-        timings = {"text_s": prepared - started, "generate_s": 0.0, "decode_s": 0.0}
-        self._generate(jobs, on_progress, cancelled, stopped, timings)
+        timings = {"text_s": text_done - started, "generate_s": 0.0, "decode_s": 0.0}
+        self._generate(prepared, on_progress, cancelled, stopped, timings)
         for index in stopped:
             outcomes[index] = JobCancelled(f"request {requests[index].request_id} was cancelled")
-            del jobs[index]
+            del prepared[index]
 
         memory = self._memory_report()
-        for index, job in jobs.items():
-            outcomes[index] = self._finish(job, len(requests), timings, memory)
+        for index, entry in prepared.items():
+            outcomes[index] = self._finish(entry, len(requests), timings, memory)
             if on_progress is not None:
-                on_progress(index, 1.0, len(job.segments), len(job.segments))
+                on_progress(index, 1.0, len(entry.segments), len(entry.segments))
         return outcomes
 
-    def _prepare(self, index: int, request: SynthesisRequest) -> _Job:
+    def _prepare(self, index: int, request: SynthesisRequest) -> _PreparedRequest:
         if len(request.text) > self.settings.max_text_chars:
-            raise InvalidRequest("text", f"has {len(request.text)} characters; the maximum is "
-                                         f"{self.settings.max_text_chars}")
+            raise InvalidRequest(
+                "text", f"has {len(request.text)} characters; the maximum is {self.settings.max_text_chars}"
+            )
         embedding, speaker = voices.resolve(self.model.chat.speaker, request.voice)
         audio_seed = request.seed if request.seed is not None else secrets.randbits(32)
         texts = [self._normalise(piece) for piece in split_segments(request.text, self.settings.max_segment_chars)]
@@ -158,141 +150,160 @@ class Synthesizer:
         if not texts:
             raise InvalidRequest("text", NOTHING_SPEAKABLE)
         segments = [
-            _Segment(index, number, text, segment_seed(audio_seed, number),
-                     quality.expected_tokens(text, request.speed))
+            Segment(
+                owner=index,
+                index=number,
+                text=text,
+                request=request,
+                speaker=speaker,
+                seed=segment_seed(audio_seed, number),
+                expected_tokens=quality.expected_tokens(text, request.speed),
+                max_tokens=self.settings.max_new_tokens,
+                pinned=self.model.is_synthetic,
+            )
             for number, text in enumerate(texts)
         ]
-        return _Job(request, audio_seed, embedding, speaker, segments)
+        return _PreparedRequest(request, audio_seed, embedding, segments)
 
     def _normalise(self, text: str) -> str:
         return self.model.chat.normalizer(text, do_text_normalization=True, do_homophone_replacement=True).strip()
 
-    def _refine(self, jobs: dict[int, _Job]) -> None:
+    def _refine(self, prepared: dict[int, _PreparedRequest]) -> None:
         """Run ChatTTS's refine-text step on the segments of the requests that asked for it.
 
         ChatTTS refines a list of texts under one prompt, so requests are grouped by their levels.
         """
         import ChatTTS
 
-        groups: dict[str, list[_Segment]] = {}
-        for job in jobs.values():
-            if job.request.refine_text is not None:
-                groups.setdefault(job.request.refine_text.prompt, []).extend(job.segments)
+        groups: dict[str, list[Segment]] = {}
+        for entry in prepared.values():
+            if entry.request.refine_text is not None:
+                groups.setdefault(entry.request.refine_text.prompt, []).extend(entry.segments)
         chat = self.model.chat
         for prompt, segments in groups.items():
             texts = [segment.text for segment in segments]
             # Random weights never end a text on their own: the length rule pins it to the input's length.
-            pinned = max(len(chat.tokenizer._tokenizer.tokenize(text)) for text in texts) if self.model.is_synthetic else 0
-            params = ChatTTS.Chat.RefineTextParams(
-                prompt=prompt, show_tqdm=False, manual_seed=jobs[segments[0].request].seed,
-                min_new_token=pinned, max_new_token=pinned or 384,
+            pinned = (
+                max(len(chat.tokenizer._tokenizer.tokenize(text)) for text in texts) if self.model.is_synthetic else 0
             )
-            for chunk_start in range(0, len(texts), self.settings.max_batch):
-                chunk = segments[chunk_start:chunk_start + self.settings.max_batch]
+            params = ChatTTS.Chat.RefineTextParams(
+                prompt=prompt,
+                show_tqdm=False,
+                manual_seed=prepared[segments[0].owner].seed,
+                min_new_token=pinned,
+                max_new_token=pinned or 384,
+            )
+            for chunk_start in range(0, len(texts), self.settings.max_rows_per_pass):
+                chunk = segments[chunk_start : chunk_start + self.settings.max_rows_per_pass]
                 refined = chat._refine_text([segment.text for segment in chunk], self.model.device, params)
                 ids = [tokens[tokens.less(chat.tokenizer.break_0_ids)] for tokens in refined.ids]
-                for segment, text in zip(chunk, chat.tokenizer.decode(ids)):
+                for segment, text in zip(chunk, chat.tokenizer.decode(ids), strict=True):
                     # Refining can drop everything speakable; the plain text is better than silence.
                     if is_speakable(text):
                         segment.text = text
-                        segment.expected_tokens = quality.expected_tokens(text, jobs[segment.request].request.speed)
+                        segment.expected_tokens = quality.expected_tokens(text, segment.request.speed)
                 refined.destroy()
 
-    def _generate(self, jobs: dict[int, _Job], on_progress: ProgressCallback | None,
-                  cancelled: CancelledCheck | None, stopped: set[int], timings: dict[str, float]) -> None:
+    def _generate(
+        self,
+        prepared: dict[int, _PreparedRequest],
+        on_progress: ProgressCallback | None,
+        cancelled: CancelledCheck | None,
+        stopped: set[int],
+        timings: dict[str, float],
+    ) -> None:
         """Generate every segment, then regenerate those the quality gate flags, up to the retry limit."""
-        pending = [segment for job in jobs.values() for segment in job.segments]
+        pending = [segment for entry in prepared.values() for segment in entry.segments]
         for attempt in range(self.settings.quality_retries + 1):
             if attempt:
                 for segment in pending:
-                    seed = jobs[segment.request].seed
+                    seed = prepared[segment.owner].seed
                     segment.seed = segment_seed(seed, segment.index, attempt)
                 logger.info("quality gate: generating %d flagged segment(s) again", len(pending))
             started = time.perf_counter()
-            self._generate_segments(jobs, pending, on_progress, cancelled, stopped)
+            self._generate_segments(prepared, pending, on_progress, cancelled, stopped)
             generated = time.perf_counter()
-            self._decode_and_assess([s for s in pending if s.request not in stopped], retried=attempt > 0)
+            self._decode_and_assess([s for s in pending if s.owner not in stopped], retried=attempt > 0)
             timings["generate_s"] += generated - started
             timings["decode_s"] += time.perf_counter() - generated
-            pending = [s for s in pending if s.request not in stopped and not s.quality.ok]
+            pending = [s for s in pending if s.owner not in stopped and not s.quality.ok]
             if not pending:
                 return
 
-    def _generate_segments(self, jobs: dict[int, _Job], segments: list[_Segment],
-                           on_progress: ProgressCallback | None, cancelled: CancelledCheck | None,
-                           stopped: set[int]) -> None:
+    def _generate_segments(
+        self,
+        prepared: dict[int, _PreparedRequest],
+        segments: list[Segment],
+        on_progress: ProgressCallback | None,
+        cancelled: CancelledCheck | None,
+        stopped: set[int],
+    ) -> None:
         # Longest first, so the rows of one pass end at similar times.
         ordered = sorted(segments, key=lambda s: s.expected_tokens, reverse=True)
-        tracker = _ProgressTracker(jobs, on_progress)
-        for start in range(0, len(ordered), self.settings.max_batch):
-            batch = [s for s in ordered[start:start + self.settings.max_batch] if s.request not in stopped]
+        tracker = _ProgressTracker(prepared, on_progress)
+        for start in range(0, len(ordered), self.settings.max_rows_per_pass):
+            batch = [s for s in ordered[start : start + self.settings.max_rows_per_pass] if s.owner not in stopped]
             if not batch:
                 continue
-            rows = [self._row(jobs[segment.request], segment) for segment in batch]
 
             def rows_to_stop(batch=batch) -> list[int]:
                 if cancelled is None:
                     return []
                 stopped.update(cancelled())
-                return [i for i, segment in enumerate(batch) if segment.request in stopped]
+                return [i for i, segment in enumerate(batch) if segment.owner in stopped]
 
             def on_step(active: list[int], step: int, batch=batch) -> None:
                 tracker.step(batch, active, step)
 
-            outputs = generation.generate(self.model, rows, on_step=on_step, rows_to_stop=rows_to_stop)
-            for segment, output in zip(batch, outputs):
+            outputs = generation.generate(self.model, batch, on_step=on_step, rows_to_stop=rows_to_stop)
+            for segment, output in zip(batch, outputs, strict=True):
                 segment.output = output
                 tracker.finished(segment)
 
-    def _row(self, job: _Job, segment: _Segment) -> generation.Row:
-        request = job.request
-        limit = self.settings.max_new_tokens
-        return generation.Row(
-            text=segment.text, speed=request.speed, speaker=job.speaker,
-            temperature=request.temperature, top_p=request.top_p, top_k=request.top_k,
-            repetition_penalty=request.repetition_penalty, seed=segment.seed, max_tokens=limit,
-            pinned_tokens=segment.expected_tokens if self.model.is_synthetic else None,
-        )
-
-    def _decode_and_assess(self, segments: list[_Segment], retried: bool) -> None:
-        decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_batch)
-        for segment, samples in zip(segments, decoded):
+    def _decode_and_assess(self, segments: list[Segment], retried: bool) -> None:
+        decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_rows_per_pass)
+        for segment, samples in zip(segments, decoded, strict=True):
             segment.samples = samples
-            segment.quality = quality.assess(samples, segment.output.tokens, segment.expected_tokens,
-                                             segment.output.ended_by)
+            segment.quality = quality.assess(
+                samples, segment.output.tokens, segment.expected_tokens, segment.output.ended_by
+            )
             segment.quality.retried = retried
             segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
 
-    def _finish(self, job: _Job, batch_size: int, timings: dict[str, float], memory: dict) -> SynthesisResult:
+    def _finish(
+        self, entry: _PreparedRequest, batch_size: int, timings: dict[str, float], memory: dict
+    ) -> SynthesisResult:
         encode_started = time.perf_counter()
         pause = np.zeros(int(self.settings.segment_pause_s * SAMPLE_RATE), dtype=np.float32)
         pieces: list[np.ndarray] = []
-        for segment in job.segments:
+        for segment in entry.segments:
             if pieces:
                 pieces.append(pause)
             pieces.append(np.nan_to_num(segment.samples.astype(np.float32)))
         samples = np.concatenate(pieces)
-        encoded = audio.encode(samples, SAMPLE_RATE, job.request.format)
-        flags = sorted({flag for s in job.segments for flag in s.quality.flags})
+        encoded = audio.encode(samples, SAMPLE_RATE, entry.request.format)
+        flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
         return SynthesisResult(
-            request_id=job.request.request_id,
+            request_id=entry.request.request_id,
             audio=encoded,
-            format=job.request.format,
-            mime_type=MIME_TYPES[job.request.format],
+            format=entry.request.format,
+            mime_type=MIME_TYPES[entry.request.format],
             sample_rate=SAMPLE_RATE,
             duration_s=round(samples.size / SAMPLE_RATE, 3),
-            tokens=sum(s.output.tokens for s in job.segments),
-            segments=len(job.segments),
-            seed=job.seed,
-            voice_embedding=job.embedding,
+            tokens=sum(s.output.tokens for s in entry.segments),
+            segments=len(entry.segments),
+            seed=entry.seed,
+            voice_embedding=entry.embedding,
             batch_size=batch_size,
-            timings={**{k: round(v, 4) for k, v in timings.items()},
-                     "encode_s": round(time.perf_counter() - encode_started, 4)},
+            timings={
+                **{k: round(v, 4) for k, v in timings.items()},
+                "encode_s": round(time.perf_counter() - encode_started, 4),
+            },
             quality={
                 "ok": not flags,
                 "flags": flags,
-                "retried_segments": sum(s.quality.retried for s in job.segments),
-                "segments": [asdict(s.quality) for s in job.segments],
+                "retried_segments": sum(s.quality.retried for s in entry.segments),
+                "segments": [asdict(s.quality) for s in entry.segments],
             },
             model=self.model.info.as_dict(),
             memory=memory,
@@ -318,29 +329,29 @@ class Synthesizer:
 class _ProgressTracker:
     """Turns per-step generation progress into per-request fractions, at most every PROGRESS_INTERVAL_S."""
 
-    def __init__(self, jobs: dict[int, _Job], on_progress: ProgressCallback | None):
-        self.jobs = jobs
+    def __init__(self, prepared: dict[int, _PreparedRequest], on_progress: ProgressCallback | None):
+        self.prepared = prepared
         self.on_progress = on_progress
         self.tokens: dict[tuple[int, int], int] = {}
         self.last_report = 0.0
 
-    def step(self, batch: list[_Segment], active: list[int], step: int) -> None:
+    def step(self, batch: list[Segment], active: list[int], step: int) -> None:
         for position in active:
             segment = batch[position]
-            self.tokens[(segment.request, segment.index)] = step + 1
+            self.tokens[(segment.owner, segment.index)] = step + 1
         self._report()
 
-    def finished(self, segment: _Segment) -> None:
-        self.tokens[(segment.request, segment.index)] = segment.expected_tokens
+    def finished(self, segment: Segment) -> None:
+        self.tokens[(segment.owner, segment.index)] = segment.expected_tokens
 
     def _report(self) -> None:
         now = time.monotonic()
         if self.on_progress is None or now - self.last_report < PROGRESS_INTERVAL_S:
             return
         self.last_report = now
-        for index, job in self.jobs.items():
-            expected = sum(s.expected_tokens for s in job.segments)
-            done_tokens = sum(min(self.tokens.get((index, s.index), 0), s.expected_tokens) for s in job.segments)
-            segments_done = sum(1 for s in job.segments if s.output is not None)
+        for index, entry in self.prepared.items():
+            expected = sum(s.expected_tokens for s in entry.segments)
+            done_tokens = sum(min(self.tokens.get((index, s.index), 0), s.expected_tokens) for s in entry.segments)
+            segments_done = sum(1 for s in entry.segments if s.output is not None)
             # Generation is most of the work; decoding and encoding take the last 5%.
-            self.on_progress(index, min(0.95, 0.95 * done_tokens / expected), segments_done, len(job.segments))
+            self.on_progress(index, min(0.95, 0.95 * done_tokens / expected), segments_done, len(entry.segments))

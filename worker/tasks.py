@@ -10,9 +10,8 @@ from celery.exceptions import Ignore
 from celery.signals import worker_init
 from celery.worker import state as worker_state
 
-from worker import runtime
-from worker.celery_app import app
-from worker.contract import (
+from chattts_farm import redis_keys
+from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     HEALTH_TASK_NAME,
     PROGRESS_STATE,
@@ -21,9 +20,10 @@ from worker.contract import (
     InvalidRequest,
     JobCancelled,
     SynthesisRequest,
-    audio_key,
     parse_voice,
 )
+from worker import runtime
+from worker.celery_app import app, settings
 
 logger = logging.getLogger(__name__)
 
@@ -36,40 +36,40 @@ def _start_runtime(sender, **_) -> None:
     # The model lives in this process and the batcher batches across its job threads: forking pools
     # would copy CUDA state into children and run one job per process.
     if get_implementation(sender.pool_cls).__module__ != "celery.concurrency.thread":
-        raise RuntimeError("chattts-farm workers batch jobs in one process: run them with `-P threads` "
-                           "(`chattts-farm worker` does)")
-    runtime.start(app.farm_settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked)
+        raise RuntimeError(
+            "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
+        )
+    runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked)
 
 
 # Errors of the farm's own kinds are the caller's to read: logged without a traceback.
 @app.task(bind=True, name=TASK_NAME, throws=(FarmError,))
 def synthesize(self, **arguments) -> dict:
-    farm = runtime.current()
+    held = runtime.current()
     job_id = self.request.id
-    request = SynthesisRequest.from_arguments(arguments, max_text_chars=farm.settings.max_text_chars,
-                                              request_id=job_id)
-    job = farm.batcher.submit(request)
-    while not job.finished.wait(PROGRESS_EVERY_S):
-        if job.started_at is not None:
-            self.update_state(state=PROGRESS_STATE, meta=job.progress)
-    outcome = job.outcome
+    request = SynthesisRequest.from_arguments(arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id)
+    handle = held.batcher.submit(request)
+    while not handle.finished.wait(PROGRESS_EVERY_S):
+        if handle.started_at is not None:
+            self.update_state(state=PROGRESS_STATE, meta=handle.progress)
+    outcome = handle.outcome
     if isinstance(outcome, JobCancelled):
         self.backend.mark_as_revoked(job_id, reason="revoked", request=self.request)
         raise Ignore()
     if isinstance(outcome, Exception):
         raise outcome
-    key = audio_key(job_id)
-    farm.redis.set(key, outcome.audio, ex=farm.settings.result_ttl_s)
+    key = redis_keys.audio(job_id)
+    held.redis.set(key, outcome.audio, ex=held.settings.result_ttl_s)
     summary = outcome.summary()
     logger.info("job %s done: %.2f s of audio in a batch of %d", job_id, outcome.duration_s, outcome.batch_size)
     return {
         **summary,
         "job_id": job_id,
         "audio_key": key,
-        "worker": farm.hostname,
+        "worker": held.hostname,
         "model": outcome.model["kind"],
         "model_info": outcome.model,
-        "started_at": job.started_wall,
+        "started_at": handle.started_wall,
         "finished_at": time.time(),
     }
 

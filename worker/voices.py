@@ -14,7 +14,7 @@ import pybase16384
 import torch
 from ChatTTS.model.speaker import Speaker
 
-from worker.contract import InvalidRequest
+from chattts_farm.contract import InvalidRequest
 
 # ChatTTS compresses embeddings with LZMA2 preset 9e: 40 ms a voice, mostly setting up a 64 MiB
 # dictionary for 1.5 KB of data. Preset 1 gives the same size in under 1 ms, and ChatTTS's own
@@ -33,7 +33,9 @@ def _embedding_for_seed(seed: int, std: tuple[float, ...], mean: tuple[float, ..
 
 def embedding_for_seed(speaker: Speaker, seed: int) -> str:
     """The speaker-embedding string of the voice a seed names (the speaker statistics scale it)."""
-    return _embedding_for_seed(seed, tuple(speaker.std.float().cpu().tolist()), tuple(speaker.mean.float().cpu().tolist()))
+    return _embedding_for_seed(
+        seed, tuple(speaker.std.float().cpu().tolist()), tuple(speaker.mean.float().cpu().tolist())
+    )
 
 
 def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
@@ -44,9 +46,7 @@ def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
     except Exception as error:  # noqa: BLE001
         raise InvalidRequest("voice", f"is not a valid ChatTTS speaker embedding ({error})") from None
     if values.shape != (speaker.dim,):
-        raise InvalidRequest(
-            "voice", f"the speaker embedding has {values.size} values; this model needs {speaker.dim}"
-        )
+        raise InvalidRequest("voice", f"the speaker embedding has {values.size} values; this model needs {speaker.dim}")
     tensor = torch.from_numpy(values).float()
     if not bool(torch.isfinite(tensor).all()):
         raise InvalidRequest("voice", "the speaker embedding holds values that are not finite")

@@ -1,4 +1,4 @@
-"""bench/load.py in a short form: a farm started by `chattts-farm up` holds concurrent clients."""
+"""bench/load.py in a short form: a workers started by `chattts-farm up` holds concurrent clients."""
 
 import subprocess
 import sys
@@ -8,12 +8,21 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
-    finished = subprocess.run([sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "10", "--seconds", "15"],
-                              capture_output=True, text=True, timeout=600)
+    finished = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "10", "--seconds", "15"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert finished.returncode == 0, finished.stdout + finished.stderr[-3000:]
     header, _, row = finished.stdout.strip().splitlines()[-3:]
-    figures = dict(zip((cell.strip() for cell in header.strip("|").split("|")),
-                       (cell.strip() for cell in row.strip("|").split("|")), strict=True))
+    figures = dict(
+        zip(
+            (cell.strip() for cell in header.strip("|").split("|")),
+            (cell.strip() for cell in row.strip("|").split("|")),
+            strict=True,
+        )
+    )
     assert int(figures["jobs accepted"]) >= 10
     assert figures["jobs done"] == figures["jobs accepted"]
     assert figures["failed requests"] == figures["failed jobs"] == figures["lost jobs"] == "0"

@@ -20,8 +20,20 @@ def test_docker_compose_config_accepts_the_file():
     docker = shutil.which("docker")
     if docker is None or subprocess.run([docker, "compose", "version"], capture_output=True).returncode != 0:
         pytest.skip("the docker CLI's compose plugin is not installed; the file is checked by parsing below")
-    finished = subprocess.run([docker, "compose", "-f", str(ROOT / "docker-compose.yml"), "--env-file",
-                               str(ROOT / ".env.example"), "config", "--quiet"], capture_output=True, text=True)
+    finished = subprocess.run(
+        [
+            docker,
+            "compose",
+            "-f",
+            str(ROOT / "docker-compose.yml"),
+            "--env-file",
+            str(ROOT / ".env.example"),
+            "config",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert finished.returncode == 0, finished.stderr
 
 

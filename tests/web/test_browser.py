@@ -9,37 +9,53 @@ import time
 import pytest
 import requests
 
-from tests.support import CLI, Web, free_port
+from cli.local_services import free_port
+from tests.support import CLI, Web
 
-LONG_TEXT = " ".join(f"This is sentence {word} of a text long enough to watch." for word in
-                     "abcdefghijklmnopqrstuvwxyz" * 3)
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-sync",
-                  "--disable-background-networking", "--disable-component-update"]
+LONG_TEXT = " ".join(
+    f"This is sentence {word} of a text long enough to watch." for word in "abcdefghijklmnopqrstuvwxyz" * 3
+)
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-sync",
+    "--disable-background-networking",
+    "--disable-component-update",
+]
 
 
-def serve_web(farm, data_dir, database, **settings):
+def serve_web(workers, data_dir, database, **settings):
     """Start `chattts-farm web` (gunicorn) with its own fresh database; yields its base URL and env."""
-    environment = {**os.environ, "CHATTTS_FARM_REDIS_URL": farm.redis_url, "CHATTTS_FARM_DATA_DIR": str(data_dir),
-                   "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}", "CHATTTS_FARM_MODEL": "synthetic-tiny",
-                   **settings}
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": workers.redis_url,
+        "CHATTTS_FARM_DATA_DIR": str(data_dir),
+        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}",
+        "CHATTTS_FARM_MODEL": "synthetic-tiny",
+        **settings,
+    }
     web = Web.start(free_port(), environment, "--workers", "1")
     yield web.url, environment
     web.stop()
 
 
 @pytest.fixture(scope="module")
-def web_server(farm, data_dir, tmp_path_factory):
-    for base, _ in serve_web(farm, data_dir, tmp_path_factory.mktemp("web") / "farm.db"):
+def web_server(workers, data_dir, tmp_path_factory):
+    for base, _ in serve_web(workers, data_dir, tmp_path_factory.mktemp("web") / "farm.db"):
         yield base
 
 
 @pytest.fixture(scope="module")
-def keyed_web_server(farm, data_dir, tmp_path_factory):
+def keyed_web_server(workers, data_dir, tmp_path_factory):
     """A web server that requires API keys, and a key made with `chattts-farm keys create`."""
-    for base, environment in serve_web(farm, data_dir, tmp_path_factory.mktemp("keyed-web") / "farm.db",
-                                       CHATTTS_FARM_REQUIRE_API_KEY="true"):
-        created = subprocess.run([CLI, "keys", "create", "browser-user"], env=environment, capture_output=True,
-                                 text=True, check=True)
+    for base, environment in serve_web(
+        workers, data_dir, tmp_path_factory.mktemp("keyed-web") / "farm.db", CHATTTS_FARM_REQUIRE_API_KEY="true"
+    ):
+        created = subprocess.run(
+            [CLI, "keys", "create", "browser-user"], env=environment, capture_output=True, text=True, check=True
+        )
         yield base, re.search(r"cf_\S+", created.stdout).group(0)
 
 
@@ -158,5 +174,9 @@ def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, ke
     # Outside the signed-in browser, the job and its audio need the key.
     job_id = page.url.rsplit("/", 1)[1]
     assert requests.get(f"{base}/api/jobs/{job_id}/audio", timeout=10).status_code == 401
-    assert requests.get(f"{base}/api/jobs/{job_id}/audio", headers={"Authorization": f"Bearer {key}"},
-                        timeout=10).status_code == 200
+    assert (
+        requests.get(
+            f"{base}/api/jobs/{job_id}/audio", headers={"Authorization": f"Bearer {key}"}, timeout=10
+        ).status_code
+        == 200
+    )

@@ -13,7 +13,8 @@ import pytest
 import redis
 import requests
 
-from tests.support import Farm, Web, free_port, start_redis, wait_until
+from cli.local_services import free_port, start_redis_server
+from tests.support import Web, Workers, wait_until
 from worker.audio import decode
 
 # Long enough that a batch of four takes seconds on the CPU, so a fault lands while jobs run.
@@ -40,7 +41,7 @@ class RestartableRedis:
         try:
             yield
         finally:
-            self.process = start_redis(self.port, self.directory, *APPEND_ONLY)
+            self.process = start_redis_server(self.port, self.directory, *APPEND_ONLY)
 
     def stop(self) -> None:
         # SIGTERM is Redis's orderly SHUTDOWN: it writes out its append-only file, then exits.
@@ -52,7 +53,7 @@ def some_running_and_some_queued(web: Web, job_ids: list[str]) -> bool:
     return {"running", "queued"} <= set(web.statuses(job_ids).values())
 
 
-def assert_every_job_done_exactly_once(web: Web, farm: Farm, job_ids: list[str], timeout: float) -> None:
+def assert_every_job_done_exactly_once(web: Web, workers: Workers, job_ids: list[str], timeout: float) -> None:
     def all_done() -> bool:
         statuses = web.statuses(job_ids)
         assert not {"failed", "cancelled"} & set(statuses.values()), statuses
@@ -64,7 +65,7 @@ def assert_every_job_done_exactly_once(web: Web, farm: Farm, job_ids: list[str],
         assert audio.status_code == 200, audio.text
         samples, _rate = decode(audio.content)
         assert len(samples) > 0
-    log = farm.log()
+    log = workers.log()
     for job_id in job_ids:
         assert len(re.findall(rf"chattts\.synthesize\[{job_id}\] succeeded", log)) == 1, job_id
 
@@ -74,7 +75,7 @@ def restartable_redis(tmp_path):
     directory = tmp_path / "redis"
     directory.mkdir()
     port = free_port()
-    server = RestartableRedis(port, directory, start_redis(port, directory, *APPEND_ONLY))
+    server = RestartableRedis(port, directory, start_redis_server(port, directory, *APPEND_ONLY))
     yield server
     server.stop()
 
@@ -100,15 +101,16 @@ def start_web(web_environment):
 
 
 @pytest.fixture
-def own_farm(restartable_redis, data_dir, tmp_path):
+def own_worker(restartable_redis, data_dir, tmp_path):
     """One CPU worker on the test's own Redis: it holds four jobs at a time, the rest wait in the queue."""
-    farm = Farm.start(restartable_redis.url, data_dir, tmp_path / "workers.log", workers=1)
-    yield farm
-    farm.stop()
+    workers = Workers.start(restartable_redis.url, data_dir, tmp_path / "workers.log", count=1)
+    yield workers
+    workers.stop()
 
 
 def test_a_redis_restart_from_its_append_only_file_loses_no_job_and_runs_none_twice(
-        restartable_redis, own_farm, start_web):
+    restartable_redis, own_worker, start_web
+):
     web = start_web(restartable_redis.url, free_port())
     job_ids = [web.submit(LONG_TEXT, voice) for voice in range(10)]
     wait_until(lambda: some_running_and_some_queued(web, job_ids), 60, "jobs both running and queued")
@@ -123,15 +125,15 @@ def test_a_redis_restart_from_its_append_only_file_loses_no_job_and_runs_none_tw
     job_ids.append(web.submit("Accepted again once Redis is back.", 11))
     # Well before the visibility timeout (90 s here), which is when a job whose run the restart broke
     # would be handed out again: the jobs that were running carry on.
-    assert_every_job_done_exactly_once(web, own_farm, job_ids, timeout=60)
+    assert_every_job_done_exactly_once(web, own_worker, job_ids, timeout=60)
     # And nothing is left for Redis to hand out again later: every message was acknowledged.
     with redis.Redis.from_url(restartable_redis.url) as store:
         wait_until(lambda: store.hlen("unacked") == 0 and store.llen("tts") == 0, 30, "every message acknowledged")
 
 
-def test_a_web_process_killed_and_started_again_loses_no_job_and_runs_none_twice(farm, start_web):
+def test_a_web_process_killed_and_started_again_loses_no_job_and_runs_none_twice(workers, start_web):
     port = free_port()
-    web = start_web(farm.redis_url, port)
+    web = start_web(workers.redis_url, port)
     finished_before = web.submit("Done before the crash.", 1)
     wait_until(lambda: web.statuses([finished_before])[finished_before] == "done", 60, "the first job")
     job_ids = [web.submit(LONG_TEXT, voice) for voice in range(8)]
@@ -139,6 +141,6 @@ def test_a_web_process_killed_and_started_again_loses_no_job_and_runs_none_twice
 
     web.kill()
     # The new process takes over the same port and the same database; the jobs ran on meanwhile.
-    web = start_web(farm.redis_url, port)
+    web = start_web(workers.redis_url, port)
 
-    assert_every_job_done_exactly_once(web, farm, [finished_before, *job_ids], timeout=120)
+    assert_every_job_done_exactly_once(web, workers, [finished_before, *job_ids], timeout=120)

@@ -3,6 +3,7 @@
 import flask_migrate
 from sqlalchemy import inspect
 
+from tests.support import CLI
 from web.models import db
 
 
@@ -33,13 +34,10 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(app):
 def test_the_db_commands_upgrade_and_downgrade_a_database(tmp_path):
     import os
     import subprocess
-    import sys
-    from pathlib import Path
 
-    cli = str(Path(sys.executable).parent / "chattts-farm")
     environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path)}
-    upgraded = subprocess.run([cli, "db", "upgrade"], env=environment, capture_output=True, text=True)
+    upgraded = subprocess.run([CLI, "db", "upgrade"], env=environment, capture_output=True, text=True)
     assert upgraded.returncode == 0, upgraded.stderr
     assert (tmp_path / "farm.db").exists()
-    downgraded = subprocess.run([cli, "db", "downgrade", "base"], env=environment, capture_output=True, text=True)
+    downgraded = subprocess.run([CLI, "db", "downgrade", "base"], env=environment, capture_output=True, text=True)
     assert downgraded.returncode == 0, downgraded.stderr

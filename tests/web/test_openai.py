@@ -7,18 +7,22 @@ from web.openai import chattts_speed
 from worker.audio import decode
 
 
-@pytest.mark.parametrize(("response_format", "mime_type"),
-                         [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("wav", "audio/wav")])
-def test_speech_returns_decodable_audio(client, farm, response_format, mime_type):
-    answer = client.post("/v1/audio/speech", json={"model": "tts-1", "input": "Hello, OpenAI client.",
-                                                   "voice": 42, "response_format": response_format})
+@pytest.mark.parametrize(
+    ("response_format", "mime_type"),
+    [("mp3", "audio/mpeg"), ("opus", "audio/ogg"), ("flac", "audio/flac"), ("wav", "audio/wav")],
+)
+def test_speech_returns_decodable_audio(client, workers, response_format, mime_type):
+    answer = client.post(
+        "/v1/audio/speech",
+        json={"model": "tts-1", "input": "Hello, OpenAI client.", "voice": 42, "response_format": response_format},
+    )
     assert answer.status_code == 200 and answer.mimetype == mime_type
     samples, rate = decode(answer.data)
     assert rate == 24_000 and len(samples) > rate // 2
     assert client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()["status"] == "done"
 
 
-def test_pcm_is_raw_16_bit_samples(client, farm):
+def test_pcm_is_raw_16_bit_samples(client, workers):
     answer = client.post("/v1/audio/speech", json={"input": "Raw samples.", "voice": 3, "response_format": "pcm"})
     assert answer.status_code == 200 and answer.mimetype == "audio/pcm"
     samples = np.frombuffer(answer.data, dtype="<i2")

@@ -5,8 +5,19 @@ from web.models import Voice, db
 
 def test_the_form_page_offers_every_setting(client):
     page = client.get("/").get_data(as_text=True)
-    for element in ('id="text"', 'id="char-count"', 'id="catalog-voice"', 'id="voice-seed"', 'id="roll-voice"',
-                    'id="format"', 'id="speed"', 'id="temperature"', 'id="top_p"', 'id="top_k"', 'id="refine_text"'):
+    for element in (
+        'id="text"',
+        'id="char-count"',
+        'id="catalog-voice"',
+        'id="voice-seed"',
+        'id="roll-voice"',
+        'id="format"',
+        'id="speed"',
+        'id="temperature"',
+        'id="top_p"',
+        'id="top_k"',
+        'id="refine_text"',
+    ):
         assert element in page
 
 

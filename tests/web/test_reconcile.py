@@ -4,16 +4,15 @@ enqueues them again, so none is lost."""
 import dataclasses
 import os
 import subprocess
-import sys
 import time
 import uuid
 from datetime import timedelta
-from pathlib import Path
 
 import flask_migrate
 import redis
 
-from tests.support import free_port, start_redis
+from cli.local_services import free_port, start_redis_server
+from tests.support import CLI
 from web import create_app, reconcile
 from web.models import Job, JobStatus, db, utcnow
 
@@ -27,20 +26,28 @@ def wait_done(client, job_ids, timeout=120):
         assert client.get(f"/api/jobs/{job_id}/audio").status_code == 200
 
 
-def test_jobs_lost_by_redis_are_enqueued_again_and_every_one_completes(app, client, farm):
-    submitted = [client.post("/api/jobs", json={"text": f"Job {word} must survive a wipe."}).get_json()["id"]
-                 for word in ("one", "two", "three")]
+def test_jobs_lost_by_redis_are_enqueued_again_and_every_one_completes(app, client, workers):
+    submitted = [
+        client.post("/api/jobs", json={"text": f"Job {word} must survive a wipe."}).get_json()["id"]
+        for word in ("one", "two", "three")
+    ]
     # Accepted jobs whose messages Redis no longer has (as after a wipe that came before delivery).
     with app.app_context():
         stranded = []
         for word in ("four", "five"):
-            job = Job(id=str(uuid.uuid4()), text=f"Job {word} was never delivered.", voice_seed=3,
-                      parameters={"format": "wav", "speed": 5}, format="wav", status=JobStatus.QUEUED,
-                      created_at=utcnow() - timedelta(minutes=1))
+            job = Job(
+                id=str(uuid.uuid4()),
+                text=f"Job {word} was never delivered.",
+                voice_seed=3,
+                parameters={"format": "wav", "speed": 5},
+                format="wav",
+                status=JobStatus.QUEUED,
+                created_at=utcnow() - timedelta(minutes=1),
+            )
             db.session.add(job)
             stranded.append(job.id)
         db.session.commit()
-    redis.Redis.from_url(farm.redis_url).flushall()
+    redis.Redis.from_url(workers.redis_url).flushall()
     time.sleep(reconcile.GRACE.total_seconds())
     with app.app_context():
         resent = reconcile.reconcile()
@@ -50,7 +57,7 @@ def test_jobs_lost_by_redis_are_enqueued_again_and_every_one_completes(app, clie
         assert reconcile.reconcile() == []  # once all are done, nothing is sent again
 
 
-def test_a_job_still_in_its_queue_or_running_is_not_sent_again(app, client, farm, monkeypatch):
+def test_a_job_still_in_its_queue_or_running_is_not_sent_again(app, client, workers, monkeypatch):
     monkeypatch.setattr(reconcile, "GRACE", timedelta(0))
     job_id = client.post("/api/jobs", json={"text": "Waiting patiently."}).get_json()["id"]
     with app.app_context():
@@ -65,20 +72,29 @@ def test_the_reconciler_outlives_a_redis_outage_and_resends_once_redis_is_back(t
     stranded = str(uuid.uuid4())
     with app.app_context():
         flask_migrate.upgrade()
-        db.session.add(Job(id=stranded, text="Sent again once Redis is back.", voice_seed=3,
-                           parameters={"format": "wav", "speed": 5}, format="wav", status=JobStatus.QUEUED,
-                           created_at=utcnow() - timedelta(minutes=1)))
+        db.session.add(
+            Job(
+                id=stranded,
+                text="Sent again once Redis is back.",
+                voice_seed=3,
+                parameters={"format": "wav", "speed": 5},
+                format="wav",
+                status=JobStatus.QUEUED,
+                created_at=utcnow() - timedelta(minutes=1),
+            )
+        )
         db.session.commit()
     environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path), "CHATTTS_FARM_REDIS_URL": settings.redis_url}
     log_path = tmp_path / "reconciler.log"
     with log_path.open("w") as log:
-        reconciler = subprocess.Popen([str(Path(sys.executable).parent / "chattts-farm"), "reconcile", "--every", "1"],
-                                      env=environment, stdout=log, stderr=subprocess.STDOUT)
+        reconciler = subprocess.Popen(
+            [CLI, "reconcile", "--every", "1"], env=environment, stdout=log, stderr=subprocess.STDOUT
+        )
     server = None
     try:
         wait_for_line(log_path, "Redis could not be reached", reconciler)
         (tmp_path / "redis").mkdir()
-        server = start_redis(port, tmp_path / "redis")
+        server = start_redis_server(port, tmp_path / "redis")
         wait_for_line(log_path, f"re-enqueued 1 lost job(s): {stranded}", reconciler)
         assert redis.Redis(port=port).llen("tts") == 1
     finally:

@@ -1,6 +1,6 @@
 import pytest
 
-from worker.contract import SynthesisRequest
+from chattts_farm.contract import SynthesisRequest
 
 
 @pytest.fixture(scope="session")
@@ -16,4 +16,3 @@ def make_request(tiny_settings):
         return SynthesisRequest.from_arguments({"text": text, **arguments}, max_text_chars=tiny_settings.max_text_chars)
 
     return make
-

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from chattts_farm.contract import FORMATS, MIME_TYPES
 from worker.audio import decode, encode
-from worker.contract import FORMATS, MIME_TYPES
 
 SAMPLE_RATE = 24_000
 MAGIC = {"wav": b"RIFF", "flac": b"fLaC", "ogg": b"OggS"}

@@ -6,8 +6,8 @@ CUDA out-of-memory error cannot be produced on demand by the real model on a CPU
 
 import torch
 
+from chattts_farm.contract import SynthesisFailed, SynthesisRequest
 from worker.batcher import Batcher
-from worker.contract import SynthesisFailed, SynthesisRequest
 
 
 class FaultySynthesizer:
@@ -27,8 +27,14 @@ class FaultySynthesizer:
 
 
 def run_batch(synthesizer, texts):
-    batcher = Batcher(synthesizer, max_jobs=len(texts), window_s=0.0, soft_limit_s=60, hard_limit_s=120,
-                      is_revoked=lambda job_id: False)
+    batcher = Batcher(
+        synthesizer,
+        max_jobs=len(texts),
+        window_s=0.0,
+        soft_limit_s=60,
+        hard_limit_s=120,
+        is_revoked=lambda job_id: False,
+    )
     jobs = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(texts)]
     batcher._run(jobs)
     assert all(job.finished.is_set() for job in jobs)
@@ -39,8 +45,10 @@ TEXTS = ["First mate.", "Second mate.", "POISON pill.", "Third mate.", "Fourth m
 
 
 def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(synthesizer):
-    poisoned = FaultySynthesizer(synthesizer, lambda requests: RuntimeError("segfault-like crash") if any(
-        "POISON" in r.text for r in requests) else None)
+    poisoned = FaultySynthesizer(
+        synthesizer,
+        lambda requests: RuntimeError("segfault-like crash") if any("POISON" in r.text for r in requests) else None,
+    )
     outcomes = run_batch(poisoned, TEXTS)
     assert isinstance(outcomes[2], SynthesisFailed) and "segfault-like crash" in str(outcomes[2])
     assert all(not isinstance(o, Exception) and o.duration_s > 0 for i, o in enumerate(outcomes) if i != 2)
@@ -48,8 +56,9 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(syn
 
 
 def test_an_out_of_memory_batch_is_split_until_it_fits_and_every_job_completes(synthesizer):
-    too_big = FaultySynthesizer(synthesizer, lambda requests: torch.cuda.OutOfMemoryError("CUDA out of memory")
-                                if len(requests) > 2 else None)
+    too_big = FaultySynthesizer(
+        synthesizer, lambda requests: torch.cuda.OutOfMemoryError("CUDA out of memory") if len(requests) > 2 else None
+    )
     outcomes = run_batch(too_big, TEXTS)
     assert all(not isinstance(o, Exception) for o in outcomes)
     assert too_big.calls[0] == 5 and max(too_big.calls[1:]) <= 3

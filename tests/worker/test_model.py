@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from worker.contract import ModelUnavailable
+from chattts_farm.contract import ModelUnavailable
 from worker.model import load_model
 
 
@@ -21,7 +21,7 @@ def test_huggingface_offline_with_no_cache_says_what_to_set_instead(tiny_setting
 
 
 def test_a_local_folder_is_verified_as_chattts_verifies_it(tiny_settings, synthesizer):
-    from worker.assets import ensure_synthetic_assets
+    from worker.synthetic_assets import ensure_synthetic_assets
 
     random_weights = ensure_synthetic_assets(tiny_settings.data_dir, "tiny")
     settings = dataclasses.replace(tiny_settings, model=f"local:{random_weights}")

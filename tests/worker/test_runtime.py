@@ -4,13 +4,13 @@ import dataclasses
 import threading
 import time
 
-from tests.support import free_port, start_redis
+from cli.local_services import free_port, start_redis_server
 from worker.runtime import redis_client
 
 
 def test_an_audio_write_waits_out_a_redis_restart_instead_of_failing(tiny_settings, tmp_path):
     port = free_port()
-    server = start_redis(port, tmp_path, "--appendonly", "yes")
+    server = start_redis_server(port, tmp_path, "--appendonly", "yes")
     client = redis_client(dataclasses.replace(tiny_settings, redis_url=f"redis://127.0.0.1:{port}/0"))
     client.ping()
     server.terminate()
@@ -21,7 +21,7 @@ def test_an_audio_write_waits_out_a_redis_restart_instead_of_failing(tiny_settin
     writer.start()
     time.sleep(2)  # the write is in flight while Redis is down
     assert writer.is_alive()
-    server = start_redis(port, tmp_path, "--appendonly", "yes")
+    server = start_redis_server(port, tmp_path, "--appendonly", "yes")
     try:
         writer.join(timeout=30)
         assert outcome == {"written": True} and client.get("chattts:audio:job") == b"RIFF"

@@ -10,8 +10,10 @@ EOS = VOCAB - 1
 
 def settings(rows, temperature=1.0, top_p=1.0, top_k=VOCAB, penalty=1.0, seeds=None):
     return RowSampling(
-        temperature=torch.full((rows,), temperature), top_p=torch.full((rows,), top_p),
-        top_k=torch.full((rows,), top_k), repetition_penalty=torch.full((rows,), penalty),
+        temperature=torch.full((rows,), temperature),
+        top_p=torch.full((rows,), top_p),
+        top_k=torch.full((rows,), top_k),
+        repetition_penalty=torch.full((rows,), penalty),
         seed=torch.tensor(seeds if seeds is not None else list(range(rows)), dtype=torch.long),
     )
 
@@ -23,7 +25,7 @@ def no_eos_block(rows):
 def test_noise_is_uniform_in_the_open_interval_and_a_function_of_seed_and_step():
     noise = uniform_noise(torch.tensor([1, 2]), 3, 4, VOCAB)
     assert noise.shape == (2, 4, VOCAB)
-    assert 0 < noise.min() and noise.max() < 1
+    assert noise.min() > 0 and noise.max() < 1
     assert abs(noise.mean().item() - 0.5) < 0.02
     assert torch.equal(noise[1], uniform_noise(torch.tensor([2]), 3, 4, VOCAB)[0])
     assert not torch.equal(noise[0], noise[1])
@@ -53,16 +55,18 @@ def test_draws_follow_the_distribution():
 
 def test_top_p_keeps_only_the_nucleus():
     logits = torch.log(torch.tensor([0.5, 0.3, 0.2] + [1e-9] * (VOCAB - 3))).expand(500, 1, VOCAB).clone()
-    chosen = sample(logits, torch.zeros(500, 0, 1, dtype=torch.long), settings(500, top_p=0.6), 0, EOS,
-                    no_eos_block(500))
+    chosen = sample(
+        logits, torch.zeros(500, 0, 1, dtype=torch.long), settings(500, top_p=0.6), 0, EOS, no_eos_block(500)
+    )
     assert set(chosen.flatten().tolist()) <= {0, 1}
 
 
 def test_blocked_rows_never_draw_eos():
     logits = torch.full((2, 4, VOCAB), -10.0)
     logits[..., EOS] = 10.0
-    chosen = sample(logits, torch.zeros(2, 0, 4, dtype=torch.long), settings(2, top_k=1), 0, EOS,
-                    torch.tensor([True, False]))
+    chosen = sample(
+        logits, torch.zeros(2, 0, 4, dtype=torch.long), settings(2, top_k=1), 0, EOS, torch.tensor([True, False])
+    )
     assert not chosen[0].eq(EOS).any() and chosen[1].eq(EOS).all()
 
 

@@ -5,8 +5,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from chattts_farm.contract import FORMATS, JobCancelled, SynthesisRequest
 from worker.audio import decode
-from worker.contract import FORMATS, JobCancelled, SynthesisRequest
 from worker.model import SAMPLE_RATE
 from worker.quality import TOKENS_PER_SECOND, expected_tokens
 from worker.synthesis import Synthesizer
@@ -27,7 +27,11 @@ def only(outcomes):
 
 def test_the_model_reports_what_it_is(synthesizer):
     assert synthesizer.model.info.as_dict() == {
-        "kind": "synthetic", "scale": "tiny", "source": "synthetic-tiny", "device": "cpu", "dtype": "fp32",
+        "kind": "synthetic",
+        "scale": "tiny",
+        "source": "synthetic-tiny",
+        "device": "cpu",
+        "dtype": "fp32",
     }
 
 
@@ -86,7 +90,7 @@ def test_each_request_of_a_mixed_batch_sounds_as_it_does_alone_under_greedy_samp
     ]
     together = synthesizer.synthesize(requests)
     assert all(result.batch_size == 4 for result in together)
-    for request, mixed in zip(requests, together):
+    for request, mixed in zip(requests, together, strict=True):
         alone = only(synthesizer.synthesize([request]))
         assert mixed.tokens == alone.tokens
         np.testing.assert_allclose(samples_of(mixed), samples_of(alone), atol=2e-3)
@@ -97,20 +101,22 @@ def test_a_mixed_batch_runs_in_one_pass(synthesizer, make_request, monkeypatch):
 
     passes = []
     real_generate = generation.generate
-    monkeypatch.setattr(generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or
-                        real_generate(model, rows, **kw))
+    monkeypatch.setattr(
+        generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or real_generate(model, rows, **kw)
+    )
     synthesizer.synthesize([make_request(voice=v, temperature=0.1 * v, top_k=v) for v in range(1, 6)])
     assert passes == [5]
 
 
-def test_max_batch_caps_the_rows_of_one_pass(tiny_settings, synthesizer, make_request, monkeypatch):
+def test_max_rows_per_pass_caps_the_rows_of_one_pass(tiny_settings, synthesizer, make_request, monkeypatch):
     from worker import generation
 
-    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_batch=2))
+    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_rows_per_pass=2))
     passes = []
     real_generate = generation.generate
-    monkeypatch.setattr(generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or
-                        real_generate(model, rows, **kw))
+    monkeypatch.setattr(
+        generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or real_generate(model, rows, **kw)
+    )
     outcomes = small.synthesize([make_request(voice=v) for v in range(5)])
     assert passes == [2, 2, 1]
     assert all(not isinstance(o, Exception) for o in outcomes)
@@ -163,16 +169,20 @@ def test_the_quality_gate_retries_a_flagged_segment_once_with_another_seed(tiny_
 
 def test_progress_is_reported_and_ends_at_one(synthesizer, make_request):
     reports = []
-    synthesizer.synthesize([make_request("Progress please. " * 30)],
-                           on_progress=lambda index, fraction, done, total: reports.append((index, fraction, done, total)))
+    synthesizer.synthesize(
+        [make_request("Progress please. " * 30)],
+        on_progress=lambda index, fraction, done, total: reports.append((index, fraction, done, total)),
+    )
     assert reports[-1][1] == 1.0 and reports[-1][2] == reports[-1][3]
     fractions = [fraction for _, fraction, _, _ in reports]
     assert fractions == sorted(fractions)
 
 
-@pytest.mark.parametrize("max_batch", [64, 2])
-def test_a_cancelled_request_stops_and_its_batch_mates_finish(tiny_settings, synthesizer, make_request, max_batch):
-    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_batch=max_batch))
+@pytest.mark.parametrize("max_rows_per_pass", [64, 2])
+def test_a_cancelled_request_stops_and_its_batch_mates_finish(
+    tiny_settings, synthesizer, make_request, max_rows_per_pass
+):
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_rows_per_pass=max_rows_per_pass))
     requests = [make_request("Cancel me, I am long. " * 20), make_request("Keep me, I am long too. " * 20)]
     outcomes = core.synthesize(requests, cancelled=lambda: {0})
     assert isinstance(outcomes[0], JobCancelled)

@@ -1,4 +1,4 @@
-"""Server-rendered pages: the form, job status, recent jobs and the voice catalog."""
+"""Server-rendered pages: the form, job status, recent jobs, the voice catalog, operations and sign-in."""
 
 from flask import Blueprint
 

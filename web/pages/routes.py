@@ -4,7 +4,8 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, redirect, render_template, request, url_for
 
-from web import access, jobs, voices
+from web import jobs, voices
+from web.access import api_keys, sessions
 from web.models import Job, JobStatus, db
 from web.pages import bp
 
@@ -46,8 +47,14 @@ def job_list():
 def voice_catalog():
     tags = [tag for tag in request.args.get("tags", "").split(",") if tag.strip()]
     query = request.args.get("q", "").strip()
-    return render_template("voices.html", voices=voices.find(tags, query or None),
-                           tags=", ".join(voices.normalise_tags(tags)), query=query)
+    return render_template(
+        "voices.html", voices=voices.find(tags, query or None), tags=", ".join(voices.normalise_tags(tags)), query=query
+    )
+
+
+@bp.get("/ops")
+def ops():
+    return render_template("ops.html")
 
 
 @bp.route("/sign-in", methods=["GET", "POST"])
@@ -56,20 +63,20 @@ def sign_in():
     target = _local_target(request.values.get("next", ""))
     if request.method == "GET":
         return render_template("sign_in.html", next=target)
-    if not access.csrf_ok(request.form.get(access.CSRF_FORM_FIELD)):
+    if not sessions.csrf_ok(request.form.get(sessions.CSRF_FORM_FIELD)):
         return render_template("sign_in.html", next=target, error="The form had expired: try again."), 400
-    api_key = access.find_key(request.form.get("key", ""))
+    api_key = api_keys.find_key(request.form.get("key", ""))
     if api_key is None:
         return render_template("sign_in.html", next=target, error="That key is unknown or revoked."), 401
-    access.sign_in(api_key)
+    sessions.sign_in(api_key)
     return redirect(target)
 
 
 @bp.post("/sign-out")
 def sign_out():
-    if not access.csrf_ok(request.form.get(access.CSRF_FORM_FIELD)):
+    if not sessions.csrf_ok(request.form.get(sessions.CSRF_FORM_FIELD)):
         abort(400, "the form had expired: reload the page and sign out again")
-    access.sign_out()
+    sessions.sign_out()
     return redirect(url_for("pages.sign_in"))
 
 

@@ -4,7 +4,7 @@
 async function sendJson(method, url, body) {
   const response = await fetch(url, {
     method,
-    // The page's CSRF token: a signed-in session needs it on every change (see web/access.py).
+    // The page's CSRF token: a signed-in session needs it on every change (see web/access/sessions.py).
     headers: {"Content-Type": "application/json", "Accept": "application/json",
               "X-CSRF-Token": document.querySelector('meta[name="csrf-token"]').content},
     body: body === undefined ? undefined : JSON.stringify(body),

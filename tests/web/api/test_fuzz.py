@@ -24,9 +24,9 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from chattts_farm.contract import MAX_SEED
 from web import create_app, openai, voices
 from web.api.openapi import openapi_description
-from worker.contract import MAX_SEED
 
 # No worker reads this Redis database: the farm fixture's workers use database 0.
 FUZZ_DATABASE = 9
@@ -37,17 +37,60 @@ FUZZING = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, H
 # Names that mean something somewhere in the API, sent where they mean nothing.
 CONFUSABLE_NAMES = ["request_id", "voice_id", "voice", "seed", "spk_emb", "text", "input", "name", "id", "tags"]
 # Values that break a schema in every way JSON allows, and some only Python's parser does (NaN, Infinity).
-NASTY_VALUES = [None, True, False, 0, -1, 1.5, -0.5, 10**30, -(10**30), 1e308, math.nan, math.inf, -math.inf,
-                "", " ", "NaN", "Infinity", "-Infinity", "1e999", "0x1F", "null", "true", "9" * 50, "\x00",
-                "\ud800", [], {}, [None], {"": None}, [[[[[]]]]], {"a": {"b": {"c": {}}}}]
-JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.floats()
-                | st.text(st.characters(codec=None) | st.characters(categories=["Cs"]), max_size=30))
-ANY_JSON = st.recursive(JSON_SCALARS | st.sampled_from(NASTY_VALUES),
-                        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
-                        max_leaves=12)
+NASTY_VALUES = [
+    None,
+    True,
+    False,
+    0,
+    -1,
+    1.5,
+    -0.5,
+    10**30,
+    -(10**30),
+    1e308,
+    math.nan,
+    math.inf,
+    -math.inf,
+    "",
+    " ",
+    "NaN",
+    "Infinity",
+    "-Infinity",
+    "1e999",
+    "0x1F",
+    "null",
+    "true",
+    "9" * 50,
+    "\x00",
+    "\ud800",
+    [],
+    {},
+    [None],
+    {"": None},
+    [[[[[]]]]],
+    {"a": {"b": {"c": {}}}},
+]
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats()
+    | st.text(st.characters(codec=None) | st.characters(categories=["Cs"]), max_size=30)
+)
+ANY_JSON = st.recursive(
+    JSON_SCALARS | st.sampled_from(NASTY_VALUES),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
 SPEAKABLE_TEXT = st.from_regex(r"[A-Za-z\u4e00-\u9fff][A-Za-z0-9\u4e00-\u9fff ,.!?']{0,80}", fullmatch=True)
-WRONG_CONTENT_TYPES = ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data", "application/xml",
-                       "application/octet-stream", ""]
+WRONG_CONTENT_TYPES = [
+    "text/plain",
+    "application/x-www-form-urlencoded",
+    "multipart/form-data",
+    "application/xml",
+    "application/octet-stream",
+    "",
+]
 ABSENT = object()
 _numbers = itertools.count()
 
@@ -85,7 +128,7 @@ class Operation:
         return {int(code) for code in self.spec["responses"]}
 
     def needs_a_worker(self, body) -> int | None:
-        """The documented answer of a farm without workers, where a valid request needs one."""
+        """The documented answer of a workers without workers, where a valid request needs one."""
         if (self.method, self.path) == ("post", "/v1/audio/speech"):
             return 504  # it waits for its job: here for no time at all
         if (self.method, self.path) == ("post", "/api/voices") and "seed" in body:
@@ -96,8 +139,11 @@ class Operation:
 
 
 def operations_of(description: dict) -> dict[str, Operation]:
-    operations = (Operation(method, path, spec) for path, methods in description["paths"].items()
-                  for method, spec in methods.items())
+    operations = (
+        Operation(method, path, spec)
+        for path, methods in description["paths"].items()
+        for method, spec in methods.items()
+    )
     return {repr(operation): operation for operation in operations}
 
 
@@ -106,14 +152,26 @@ class Api:
     client: object
     operations: dict[str, Operation]
 
-    def send(self, operation: Operation, path_values: dict, query: dict | None = None, body=ABSENT,
-             raw: bytes | str | None = None, content_type: str = "application/json"):
+    def send(
+        self,
+        operation: Operation,
+        path_values: dict,
+        query: dict | None = None,
+        body=ABSENT,
+        raw: bytes | str | None = None,
+        content_type: str = "application/json",
+    ):
         path = operation.path
         for name, value in path_values.items():
             path = path.replace("{" + name + "}", quote(str(value), safe=""))
         data = raw if raw is not None else None if body is ABSENT else json.dumps(body)
-        return self.client.open(path, method=operation.method.upper(), query_string=query or {}, data=data,
-                                content_type=content_type if data is not None else None)
+        return self.client.open(
+            path,
+            method=operation.method.upper(),
+            query_string=query or {},
+            data=data,
+            content_type=content_type if data is not None else None,
+        )
 
 
 class Catalog:
@@ -144,8 +202,13 @@ def unique_name(drawn: str) -> str:
 @pytest.fixture(scope="module")
 def api(tiny_settings, redis_url, tmp_path_factory):
     fuzz_url = f"{redis_url.rsplit('/', 1)[0]}/{FUZZ_DATABASE}"
-    farm_settings = dataclasses.replace(tiny_settings, redis_url=fuzz_url, data_dir=tmp_path_factory.mktemp("fuzz"),
-                                        max_request_bytes=MAX_REQUEST_BYTES, max_text_chars=2000)
+    farm_settings = dataclasses.replace(
+        tiny_settings,
+        redis_url=fuzz_url,
+        data_dir=tmp_path_factory.mktemp("fuzz"),
+        max_request_bytes=MAX_REQUEST_BYTES,
+        max_text_chars=2000,
+    )
     app = create_app({"TESTING": True, "SETTINGS": farm_settings})
     with app.app_context():
         flask_migrate.upgrade()
@@ -160,6 +223,7 @@ def api(tiny_settings, redis_url, tmp_path_factory):
 
 
 # --- What follows the description -------------------------------------------------------------------
+
 
 def meaningful(name: str | None, catalog: Catalog):
     """Values the schema cannot describe: they must name something present, be unique, or be speakable."""
@@ -187,7 +251,9 @@ def valid(schema: dict, catalog: Catalog, name: str | None = None):
     if types == "integer":
         return st.integers(low, high)
     if types == "number":
-        return st.floats(low, high, allow_nan=False, allow_infinity=False) | st.integers(math.ceil(low), math.floor(high))
+        return st.floats(low, high, allow_nan=False, allow_infinity=False) | st.integers(
+            math.ceil(low), math.floor(high)
+        )
     if types == "string":
         return st.text(min_size=schema.get("minLength", 0), max_size=min(schema.get("maxLength", 40), 40))
     if types == "boolean":
@@ -226,6 +292,7 @@ def valid_request(draw, operation: Operation, catalog: Catalog):
 
 
 # --- What breaks it ------------------------------------------------------------------------------------
+
 
 def conforms(value, schema: dict) -> bool:
     """Whether a value meets a property's schema (the part of JSON Schema the description uses)."""
@@ -267,8 +334,10 @@ def invalid(schema: dict):
     return candidates.filter(lambda value: not conforms(value, schema))
 
 
-INVALID_QUERY_VALUES = {"integer": ["0", "501", "-1", "1.5", "", "ten", "1e3", "NaN", "9" * 30],
-                        "enum": ["", "lost", "DONE", "\x00", "queued "]}
+INVALID_QUERY_VALUES = {
+    "integer": ["0", "501", "-1", "1.5", "", "ten", "1e3", "NaN", "9" * 30],
+    "enum": ["", "lost", "DONE", "\x00", "queued "],
+}
 
 
 def query_kind(parameter: dict) -> str | None:
@@ -306,17 +375,23 @@ def broken_request(draw, operation: Operation, catalog: Catalog):
     elif kind == "drop":
         body = {key: value for key, value in body.items() if key != name}
     elif kind == "add":
-        name = draw((st.sampled_from(CONFUSABLE_NAMES) | st.text(min_size=1, max_size=12))
-                    .filter(lambda key: key not in schema["properties"]))
+        name = draw(
+            (st.sampled_from(CONFUSABLE_NAMES) | st.text(min_size=1, max_size=12)).filter(
+                lambda key: key not in schema["properties"]
+            )
+        )
         body = {**body, name: draw(ANY_JSON)}
     elif kind == "not the body":
         name = "body"
-        body, raw, content_type = draw(st.one_of(
-            invalid({"type": schema["type"]}).map(lambda value: (value, None, "application/json")),
-            st.binary(max_size=40).filter(lambda data: not is_json(data)).map(
-                lambda data: (ABSENT, data, "application/json")),
-            st.sampled_from(WRONG_CONTENT_TYPES).map(lambda kind: (ABSENT, json.dumps(body), kind)),
-        ))
+        body, raw, content_type = draw(
+            st.one_of(
+                invalid({"type": schema["type"]}).map(lambda value: (value, None, "application/json")),
+                st.binary(max_size=40)
+                .filter(lambda data: not is_json(data))
+                .map(lambda data: (ABSENT, data, "application/json")),
+                st.sampled_from(WRONG_CONTENT_TYPES).map(lambda kind: (ABSENT, json.dumps(body), kind)),
+            )
+        )
     else:
         parameter = operation.parameters("query")[name]
         query = {**query, name: draw(st.sampled_from(INVALID_QUERY_VALUES[query_kind(parameter)]))}
@@ -324,6 +399,7 @@ def broken_request(draw, operation: Operation, catalog: Catalog):
 
 
 # --- What follows nothing --------------------------------------------------------------------------------
+
 
 def nested(depth: int) -> str:
     return "[" * depth + "]" * depth
@@ -333,9 +409,13 @@ def nested(depth: int) -> str:
 def any_request(draw, operation: Operation, catalog: Catalog):
     path_values = {}
     for name, parameter in operation.parameters("path").items():
-        arbitrary = st.integers() if parameter["schema"]["type"] == "integer" else st.text(
-            st.characters(codec="utf-8", exclude_characters="/"), min_size=1, max_size=40).filter(
-            lambda value: value not in (".", ".."))
+        arbitrary = (
+            st.integers()
+            if parameter["schema"]["type"] == "integer"
+            else st.text(st.characters(codec="utf-8", exclude_characters="/"), min_size=1, max_size=40).filter(
+                lambda value: value not in (".", "..")
+            )
+        )
         path_values[name] = draw(st.sampled_from([catalog.path_values(operation)[name]]) | arbitrary)
     names = st.text(max_size=8)
     if operation.parameters("query"):
@@ -343,16 +423,23 @@ def any_request(draw, operation: Operation, catalog: Catalog):
     query = draw(st.dictionaries(names, st.text(max_size=20), max_size=3))
     schema = operation.body_schema or {"type": "object", "properties": {}}
     near = st.fixed_dictionaries({}, optional={name: ANY_JSON for name in schema.get("properties", {})})
-    value, raw, content_type = draw(st.one_of(
-        (ANY_JSON | near | valid(schema, catalog)).map(lambda value: (value, json.dumps(value), "application/json")),
-        st.integers(1, 30_000).map(lambda depth: (ABSENT, nested(depth), "application/json")),
-        st.tuples(st.just(ABSENT), st.binary(max_size=200), st.sampled_from(["application/json", *WRONG_CONTENT_TYPES])),
-        st.tuples(st.just(ABSENT), valid(schema, catalog).map(json.dumps), st.sampled_from(WRONG_CONTENT_TYPES)),
-    ))
+    value, raw, content_type = draw(
+        st.one_of(
+            (ANY_JSON | near | valid(schema, catalog)).map(
+                lambda value: (value, json.dumps(value), "application/json")
+            ),
+            st.integers(1, 30_000).map(lambda depth: (ABSENT, nested(depth), "application/json")),
+            st.tuples(
+                st.just(ABSENT), st.binary(max_size=200), st.sampled_from(["application/json", *WRONG_CONTENT_TYPES])
+            ),
+            st.tuples(st.just(ABSENT), valid(schema, catalog).map(json.dumps), st.sampled_from(WRONG_CONTENT_TYPES)),
+        )
+    )
     return path_values, query, value, raw, content_type
 
 
 # --- The properties ----------------------------------------------------------------------------------------
+
 
 def can_break(operation: Operation) -> bool:
     return bool(operation.body_schema or any(map(query_kind, operation.parameters("query").values())))
@@ -375,9 +462,12 @@ def assert_a_json_error(answer, operation: Operation, fields: set[str] | None = 
 
 def test_the_description_covers_every_route_of_the_api(api):
     app = api.client.application
-    routes = {(method.lower(), re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule))
-              for rule in app.url_map.iter_rules() if rule.rule.startswith(("/api/", "/v1/"))
-              for method in rule.methods - {"HEAD", "OPTIONS"}}
+    routes = {
+        (method.lower(), re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", rule.rule))
+        for rule in app.url_map.iter_rules()
+        if rule.rule.startswith(("/api/", "/v1/"))
+        for method in rule.methods - {"HEAD", "OPTIONS"}
+    }
     assert routes == {(operation.method, operation.path) for operation in api.operations.values()}
     assert set(api.operations) == set(OPERATIONS)
 
@@ -419,8 +509,9 @@ def test_no_request_is_a_server_error_and_every_error_is_json_naming_its_field(a
     path_values, query, value, raw, content_type = data.draw(any_request(operation, catalog), label="request")
     answer = api.send(operation, path_values, query, raw=raw, content_type=content_type)
     body = value if isinstance(value, dict) else {}
-    assert answer.status_code < 500 or answer.status_code == operation.needs_a_worker(body), \
+    assert answer.status_code < 500 or answer.status_code == operation.needs_a_worker(body), (
         f"{operation}: {answer.status_code} {answer.data[:300]!r}"
+    )
     assert answer.status_code in operation.statuses, f"{operation}: {answer.status_code} {answer.data[:300]!r}"
     if answer.status_code >= 400:
         assert_a_json_error(answer, operation, {*operation.names, *body, "body"})
@@ -442,8 +533,13 @@ FOUND = {
     "a deeply nested import": ("POST", "/api/voices/import", DEEP, 400, "body"),
     "a lone surrogate in text": ("POST", "/api/jobs", '{"text": "Hi \\ud83d."}', 400, "text"),
     "a lone surrogate in a voice name": ("POST", "/api/jobs", '{"text": "Hi.", "voice": "\\ud800"}', 400, "voice"),
-    "a lone surrogate in a speech voice": ("POST", "/v1/audio/speech", '{"input": "Hi.", "voice": "\\udfff"}', 400,
-                                           "voice"),
+    "a lone surrogate in a speech voice": (
+        "POST",
+        "/v1/audio/speech",
+        '{"input": "Hi.", "voice": "\\udfff"}',
+        400,
+        "voice",
+    ),
     "a lone surrogate in a catalog name": ("POST", "/api/voices", '{"name": "\\ud800", "seed": 1}', 400, "name"),
     "a voice id past 64 bits": ("POST", "/api/jobs", {"text": "Hi.", "voice_id": 2**70}, 422, "voice_id"),
     "a path voice id past 64 bits": ("GET", "/api/voices/99999999999999999999", None, 404, None),
@@ -453,8 +549,13 @@ FOUND = {
     "a request id from outside": ("POST", "/api/jobs", {"text": "Hi.", "request_id": "mine"}, 400, "request_id"),
     "an empty key": ("POST", "/api/jobs", {"text": "Hi.", "": 1}, 400, ""),
     "a level without refine_text": ("POST", "/api/jobs", {"text": "Hi.", "oral": 99}, 400, "oral"),
-    "a list for a speech format": ("POST", "/v1/audio/speech", {"input": "Hi.", "voice": 1, "response_format": []},
-                                   400, "response_format"),
+    "a list for a speech format": (
+        "POST",
+        "/v1/audio/speech",
+        {"input": "Hi.", "voice": 1, "response_format": []},
+        400,
+        "response_format",
+    ),
     "a number for a speech model": ("POST", "/v1/audio/speech", {"input": "Hi.", "voice": 1, "model": 1}, 400, "model"),
     # Refused at once, not after asking a worker for the seed's embedding (503 here, a minute's wait there).
     "a bad field beside a seed": ("POST", "/api/voices", {"name": "Rated", "seed": 1, "rating": 9}, 400, "rating"),

@@ -3,7 +3,9 @@
 import time
 
 import pytest
+import redis
 
+from chattts_farm import redis_keys
 from tests.edge_texts import EDGE_TEXTS
 from web.models import Job, JobStatus, db
 from worker.audio import decode
@@ -21,9 +23,10 @@ def wait_for(client, job_id, statuses, timeout=120):
     raise AssertionError(f"job {job_id} stayed {body['status']}")
 
 
-def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app, farm):
-    answer = client.post("/api/jobs", json={"text": "Hello from the web.", "voice": 42, "format": "flac",
-                                            "speed": 4, "seed": 7})
+def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app, workers):
+    answer = client.post(
+        "/api/jobs", json={"text": "Hello from the web.", "voice": 42, "format": "flac", "speed": 4, "seed": 7}
+    )
     assert answer.status_code == 202
     body = answer.get_json()
     assert body["status"] == "queued" and body["status_url"] == f"/api/jobs/{body['id']}"
@@ -41,19 +44,18 @@ def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app
     assert abs(len(samples) / rate - done["result"]["duration_s"]) < 0.05
 
 
-def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, farm):
+def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, workers):
     job_id = client.post("/api/jobs", json={"text": LONG_TEXT}).get_json()["id"]
     early = client.get(f"/api/jobs/{job_id}/audio")
     assert early.status_code == 409 and "error" in early.get_json()
     assert client.get("/api/jobs/no-such-job/audio").status_code == 404
     assert client.get("/api/jobs/no-such-job").status_code == 404
     wait_for(client, job_id, {"done"})
-    farm_redis = __import__("redis").Redis.from_url(farm.redis_url)
-    farm_redis.delete(f"chattts:audio:{job_id}")
+    redis.Redis.from_url(workers.redis_url).delete(redis_keys.audio(job_id))
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
 
 
-def test_a_running_job_can_be_cancelled(client, farm):
+def test_a_running_job_can_be_cancelled(client, workers):
     job_id = client.post("/api/jobs", json={"text": LONG_TEXT}).get_json()["id"]
     wait_for(client, job_id, {"running"})
     cancelled = client.delete(f"/api/jobs/{job_id}")
@@ -63,7 +65,7 @@ def test_a_running_job_can_be_cancelled(client, farm):
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 409
 
 
-def test_recent_jobs_are_listed_newest_first_and_filtered_by_status(client, farm):
+def test_recent_jobs_are_listed_newest_first_and_filtered_by_status(client, workers):
     first = client.post("/api/jobs", json={"text": "First."}).get_json()["id"]
     second = client.post("/api/jobs", json={"text": "Second."}).get_json()["id"]
     wait_for(client, first, {"done"})
@@ -96,7 +98,7 @@ def test_bad_input_is_a_400_naming_the_field_and_records_no_job(client, app, bod
         assert db.session.execute(db.select(Job)).first() is None
 
 
-def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(client, farm):
+def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(client, workers):
     accepted = {}
     for name, (text, refusal) in EDGE_TEXTS.items():
         answer = client.post("/api/jobs", json={"text": text})

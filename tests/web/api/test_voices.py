@@ -11,15 +11,15 @@ def add(client, **fields):
     return answer.get_json()
 
 
-def test_a_voice_from_a_seed_stores_the_embedding_a_worker_derives(client, farm):
+def test_a_voice_from_a_seed_stores_the_embedding_a_worker_derives(client, workers):
     voice = add(client, name="Warm narrator", seed=42, tags=["Warm", " narrator ", "warm"], rating=4)
     assert voice["seed"] == 42 and len(voice["spk_emb"]) > 16
     assert voice["tags"] == ["narrator", "warm"]
-    again = farm.client.send_task("chattts.voice_embedding", kwargs={"seed": 42}).get(timeout=30)
+    again = workers.client.send_task("chattts.voice_embedding", kwargs={"seed": 42}).get(timeout=30)
     assert voice["spk_emb"] == again
 
 
-def test_voices_are_found_by_every_tag_and_by_text(client, farm):
+def test_voices_are_found_by_every_tag_and_by_text(client, workers):
     add(client, name="Calm", seed=1, tags=["calm", "female"], description="for bedtime stories")
     add(client, name="Bright", seed=2, tags=["bright", "female"])
     add(client, name="Deep", seed=3, tags=["calm", "male"])
@@ -33,10 +33,11 @@ def test_voices_are_found_by_every_tag_and_by_text(client, farm):
     assert names("?tag=nobody") == []
 
 
-def test_a_voice_is_read_edited_and_deleted(client, farm):
+def test_a_voice_is_read_edited_and_deleted(client, workers):
     voice = add(client, name="Editable", seed=5)
-    edited = client.patch(f"/api/voices/{voice['id']}", json={"name": "Edited", "tags": ["new"], "rating": 5,
-                                                                "favourite": True}).get_json()
+    edited = client.patch(
+        f"/api/voices/{voice['id']}", json={"name": "Edited", "tags": ["new"], "rating": 5, "favourite": True}
+    ).get_json()
     assert (edited["name"], edited["tags"], edited["rating"], edited["favourite"]) == ("Edited", ["new"], 5, True)
     assert client.get(f"/api/voices/{voice['id']}").get_json()["name"] == "Edited"
     assert client.delete(f"/api/voices/{voice['id']}").status_code == 204
@@ -55,18 +56,18 @@ def test_a_voice_is_read_edited_and_deleted(client, farm):
         ({"name": "X", "seed": 1, "colour": "red"}, "colour", 400),
     ],
 )
-def test_bad_voice_fields_are_named(client, farm, fields, field, status):
+def test_bad_voice_fields_are_named(client, workers, fields, field, status):
     answer = client.post("/api/voices", json=fields)
     assert answer.status_code == status and answer.get_json()["field"] == field
 
 
-def test_names_are_unique(client, farm):
+def test_names_are_unique(client, workers):
     add(client, name="Twin", seed=1)
     answer = client.post("/api/voices", json={"name": "Twin", "seed": 2})
     assert answer.status_code == 409 and answer.get_json()["field"] == "name"
 
 
-def test_export_then_import_round_trips_and_skips_existing_names(client, app, farm):
+def test_export_then_import_round_trips_and_skips_existing_names(client, app, workers):
     add(client, name="Kept", seed=7, tags=["a", "b"], description="kept voice", rating=3)
     exported = client.get("/api/voices/export")
     assert exported.mimetype == "application/json"
@@ -79,7 +80,7 @@ def test_export_then_import_round_trips_and_skips_existing_names(client, app, fa
     assert client.post("/api/voices/import", json={"not": "a list"}).get_json()["field"] == "body"
 
 
-def test_the_voice_of_a_finished_job_is_saved_and_usable_by_name(client, farm):
+def test_the_voice_of_a_finished_job_is_saved_and_usable_by_name(client, workers):
     job_id = client.post("/api/jobs", json={"text": "Keep my voice.", "voice": 77}).get_json()["id"]
     deadline = time.monotonic() + 60
     while client.get(f"/api/jobs/{job_id}").get_json()["status"] != "done":
@@ -99,7 +100,7 @@ def test_the_api_is_described_by_openapi(client):
         assert path in description["paths"]
 
 
-def test_a_preview_is_generated_once_and_kept(client, farm):
+def test_a_preview_is_generated_once_and_kept(client, workers):
     voice = add(client, name="Previewed", seed=9)
     first = client.post(f"/api/voices/{voice['id']}/preview")
     assert first.status_code in (200, 202)
@@ -112,7 +113,7 @@ def test_a_preview_is_generated_once_and_kept(client, farm):
     assert client.get(again.get_json()["result"]["audio_url"]).status_code == 200
 
 
-def test_a_job_can_name_its_catalog_voice_by_id(client, farm):
+def test_a_job_can_name_its_catalog_voice_by_id(client, workers):
     voice = add(client, name="By id", seed=11)
     answer = client.post("/api/jobs", json={"text": "Spoken by id.", "voice_id": voice["id"]})
     assert answer.status_code == 202

@@ -3,13 +3,10 @@
 import json
 import os
 import subprocess
-import sys
-from pathlib import Path
 
-from worker.assets import MANIFEST_NAME
+from tests.support import CLI
 from worker.audio import decode
-
-CLI = str(Path(sys.executable).parent / "chattts-farm")
+from worker.synthetic_assets import MANIFEST_NAME
 
 
 def run_cli(*arguments, data_dir):
@@ -19,8 +16,23 @@ def run_cli(*arguments, data_dir):
 
 def test_say_writes_the_audio_and_describes_it(tmp_path, data_dir):
     output = tmp_path / "hello.mp3"
-    finished = run_cli("say", "Hello from the farm.", "--voice", "42", "--format", "mp3", "-o", str(output),
-                       "--seed", "3", "--speed", "4", "--model", "synthetic-tiny", data_dir=data_dir)
+    finished = run_cli(
+        "say",
+        "Hello from the farm.",
+        "--voice",
+        "42",
+        "--format",
+        "mp3",
+        "-o",
+        str(output),
+        "--seed",
+        "3",
+        "--speed",
+        "4",
+        "--model",
+        "synthetic-tiny",
+        data_dir=data_dir,
+    )
     assert finished.returncode == 0, finished.stderr
     summary = json.loads(finished.stdout)
     assert summary["model"]["kind"] == "synthetic" and summary["seed"] == 3 and summary["format"] == "mp3"
@@ -30,8 +42,9 @@ def test_say_writes_the_audio_and_describes_it(tmp_path, data_dir):
 
 def test_say_refuses_bad_input_on_stderr_with_a_failing_exit(tmp_path, data_dir):
     output = tmp_path / "never.wav"
-    finished = run_cli("say", "Hello.", "--voice", "not-a-voice", "-o", str(output), "--model", "synthetic-tiny",
-                       data_dir=data_dir)
+    finished = run_cli(
+        "say", "Hello.", "--voice", "not-a-voice", "-o", str(output), "--model", "synthetic-tiny", data_dir=data_dir
+    )
     assert finished.returncode != 0
     assert "voice: must be an integer seed" in finished.stderr
     assert not output.exists()

@@ -1,16 +1,15 @@
-from __future__ import annotations
+"""The job endpoints: submit, read, list, download and cancel jobs."""
 
-import json
+from __future__ import annotations
 
 from flask import Response, current_app, request, url_for
 
+from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
 from web import jobs, voices
 from web.api import bp
-from web.api.openapi import openapi_description
-from web.body import json_body, json_object
 from web.errors import ApiError
+from web.json_body import json_object
 from web.models import Job, JobStatus, Voice
-from worker.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
 
 MAX_LIST_LIMIT = 500
 
@@ -31,12 +30,14 @@ def _catalog_voice(arguments: dict) -> Voice | None:
     value = arguments.get("voice", DEFAULT_VOICE_SEED)
     voice = voices.resolve(value)
     if voice is None:
-        raise ApiError(422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an "
-                            "embedding", "voice")
+        raise ApiError(
+            422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an embedding", "voice"
+        )
     return voice if isinstance(voice, Voice) else None
 
 
-def _get_job(job_id: str) -> Job:
+def visible_job(job_id: str) -> Job:
+    """The job as the caller may see it; 404 when there is none."""
     job = jobs.visible(job_id)
     if job is None:  # also when it is another key's job: the same answer, so ids cannot be probed
         raise ApiError(404, f"no job {job_id}")
@@ -85,14 +86,18 @@ def create_job():
     settings = current_app.config["SETTINGS"]
     synthesis = SynthesisRequest.from_arguments(arguments, max_text_chars=settings.max_text_chars)
     job = jobs.submit(synthesis, voice)
-    body = {"id": job.id, "status": job.status, "status_url": url_for("api.get_job", job_id=job.id),
-            "audio_url": url_for("api.job_audio", job_id=job.id)}
+    body = {
+        "id": job.id,
+        "status": job.status,
+        "status_url": url_for("api.get_job", job_id=job.id),
+        "audio_url": url_for("api.job_audio", job_id=job.id),
+    }
     return body, 202, {"Location": body["status_url"]}
 
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str):
-    return describe(jobs.refresh(_get_job(job_id)))
+    return describe(jobs.refresh(visible_job(job_id)))
 
 
 @bp.get("/jobs")
@@ -112,68 +117,17 @@ def list_jobs():
 
 @bp.get("/jobs/<job_id>/audio")
 def job_audio(job_id: str):
-    job = _get_job(job_id)
+    job = visible_job(job_id)
     data = jobs.audio(job)
-    return Response(data, mimetype=MIME_TYPES[job.format], headers={
-        "Content-Disposition": f'attachment; filename="chattts-{job.id}.{job.format}"',
-    })
+    return Response(
+        data,
+        mimetype=MIME_TYPES[job.format],
+        headers={
+            "Content-Disposition": f'attachment; filename="chattts-{job.id}.{job.format}"',
+        },
+    )
 
 
 @bp.delete("/jobs/<job_id>")
 def cancel_job(job_id: str):
-    return describe(jobs.cancel(_get_job(job_id)))
-
-
-@bp.get("/voices")
-def list_voices():
-    return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
-
-
-@bp.post("/voices")
-def create_voice():
-    return voices.describe(voices.create(json_object())), 201
-
-
-@bp.get("/voices/export")
-def export_voices():
-    return Response(json.dumps(voices.export(), ensure_ascii=False, indent=2), mimetype="application/json",
-                    headers={"Content-Disposition": 'attachment; filename="chattts-voices.json"'})
-
-
-@bp.post("/voices/import")
-def import_voices():
-    return voices.import_(json_body()), 200
-
-
-@bp.get("/voices/<int:voice_id>")
-def get_voice(voice_id: int):
-    return voices.describe(voices.get(voice_id))
-
-
-@bp.patch("/voices/<int:voice_id>")
-def update_voice(voice_id: int):
-    return voices.describe(voices.update(voices.get(voice_id), json_object()))
-
-
-@bp.delete("/voices/<int:voice_id>")
-def delete_voice(voice_id: int):
-    voices.delete(voices.get(voice_id))
-    return "", 204
-
-
-@bp.post("/voices/from-job/<job_id>")
-def voice_from_job(job_id: str):
-    job = jobs.refresh(_get_job(job_id))
-    return voices.describe(voices.from_job(job, json_object())), 201
-
-
-@bp.get("/openapi.json")
-def openapi():
-    return openapi_description(current_app.config["SETTINGS"].max_text_chars)
-
-
-@bp.post("/voices/<int:voice_id>/preview")
-def preview_voice(voice_id: int):
-    """The voice's kept preview job: the existing one while its audio lives, else a new one."""
-    job = voices.preview(voices.get(voice_id), current_app.config["SETTINGS"].max_text_chars)
-    return describe(job), 200 if job.status == JobStatus.DONE else 202
+    return describe(jobs.cancel(visible_job(job_id)))

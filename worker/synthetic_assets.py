@@ -391,7 +391,7 @@ def _write_embed(root: Path, config: Config) -> None:
     # norm ~1 give the speaker its due weight, as in the trained model.
     with torch.no_grad():
         for table in (embed.emb_text, *embed.emb_code):
-            table.weight.normal_(0.0, config.embed.hidden_size ** -0.5)
+            table.weight.normal_(0.0, config.embed.hidden_size**-0.5)
     _save_state_dict(embed, root / config.path.embed_path)
 
 

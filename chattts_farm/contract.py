@@ -11,27 +11,39 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from worker.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
+from chattts_farm.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
 
 TASK_NAME = "chattts.synthesize"
 HEALTH_TASK_NAME = "chattts.health"
 # voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model.
 EMBEDDING_TASK_NAME = "chattts.voice_embedding"
 DEFAULT_QUEUE = "tts"
+# Workers consume Celery's own default queue too, so a plain send_task without routing reaches them.
+CELERY_DEFAULT_QUEUE = "celery"
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"
-AUDIO_KEY_PREFIX = "chattts:audio:"
-# Each worker keeps its health report (chattts.health's answer) under this prefix + its node name,
-# refreshed every few seconds and expiring when the worker is gone: the ops page and /metrics read it.
-HEARTBEAT_KEY_PREFIX = "chattts:worker:"
-HEARTBEAT_INTERVAL_S = 5
-HEARTBEAT_TTL_S = 20
 
 # Keys of the dict a successful chattts.synthesize returns (all JSON-able).
 RESULT_FIELDS = (
-    "job_id", "format", "mime_type", "sample_rate", "duration_s", "segments", "tokens", "audio_key",
-    "quality", "worker", "batch_size", "model", "model_info", "seed", "voice_embedding", "timings", "memory",
-    "started_at", "finished_at",
+    "job_id",
+    "format",
+    "mime_type",
+    "sample_rate",
+    "duration_s",
+    "segments",
+    "tokens",
+    "audio_key",
+    "quality",
+    "worker",
+    "batch_size",
+    "model",
+    "model_info",
+    "seed",
+    "voice_embedding",
+    "timings",
+    "memory",
+    "started_at",
+    "finished_at",
 )
 
 DEFAULT_VOICE_SEED = 2222
@@ -51,11 +63,6 @@ _EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
 # code point of its own: text that no UTF-8 encoder, database or model takes.
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _SEED_DIGITS = re.compile(r"[0-9]+")
-
-
-def audio_key(job_id: str) -> str:
-    """Where a job's encoded audio waits in Redis: one key per job, so a re-run overwrites it."""
-    return AUDIO_KEY_PREFIX + job_id
 
 
 def worker_queue(kind: str, index: int) -> str:
@@ -133,16 +140,28 @@ class SynthesisRequest:
         return self.voice if isinstance(self.voice, int) else None
 
     @classmethod
-    def from_arguments(cls, arguments: dict[str, Any], *, max_text_chars: int,
-                       request_id: str = "") -> SynthesisRequest:
+    def from_arguments(
+        cls, arguments: dict[str, Any], *, max_text_chars: int, request_id: str = ""
+    ) -> SynthesisRequest:
         """Validate loosely typed arguments (task kwargs, JSON) into a request.
 
         Raises :class:`InvalidRequest` naming the first offending field. ``request_id`` is the job's
         own id, given by the task, never by the caller.
         """
         known = {
-            "text", "voice", "format", "speed", "temperature", "top_p", "top_k",
-            "repetition_penalty", "refine_text", "oral", "laugh", "break", "seed",
+            "text",
+            "voice",
+            "format",
+            "speed",
+            "temperature",
+            "top_p",
+            "top_k",
+            "repetition_penalty",
+            "refine_text",
+            "oral",
+            "laugh",
+            "break",
+            "seed",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -208,8 +227,7 @@ def parse_voice(value: Any) -> int | str:
 def check_unicode(value: str, field: str) -> None:
     """Refuse text holding a lone UTF-16 surrogate, naming the field."""
     if _LONE_SURROGATE.search(value):
-        raise InvalidRequest(field, "holds half of a UTF-16 surrogate pair (such as \\ud83d alone): "
-                                    "not valid Unicode")
+        raise InvalidRequest(field, "holds half of a UTF-16 surrogate pair (such as \\ud83d alone): not valid Unicode")
 
 
 def _text(value: Any, max_chars: int) -> str:
@@ -222,8 +240,9 @@ def _text(value: Any, max_chars: int) -> str:
         raise InvalidRequest("text", f"has {len(value)} characters; the maximum is {max_chars}")
     check_unicode(value, "text")
     if is_ssml(value):
-        raise InvalidRequest("text", "is SSML, which ChatTTS does not read: send plain text "
-                                     "(a [uv_break] tag makes a pause)")
+        raise InvalidRequest(
+            "text", "is SSML, which ChatTTS does not read: send plain text (a [uv_break] tag makes a pause)"
+        )
     text = drop_invisible(value)
     if not is_speakable(text):
         raise InvalidRequest("text", NOTHING_SPEAKABLE)

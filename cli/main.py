@@ -3,22 +3,26 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 import click
 
-from worker.contract import FORMATS, FarmError, SynthesisRequest
-from worker.settings import Settings, SettingsError
+from chattts_farm.contract import FORMATS, FarmError, SynthesisRequest
+from chattts_farm.settings import Settings, SettingsError
+from worker.cuda import configure_allocator
+
+logger = logging.getLogger(__name__)
 
 
-def configure_cuda_allocator() -> None:
-    """Expandable segments keep long-running workers from dying of fragmentation OOMs.
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
-    Must run before torch initialises CUDA, so every entry point calls it first.
-    """
-    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+def _log_to_stderr(level: str = "INFO") -> None:
+    """Log lines for the long-running commands (workers, up, reconcile), all in one format."""
+    logging.basicConfig(level=level, format=LOG_FORMAT)
 
 
 def _settings(**overrides: object) -> Settings:
@@ -53,7 +57,8 @@ class _ProgressBar:
 @click.group()
 def main() -> None:
     """chattts-farm: a ChatTTS speech-synthesis farm."""
-    configure_cuda_allocator()
+    # Before any command can make torch touch the GPU.
+    configure_allocator()
 
 
 @main.command()
@@ -68,16 +73,36 @@ def main() -> None:
 @click.option("--top-k", type=int, default=20, show_default=True)
 @click.option("--refine-text/--no-refine-text", default=False, show_default=True)
 @click.option("--model", default=None, help="Model source (default: CHATTTS_FARM_MODEL or huggingface).")
-def say(text: str, voice: str, audio_format: str, output: Path, seed: int | None, speed: int,
-        temperature: float, top_p: float, top_k: int, refine_text: bool, model: str | None) -> None:
+def say(
+    text: str,
+    voice: str,
+    audio_format: str,
+    output: Path,
+    seed: int | None,
+    speed: int,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    refine_text: bool,
+    model: str | None,
+) -> None:
     """Synthesise TEXT into a file, locally, without the farm."""
     from worker.synthesis import Synthesizer
 
     settings = _settings(model=model)
     try:
         request = SynthesisRequest.from_arguments(
-            {"text": text, "voice": voice, "format": audio_format, "seed": seed, "speed": speed,
-             "temperature": temperature, "top_p": top_p, "top_k": top_k, "refine_text": refine_text},
+            {
+                "text": text,
+                "voice": voice,
+                "format": audio_format,
+                "seed": seed,
+                "speed": speed,
+                "temperature": temperature,
+                "top_p": top_p,
+                "top_k": top_k,
+                "refine_text": refine_text,
+            },
             max_text_chars=settings.max_text_chars,
         )
         progress = _ProgressBar("preparing the model")
@@ -103,7 +128,7 @@ def assets() -> None:
 @click.argument("scale", type=click.Choice(["tiny", "full"]))
 def assets_prepare(scale: str) -> None:
     """Build synthetic assets of SCALE in the data dir's cache, unless they are already there."""
-    from worker.assets import ensure_synthetic_assets
+    from worker.synthetic_assets import ensure_synthetic_assets
 
     progress = _ProgressBar(f"building synthetic-{scale} assets")
     root = ensure_synthetic_assets(_settings().data_dir, scale, progress=progress)
@@ -117,7 +142,7 @@ def assets_prepare(scale: str) -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 def assets_build(scale: str, seed: int, directory: Path) -> None:
     """Build synthetic assets of SCALE into DIRECTORY."""
-    from worker.assets import build_synthetic_assets
+    from worker.synthetic_assets import build_synthetic_assets
 
     progress = _ProgressBar(f"building synthetic-{scale} assets")
     manifest = build_synthetic_assets(directory, scale, seed=seed, progress=progress)
@@ -131,11 +156,9 @@ def assets_build(scale: str, seed: int, directory: Path) -> None:
 @click.option("--loglevel", default="INFO", show_default=True)
 def worker(gpus: str | None, cpu_workers: int | None, loglevel: str) -> None:
     """Run one Celery worker process per GPU (or N CPU workers), restarting any that dies."""
-    import logging
-
     from worker.supervisor import NoGpus, Supervisor, plan_workers
 
-    logging.basicConfig(level=loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    _log_to_stderr(loglevel)
     settings = _settings()
     try:
         specs = plan_workers(gpus, cpu_workers)
@@ -187,8 +210,21 @@ def web(host: str, port: int, workers: int) -> None:
     if gunicorn is None:
         raise click.ClickException("gunicorn is not installed: pip install 'chattts-farm[web]'")
     # Threads let a worker answer status polls while another request waits on the queue.
-    os.execv(gunicorn, [gunicorn, "--bind", f"{host}:{port}", "--workers", str(workers), "--threads", "8",
-                        "--access-logfile", "-", "web:create_app()"])
+    os.execv(
+        gunicorn,
+        [
+            gunicorn,
+            "--bind",
+            f"{host}:{port}",
+            "--workers",
+            str(workers),
+            "--threads",
+            "8",
+            "--access-logfile",
+            "-",
+            "web:create_app()",
+        ],
+    )
 
 
 @main.command()
@@ -196,9 +232,17 @@ def web(host: str, port: int, workers: int) -> None:
 @click.option("--port", type=int, default=5555, show_default=True)
 def flower(address: str, port: int) -> None:
     """Run Flower on the farm's broker, behind basic auth from CHATTTS_FARM_FLOWER_AUTH=user:password."""
-    command = [sys.executable, "-m", "celery", "-A", "worker.celery_app", "flower", f"--address={address}",
-               f"--port={port}"]
-    auth = os.environ.get("CHATTTS_FARM_FLOWER_AUTH", "").strip()
+    command = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "worker.celery_app",
+        "flower",
+        f"--address={address}",
+        f"--port={port}",
+    ]
+    auth = _settings().flower_auth
     if auth:
         if ":" not in auth:
             raise click.UsageError("CHATTTS_FARM_FLOWER_AUTH must be user:password")
@@ -213,24 +257,48 @@ def flower(address: str, port: int) -> None:
 @click.option("--host", envvar="CHATTTS_FARM_HOST", default="127.0.0.1", show_default=True)
 @click.option("--port", envvar="CHATTTS_FARM_PORT", type=int, default=8000, show_default=True)
 @click.option("--flower-port", envvar="CHATTTS_FARM_FLOWER_PORT", type=int, default=5555, show_default=True)
-@click.option("--redis-url", envvar="CHATTTS_FARM_REDIS_URL", default=None,
-              help="Use this Redis instead of starting one.")
-@click.option("--redis-port", envvar="CHATTTS_FARM_REDIS_PORT", type=int, default=6379, show_default=True,
-              help="Port of the Redis that up starts.")
-@click.option("--data-dir", envvar="CHATTTS_FARM_DATA_DIR", type=click.Path(file_okay=False, path_type=Path),
-              default=Path("var"), show_default=True)
+@click.option(
+    "--redis-url", envvar="CHATTTS_FARM_REDIS_URL", default=None, help="Use this Redis instead of starting one."
+)
+@click.option(
+    "--redis-port",
+    envvar="CHATTTS_FARM_REDIS_PORT",
+    type=int,
+    default=6379,
+    show_default=True,
+    help="Port of the Redis that up starts.",
+)
+@click.option(
+    "--data-dir",
+    envvar="CHATTTS_FARM_DATA_DIR",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("var"),
+    show_default=True,
+)
 @click.option("--gpus", envvar="CHATTTS_FARM_GPUS", default=None, help="GPU indices or 'all' (default: all).")
-@click.option("--cpu-workers", envvar="CHATTTS_FARM_CPU_WORKERS", type=int, default=None,
-              help="CPU workers instead of GPU workers (default: 1 where there is no GPU).")
-def up(model: str, host: str, port: int, flower_port: int, redis_url: str | None, redis_port: int,
-       data_dir: Path, gpus: str | None, cpu_workers: int | None) -> None:
+@click.option(
+    "--cpu-workers",
+    envvar="CHATTTS_FARM_CPU_WORKERS",
+    type=int,
+    default=None,
+    help="CPU workers instead of GPU workers (default: 1 where there is no GPU).",
+)
+def up(
+    model: str,
+    host: str,
+    port: int,
+    flower_port: int,
+    redis_url: str | None,
+    redis_port: int,
+    data_dir: Path,
+    gpus: str | None,
+    cpu_workers: int | None,
+) -> None:
     """Run the whole farm here: Redis, migrations, workers, web app and Flower."""
-    import logging
+    from cli.launcher import Launcher, LaunchError, LaunchPlan
 
-    from worker.launcher import FarmPlan, Launcher, LaunchError
-
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    plan = FarmPlan(model, host, port, flower_port, redis_url, redis_port, data_dir, gpus, cpu_workers)
+    _log_to_stderr()
+    plan = LaunchPlan(model, host, port, flower_port, redis_url, redis_port, data_dir, gpus, cpu_workers)
     try:
         sys.exit(Launcher(plan).run())
     except LaunchError as error:
@@ -248,11 +316,12 @@ def keys_create(name: str) -> None:
     """Create a key for NAME and print it (it is shown this once; only its hash is kept)."""
     from sqlalchemy.exc import IntegrityError
 
-    from web import access, create_app
+    from web import create_app
+    from web.access import api_keys
 
     with create_app().app_context():
         try:
-            click.echo(access.create_key(name))
+            click.echo(api_keys.create_key(name))
         except IntegrityError:
             raise click.ClickException(f"a key named {name!r} exists already") from None
 
@@ -273,10 +342,11 @@ def keys_list() -> None:
 @click.argument("name")
 def keys_revoke(name: str) -> None:
     """Revoke the key of NAME."""
-    from web import access, create_app
+    from web import create_app
+    from web.access import api_keys
 
     with create_app().app_context():
-        if not access.revoke_key(name):
+        if not api_keys.revoke_key(name):
             raise click.ClickException(f"no active key named {name!r}")
     click.echo(f"revoked {name}")
 
@@ -285,16 +355,15 @@ def keys_revoke(name: str) -> None:
 @click.option("--every", type=float, default=None, help="Repeat every this many seconds (default: once).")
 def reconcile(every: float | None) -> None:
     """Enqueue again every unfinished job of the database that Redis has lost."""
-    import logging
     import time
+
+    from kombu.exceptions import OperationalError
+    from redis.exceptions import RedisError
 
     from web import create_app
     from web.reconcile import reconcile as reconcile_once
 
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from kombu.exceptions import OperationalError
-    from redis.exceptions import RedisError
-
+    _log_to_stderr()
     app = create_app()
     while True:
         try:
@@ -305,7 +374,7 @@ def reconcile(every: float | None) -> None:
             if every is None:
                 raise click.ClickException(f"Redis could not be reached: {error}") from None
             # Redis away (restarting, say) is when the reconciler is needed next: keep going.
-            logging.getLogger(__name__).warning("Redis could not be reached; trying again in %s s: %s", every, error)
+            logger.warning("Redis could not be reached; trying again in %s s: %s", every, error)
         if every is None:
             return
         time.sleep(every)

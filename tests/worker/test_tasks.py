@@ -1,4 +1,4 @@
-"""The worker farm end to end: real Redis, real worker processes (synthetic-tiny weights, CPU)."""
+"""The Celery tasks end to end: real Redis, real worker processes (synthetic-tiny weights, CPU)."""
 
 import json
 import os
@@ -12,17 +12,17 @@ import time
 import pytest
 import redis
 
-from tests.edge_texts import EDGE_TEXTS
-from worker.audio import decode
-from worker.contract import (
+from chattts_farm.contract import (
     FORMATS,
     MIME_TYPES,
     PROGRESS_STATE,
     RESULT_FIELDS,
     TASK_NAME,
     InvalidRequest,
-    audio_key,
 )
+from chattts_farm.redis_keys import audio as audio_key
+from tests.edge_texts import EDGE_TEXTS
+from worker.audio import decode
 
 LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for word in "abcdefghijklmnopqrstuvwxyz" * 3)
 
@@ -56,9 +56,15 @@ def wait_for_state(result, states, timeout=60):
     raise AssertionError(f"{result.id} stayed {result.state}, not {states}")
 
 
-def test_a_plain_celery_client_gets_valid_audio_in_every_format(farm, tmp_path):
-    finished = subprocess.run([sys.executable, "-c", PLAIN_CLIENT, farm.redis_url, str(tmp_path)],
-                              check=False, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+def test_a_plain_celery_client_gets_valid_audio_in_every_format(workers, tmp_path):
+    finished = subprocess.run(
+        [sys.executable, "-c", PLAIN_CLIENT, workers.redis_url, str(tmp_path)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert finished.returncode == 0, finished.stderr
     report = json.loads(finished.stdout)
     assert report["project_modules"] == []
@@ -72,18 +78,19 @@ def test_a_plain_celery_client_gets_valid_audio_in_every_format(farm, tmp_path):
         assert abs(len(samples) / rate - result["duration_s"]) < 0.05
 
 
-def test_24_jobs_at_once_all_complete_some_of_them_batched(farm):
-    client = farm.client
-    results = [client.send_task(TASK_NAME, kwargs={"text": f"Job number {chr(97 + i)} speaks.", "voice": i})
-               for i in range(24)]
+def test_24_jobs_at_once_all_complete_some_of_them_batched(workers):
+    client = workers.client
+    results = [
+        client.send_task(TASK_NAME, kwargs={"text": f"Job number {chr(97 + i)} speaks.", "voice": i}) for i in range(24)
+    ]
     outputs = [result.get(timeout=240) for result in results]
     assert all(result.state == "SUCCESS" for result in results)
     assert max(output["batch_size"] for output in outputs) > 1
     assert {output["worker"].split("@")[0] for output in outputs} == {"cpu0", "cpu1"}
 
 
-def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(farm):
-    client = farm.client
+def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(workers):
+    client = workers.client
     bad = client.send_task(TASK_NAME, kwargs={"text": "Fine text.", "voice": "not a voice"})
     with pytest.raises(Exception, match="voice: must be an integer seed"):
         bad.get(timeout=60)
@@ -94,10 +101,10 @@ def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(farm):
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
-def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(farm):
-    client = farm.client
+def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(workers):
+    client = workers.client
     sent = {name: client.send_task(TASK_NAME, kwargs={"text": text}) for name, (text, _) in EDGE_TEXTS.items()}
-    store = redis.Redis.from_url(farm.redis_url)
+    store = redis.Redis.from_url(workers.redis_url)
     for name, (_, refusal) in EDGE_TEXTS.items():
         if refusal is None:
             result = sent[name].get(timeout=120)
@@ -109,8 +116,8 @@ def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
-def test_a_long_job_reports_progress(farm):
-    result = farm.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT})
+def test_a_long_job_reports_progress(workers):
+    result = workers.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT})
     seen = []
     while not result.ready():
         # One backend read per poll: reading .state then .info separately races the job's end.
@@ -124,8 +131,8 @@ def test_a_long_job_reports_progress(farm):
     assert seen[-1]["segments"] == result.result["segments"]
 
 
-def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(farm):
-    client = farm.client
+def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(workers):
+    client = workers.client
     running = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT}, queue="cpu0")
     mate = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500]}, queue="cpu0")
     wait_for_state(running, {PROGRESS_STATE})
@@ -135,11 +142,11 @@ def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(farm):
     assert time.monotonic() - revoked_at < 5
     finished_mate = mate.get(timeout=60)
     assert finished_mate["segments"] > 1 and finished_mate["batch_size"] == 2
-    assert redis.Redis.from_url(farm.redis_url).get(audio_key(running.id)) is None
+    assert redis.Redis.from_url(workers.redis_url).get(audio_key(running.id)) is None
 
 
-def test_revoking_a_queued_job_means_it_never_runs(farm):
-    client = farm.client
+def test_revoking_a_queued_job_means_it_never_runs(workers):
+    client = workers.client
     # Both workers hold four long jobs each: the next job waits in Redis.
     busy = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}) for i in range(8)]
     queued = client.send_task(TASK_NAME, kwargs={"text": "Never spoken."})
@@ -147,12 +154,12 @@ def test_revoking_a_queued_job_means_it_never_runs(farm):
     for result in busy:
         result.get(timeout=120)
     wait_for_state(queued, {"REVOKED"}, timeout=60)
-    assert redis.Redis.from_url(farm.redis_url).get(audio_key(queued.id)) is None
-    assert f"chattts.synthesize[{queued.id}] succeeded" not in farm.log()
+    assert redis.Redis.from_url(workers.redis_url).get(audio_key(queued.id)) is None
+    assert f"chattts.synthesize[{queued.id}] succeeded" not in workers.log()
 
 
-def test_a_sigkilled_workers_jobs_all_complete_exactly_once(farm):
-    client = farm.client
+def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers):
+    client = workers.client
     victim = client.send_task("chattts.health", queue="cpu1").get(timeout=30)
     jobs = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}, queue="tts") for i in range(8)]
     # Kill cpu1 in the middle of its batch: it holds up to four of the jobs, unacknowledged.
@@ -164,19 +171,18 @@ def test_a_sigkilled_workers_jobs_all_complete_exactly_once(farm):
     outputs = [job.get(timeout=300) for job in jobs]
 
     assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
-    store = redis.Redis.from_url(farm.redis_url)
+    store = redis.Redis.from_url(workers.redis_url)
     assert all(store.get(audio_key(job.id)) for job in jobs)
-    log = farm.log()
+    log = workers.log()
     for job in jobs:
         assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", log)) == 1
     # The supervisor brought cpu1 back.
-    names = farm.wait_for_workers(2)
+    names = workers.wait_for_workers(2)
     assert any(name.startswith("cpu1@") for name in names)
     assert client.send_task("chattts.health", queue="cpu1").get(timeout=60)["pid"] != victim["pid"]
 
 
-def test_health_reports_the_model_and_the_device(farm):
-    report = farm.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
+def test_health_reports_the_model_and_the_device(workers):
+    report = workers.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
     assert report["model"] == "synthetic" and report["model_info"]["device"] == "cpu"
     assert report["worker"].startswith("cpu0@") and report["gpu"] is None
-

@@ -7,8 +7,8 @@ from typing import Any
 
 from flask import request
 
+from chattts_farm.contract import check_unicode
 from web.errors import ApiError
-from worker.contract import check_unicode
 
 
 def json_body() -> Any:

@@ -2,15 +2,15 @@
 
 Starts (in this order) a local Redis with an append-only file under the data dir (unless a Redis URL
 is given), the database migrations, the workers (one per GPU, or CPU workers), the web app under
-gunicorn, Flower and the reconciler (which re-enqueues jobs Redis has lost); prints the URLs; on Ctrl-C or SIGTERM stops the web app and Flower, lets the
-workers finish their batch, then stops Redis (which flushes its append-only file).
+gunicorn, Flower and the reconciler (which re-enqueues jobs Redis has lost); prints the URLs; on
+Ctrl-C or SIGTERM stops the web app and Flower, lets the workers finish their batch, then stops Redis
+(which flushes its append-only file).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,11 +18,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import redis
+from cli.local_services import RedisStartError, start_redis_server
 
 logger = logging.getLogger(__name__)
 
-REDIS_START_TIMEOUT_S = 30
 RECONCILE_EVERY_S = 30
 
 
@@ -31,7 +30,7 @@ class LaunchError(RuntimeError):
 
 
 @dataclass
-class FarmPlan:
+class LaunchPlan:
     model: str
     host: str
     port: int
@@ -44,11 +43,11 @@ class FarmPlan:
 
 
 def _cli() -> list[str]:
-    return [sys.executable, "-m", "worker"]
+    return [sys.executable, "-m", "cli"]
 
 
 class Launcher:
-    def __init__(self, plan: FarmPlan):
+    def __init__(self, plan: LaunchPlan):
         self.plan = plan
         self.redis_url = plan.redis_url or f"redis://127.0.0.1:{plan.redis_port}/0"
         self.environment = {
@@ -71,9 +70,12 @@ class Launcher:
             self._prepare_model()
             self._run_checked([*_cli(), "db", "upgrade"], "database migrations")
             self.services["workers"] = self._spawn([*_cli(), "worker", *self._worker_placement()])
-            self.services["web"] = self._spawn([*_cli(), "web", "--host", self.plan.host, "--port", str(self.plan.port)])
-            self.services["flower"] = self._spawn([*_cli(), "flower", "--address", self.plan.host,
-                                                   "--port", str(self.plan.flower_port)])
+            self.services["web"] = self._spawn(
+                [*_cli(), "web", "--host", self.plan.host, "--port", str(self.plan.port)]
+            )
+            self.services["flower"] = self._spawn(
+                [*_cli(), "flower", "--address", self.plan.host, "--port", str(self.plan.flower_port)]
+            )
             self.services["reconciler"] = self._spawn([*_cli(), "reconcile", "--every", str(RECONCILE_EVERY_S)])
             self._announce()
             return self._watch()
@@ -81,36 +83,30 @@ class Launcher:
             self._stop_all()
 
     def _start_redis(self) -> None:
-        server = shutil.which("redis-server")
-        if server is None:
-            raise LaunchError("redis-server is not installed: on Debian/Ubuntu `apt-get install -y redis-server`, "
-                              "or point --redis-url at a running Redis")
-        directory = self.plan.data_dir.resolve() / "redis"
-        directory.mkdir(parents=True, exist_ok=True)
-        # Append-only file: queued jobs and results survive a restart. noeviction: Redis refuses writes
-        # rather than silently dropping jobs when memory runs out.
-        self.redis = subprocess.Popen(
-            [server, "--port", str(self.plan.redis_port), "--bind", "127.0.0.1", "--dir", str(directory),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--maxmemory-policy", "noeviction"],
-            stdout=subprocess.DEVNULL, start_new_session=True,
-        )
-        client = redis.Redis.from_url(self.redis_url)
-        deadline = time.monotonic() + REDIS_START_TIMEOUT_S
-        while True:
-            try:
-                client.ping()
-                return
-            except redis.ConnectionError:
-                if self.redis.poll() is not None or time.monotonic() > deadline:
-                    raise LaunchError(f"redis-server did not start on port {self.plan.redis_port} (in use?); "
-                                      "choose another with --redis-port") from None
-                time.sleep(0.1)
+        # Append-only file: queued jobs and results survive a restart.
+        try:
+            self.redis = start_redis_server(
+                self.plan.redis_port,
+                self.plan.data_dir.resolve() / "redis",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                new_session=True,
+            )
+        except RedisStartError as error:
+            raise LaunchError(
+                f"{error}: choose another port with --redis-port, or point --redis-url at a running Redis"
+            ) from None
 
     def _prepare_model(self) -> None:
         """Build synthetic assets here, with a progress bar, before the workers need them."""
         if self.plan.model.startswith("synthetic-"):
-            self._run_checked([*_cli(), "assets", "prepare", self.plan.model.removeprefix("synthetic-")],
-                              "synthetic asset build")
+            self._run_checked(
+                [*_cli(), "assets", "prepare", self.plan.model.removeprefix("synthetic-")], "synthetic asset build"
+            )
 
     def _worker_placement(self) -> list[str]:
         if self.plan.cpu_workers:
@@ -130,11 +126,14 @@ class Launcher:
             raise LaunchError(f"{what} failed (see above)")
 
     def _announce(self) -> None:
-        print(f"\nchattts-farm is up (model {self.plan.model}):\n"
-              f"  web      http://{self.plan.host}:{self.plan.port}/\n"
-              f"  flower   http://{self.plan.host}:{self.plan.flower_port}/\n"
-              f"  redis    {self.redis_url}\n"
-              "Ctrl-C stops everything (workers finish their current batch).\n", flush=True)
+        print(
+            f"\nchattts-farm is up (model {self.plan.model}):\n"
+            f"  web      http://{self.plan.host}:{self.plan.port}/\n"
+            f"  flower   http://{self.plan.host}:{self.plan.flower_port}/\n"
+            f"  redis    {self.redis_url}\n"
+            "Ctrl-C stops everything (workers finish their current batch).\n",
+            flush=True,
+        )
 
     def _watch(self) -> int:
         while not self.stopping:

@@ -1,5 +1,4 @@
-"""Text handling before synthesis: what text is accepted, splitting long text into segments, and what
-counts as speakable.
+"""Splitting long text into the segments the GPT speaks one row each.
 
 Stock ChatTTS cuts one segment off at its token limit (~44 s), the most common complaint about it;
 the farm instead splits at sentence boundaries into short segments that are synthesised in one batch
@@ -9,43 +8,12 @@ and joined.
 from __future__ import annotations
 
 import re
-import unicodedata
+
+from chattts_farm.text import CJK_CHARACTER
 
 _SENTENCE_END = re.compile(r"(?<=[。！？；.!?;])\s*|\n+")
 _CLAUSE_END = re.compile(r"(?<=[，、,:：])\s*")
-_CJK = re.compile(r"[\u4e00-\u9fff]")
 _CJK_WORD = re.compile(r"[\u4e00-\u9fff][^\u4e00-\u9fff\w\s]*|[^\u4e00-\u9fff]+")
-_SPEAKABLE = re.compile(r"[A-Za-z\u4e00-\u9fff]")
-# ChatTTS control tags such as [uv_break] or [laugh] are spoken as effects, not read out.
-_CONTROL_TAG = re.compile(r"\[[a-z_]+(?:_\d)?\]")
-# Terminal colour codes go whole: dropping the ESC alone would leave "[31m" to be read out.
-_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
-# Tags only SSML has (and vendors' namespaced ones, such as <amazon:effect>); "a<b and c>d" is not SSML.
-_SSML_TAG = re.compile(r"<\s*/?\s*(?:speak|break|prosody|emphasis|say-as|phoneme|[a-z]+:[a-z-]+)(?=[\s/>])",
-                       re.IGNORECASE)
-
-NOTHING_SPEAKABLE = ("has nothing speakable (ChatTTS reads Latin letters and Chinese characters; digits, "
-                     "symbols, emoji and other scripts are dropped)")
-
-
-def drop_invisible(text: str) -> str:
-    """Text without control characters (NUL, ESC, ...) and invisible format characters (zero-width
-    spaces and joiners, byte-order marks, bidi overrides such as U+202E). They are never speech, and
-    kept they would reach the job list, where a bidi override reorders what a reader sees.
-    Whitespace stays: a newline ends a sentence.
-    """
-    text = _ANSI_ESCAPE.sub("", text)
-    return "".join(char for char in text if char.isspace() or unicodedata.category(char) not in ("Cc", "Cf"))
-
-
-def is_ssml(text: str) -> bool:
-    """Whether text holds SSML tags, which ChatTTS would read out as words."""
-    return bool(_SSML_TAG.search(text))
-
-
-def is_speakable(text: str) -> bool:
-    """Whether text holds anything ChatTTS can pronounce (Latin letters or CJK characters)."""
-    return bool(_SPEAKABLE.search(_CONTROL_TAG.sub("", text)))
 
 
 def split_segments(text: str, max_chars: int) -> list[str]:
@@ -119,4 +87,4 @@ def _words(clause: str) -> list[str]:
 
 
 def _needs_space(left: str, right: str) -> bool:
-    return not (_CJK.match(left[-1]) or _CJK.match(right[0]))
+    return not (CJK_CHARACTER.match(left[-1]) or CJK_CHARACTER.match(right[0]))

@@ -1,6 +1,6 @@
-"""Splitting long text into segments, and what is speakable."""
+"""Splitting long text into segments."""
 
-from worker.text import drop_invisible, is_speakable, is_ssml, split_segments
+from worker.segmenting import split_segments
 
 
 def test_short_text_is_one_segment():
@@ -37,20 +37,3 @@ def test_every_character_of_long_text_survives_splitting():
     segments = split_segments(text, 120)
     assert all(len(s) <= 120 for s in segments)
     assert "".join(segments).replace(" ", "") == text.replace(" ", "")
-
-
-def test_speakable_means_letters_or_chinese_characters():
-    assert is_speakable("hi")
-    assert is_speakable("你")
-    assert not is_speakable("123 !!! ...")
-    assert not is_speakable("[uv_break] [laugh]")
-
-
-def test_control_and_invisible_characters_are_dropped_and_whitespace_kept():
-    assert drop_invisible("a\x00b\u200bc\u202ed\ufeff\te\nf\x1b[0m\u00adg") == "abcd\te\nfg"
-
-
-def test_ssml_is_told_from_angle_brackets_in_prose():
-    assert is_ssml("<speak>Hi.</speak>") and is_ssml('Hi <break time="1s"/> there.')
-    assert is_ssml("<amazon:effect name='whispered'>Psst.</amazon:effect>")
-    assert not is_ssml("If a<b and c>d, stop.") and not is_ssml("I <3 you.") and not is_ssml("<https://example.com>")

@@ -7,14 +7,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.edge_texts import EDGE_TEXTS
-from worker.contract import (
+from chattts_farm.contract import (
     DEFAULT_VOICE_SEED,
     InvalidRequest,
     SynthesisRequest,
     parse_voice,
 )
-from worker.text import is_speakable
+from chattts_farm.text import is_speakable
+from tests.edge_texts import EDGE_TEXTS
 
 EMBEDDING = "蘁淰敕欀" * 8
 
@@ -111,26 +111,45 @@ def test_a_seed_string_is_ascii_digits_and_one_too_long_for_a_seed_is_out_of_ran
             parse_voice(voice)
 
 
-JSON_SCALARS = (st.none() | st.booleans() | st.integers() | st.integers(min_value=-(10**30), max_value=10**30)
-                | st.floats() | st.text(st.characters(codec=None) | st.characters(categories=["Cs"])))
-ARGUMENT_VALUES = st.recursive(JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
-                               | st.dictionaries(st.text(max_size=5), inner, max_size=3), max_leaves=8)
+JSON_SCALARS = (
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=-(10**30), max_value=10**30)
+    | st.floats()
+    | st.text(st.characters(codec=None) | st.characters(categories=["Cs"]))
+)
+ARGUMENT_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=8,
+)
 VALUES_NEAR_THE_CONTRACT = {
     "text": st.text(min_size=1) | st.sampled_from([text for text, _ in EDGE_TEXTS.values()]),
-    "voice": st.integers(-1, 2**32) | st.just(EMBEDDING) | st.from_regex(r"\s*[0-9]{1,12}\s*", fullmatch=True)
-    | st.integers(4000, 5000).map(lambda digits: "9" * digits) | st.text(st.characters(categories=["Nd", "No"])),
+    "voice": st.integers(-1, 2**32)
+    | st.just(EMBEDDING)
+    | st.from_regex(r"\s*[0-9]{1,12}\s*", fullmatch=True)
+    | st.integers(4000, 5000).map(lambda digits: "9" * digits)
+    | st.text(st.characters(categories=["Nd", "No"])),
     "format": st.sampled_from(["wav", "FLAC", "ogg", "mp3", "aiff", ""]),
     "speed": st.integers(0, 10) | st.floats(0, 10),
-    "temperature": st.floats(0, 3), "top_p": st.floats(0, 1.5), "top_k": st.integers(0, 700),
-    "repetition_penalty": st.floats(0.5, 2.5), "refine_text": st.booleans(),
-    "oral": st.integers(-1, 10), "laugh": st.integers(-1, 3), "break": st.integers(-1, 8),
+    "temperature": st.floats(0, 3),
+    "top_p": st.floats(0, 1.5),
+    "top_k": st.integers(0, 700),
+    "repetition_penalty": st.floats(0.5, 2.5),
+    "refine_text": st.booleans(),
+    "oral": st.integers(-1, 10),
+    "laugh": st.integers(-1, 3),
+    "break": st.integers(-1, 8),
     "seed": st.none() | st.integers(-1, 2**32),
 }
 # Known arguments holding values near (or far from) what they take, and a few unknown ones.
 ARGUMENTS = st.builds(
     lambda unknown, known: {**unknown, **known},
     st.dictionaries(st.text(max_size=12), ARGUMENT_VALUES, max_size=2),
-    st.fixed_dictionaries({}, optional={name: values | ARGUMENT_VALUES for name, values in VALUES_NEAR_THE_CONTRACT.items()}),
+    st.fixed_dictionaries(
+        {}, optional={name: values | ARGUMENT_VALUES for name, values in VALUES_NEAR_THE_CONTRACT.items()}
+    ),
 )
 
 

@@ -1,4 +1,5 @@
-"""The web app's handles on the farm: a Celery client to submit jobs and Redis to read their audio."""
+"""The web app's handles on the queue: a Celery client to submit jobs and read their state, and Redis
+for audio and the state web processes share (rate limits, quotas, worker heartbeats)."""
 
 from __future__ import annotations
 
@@ -8,33 +9,32 @@ import redis
 from celery import Celery
 from flask import Flask, current_app
 
-from worker.celery_app import create_celery
-from worker.settings import Settings
+from chattts_farm.celery_client import create_celery
+from chattts_farm.settings import Settings
 
 
 @dataclass
-class FarmClient:
+class Backends:
     celery: Celery
     redis: redis.Redis
 
 
 # A web request must not hang while Redis is away: give up on it within seconds and answer 503.
-# (Workers are patient instead, see create_celery: they must ride out a Redis restart.)
+# (Workers are patient instead, see worker.celery_app: they must ride out a Redis restart.)
 REDIS_GIVE_UP_S = 3
 
 
 def init_app(app: Flask) -> None:
     settings: Settings = app.config["SETTINGS"]
     celery = create_celery(settings)
-    celery.conf.result_backend_always_retry = False
     celery.conf.result_backend_transport_options = {
         **celery.conf.result_backend_transport_options,
         "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},
     }
     celery.conf.redis_socket_connect_timeout = REDIS_GIVE_UP_S
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S)
-    app.extensions["farm"] = FarmClient(celery, client)
+    app.extensions["backends"] = Backends(celery, client)
 
 
-def client() -> FarmClient:
-    return current_app.extensions["farm"]
+def current() -> Backends:
+    return current_app.extensions["backends"]

@@ -1,9 +1,8 @@
-"""`chattts-farm up`: the whole farm from one command, then stopped by SIGTERM with nothing lost."""
+"""`chattts-farm up`: the whole workers from one command, then stopped by SIGTERM with nothing lost."""
 
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -11,7 +10,8 @@ import pytest
 import redis
 import requests
 
-from tests.support import free_port, start_redis, wait_until
+from cli.local_services import free_port, start_redis_server
+from tests.support import CLI, wait_until
 from worker.audio import decode
 
 AUTH = ("ops", "s3cret")
@@ -25,9 +25,22 @@ def farm_up(tmp_path, data_dir):
     environment = {**os.environ, "CHATTTS_FARM_FLOWER_AUTH": ":".join(AUTH)}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
     process = subprocess.Popen(
-        [str(Path(sys.executable).parent / "chattts-farm"), "up", "--model", "synthetic-tiny",
-         "--port", str(ports["web"]), "--flower-port", str(ports["flower"]), "--redis-port", str(ports["redis"]),
-         "--data-dir", str(tmp_path), "--cpu-workers", "1"],
+        [
+            CLI,
+            "up",
+            "--model",
+            "synthetic-tiny",
+            "--port",
+            str(ports["web"]),
+            "--flower-port",
+            str(ports["flower"]),
+            "--redis-port",
+            str(ports["redis"]),
+            "--data-dir",
+            str(tmp_path),
+            "--cpu-workers",
+            "1",
+        ],
         env=environment,
     )
     yield process, ports
@@ -65,14 +78,23 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     assert requests.get(web + "/ops", timeout=10).status_code == 200
 
     assert requests.get(flower + "/api/workers", timeout=10).status_code == 401
-    wait_until(lambda: any(name.startswith("cpu0@") for name in
-                           requests.get(flower + "/api/workers?refresh=1", auth=AUTH, timeout=10).json()), 60, "Flower's workers")
+    wait_until(
+        lambda: any(
+            name.startswith("cpu0@")
+            for name in requests.get(flower + "/api/workers?refresh=1", auth=AUTH, timeout=10).json()
+        ),
+        60,
+        "Flower's workers",
+    )
     assert requests.get(flower + "/metrics", auth=AUTH, timeout=10).status_code == 200
 
     # A job in flight when SIGTERM arrives still finishes: workers end their batch first.
     in_flight = requests.post(web + "/api/jobs", json={"text": "Finish me before you stop. " * 10}, timeout=10).json()
-    wait_until(lambda: requests.get(web + in_flight["status_url"], timeout=5).json()["status"] == "running", 60,
-               "the job to start")
+    wait_until(
+        lambda: requests.get(web + in_flight["status_url"], timeout=5).json()["status"] == "running",
+        60,
+        "the job to start",
+    )
     family = psutil.Process(process.pid).children(recursive=True)
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=180) == 0
@@ -81,7 +103,7 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     aof = tmp_path / "redis" / "appendonlydir"
     assert aof.exists()
     # Restart only Redis from its append-only file: the finished job's result is there.
-    server = start_redis(ports["redis"], tmp_path / "redis", "--appendonly", "yes")
+    server = start_redis_server(ports["redis"], tmp_path / "redis", "--appendonly", "yes")
     try:
         with redis.Redis(port=ports["redis"]) as client:
             assert client.exists(f"chattts:audio:{in_flight['id']}")

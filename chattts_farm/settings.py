@@ -1,0 +1,230 @@
+"""The farm's settings: one place, read from ``CHATTTS_FARM_*`` environment variables.
+
+Torch-free, so the web app, the workers and outside tools read the same settings. Build a
+:class:`Settings` once at an entry point (CLI, app factory, worker start) and pass it down.
+
+Each field declares its variable's meaning, its bounds and any older name it had; the README's
+settings table and ``.env.example`` are generated from these declarations (``chattts-farm settings``),
+and a test keeps them in step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterator, Mapping
+from dataclasses import Field, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "CHATTTS_FARM_"
+
+logger = logging.getLogger(__name__)
+
+
+class SettingsError(ValueError):
+    """An environment variable holds a value the farm cannot use."""
+
+
+def _setting(
+    default: Any,
+    meaning: str,
+    *,
+    minimum: float | None = None,
+    choices: tuple[str, ...] = (),
+    renamed_from: str | None = None,
+    secret: bool = False,
+    shown_default: str | None = None,
+    role: str = "all",
+) -> Any:
+    """A field of :class:`Settings`: its default, what it means, and how its variable is checked.
+
+    ``renamed_from`` is the variable's older name (without the prefix), still read with a warning.
+    ``role`` says which processes read it: ``all``, ``web``, ``worker`` or ``flower``.
+    """
+    metadata = {
+        "meaning": meaning,
+        "minimum": minimum,
+        "choices": choices,
+        "renamed_from": renamed_from,
+        "shown_default": shown_default,
+        "role": role,
+    }
+    if isinstance(default, Path):
+        return field(default_factory=lambda: Path(default), metadata=metadata)
+    return field(default=default, metadata=metadata, repr=not secret)
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Every process.
+    model: str = _setting(
+        "huggingface",
+        "model source: `huggingface`, `local:<dir>`, `synthetic-tiny`, `synthetic-full`, `auto` (see Models)",
+    )
+    data_dir: Path = _setting(Path("var"), "where synthetic assets, the SQLite database and the secret key live")
+    redis_url: str = _setting("redis://localhost:6379/0", "broker, result backend and shared state")
+    result_ttl_s: int = _setting(24 * 3600, "how long results and their audio stay in Redis", minimum=60)
+    max_text_chars: int = _setting(5000, "longest text one request may carry", minimum=1)
+
+    # Workers: the model and synthesis.
+    device: str = _setting("auto", "`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ...", role="worker")
+    cuda_dtype: str = _setting(
+        "bf16", "GPT dtype on CUDA (always fp32 on the CPU)", choices=("bf16", "fp16", "fp32"), role="worker"
+    )
+    max_rows_per_pass: int = _setting(
+        64, "most segments (rows) one batched GPT pass runs", minimum=1, renamed_from="MAX_BATCH", role="worker"
+    )
+    max_segment_chars: int = _setting(120, "longest segment long text is split into", minimum=20, role="worker")
+    max_new_tokens: int = _setting(
+        2048, "token limit of one segment (2048 is ChatTTS's own, ~43.7 s)", minimum=16, role="worker"
+    )
+    segment_pause_s: float = _setting(0.25, "silence between the segments of a long text", minimum=0, role="worker")
+    quality_retries: int = _setting(
+        1, "regenerations, with another seed, of a segment the quality gate flags", minimum=0, role="worker"
+    )
+
+    # Workers: jobs.
+    max_jobs_in_flight: int = _setting(
+        32,
+        "jobs a worker process holds at once; those waiting when the GPU frees up are synthesised together",
+        minimum=1,
+        renamed_from="BATCH_JOBS",
+        role="worker",
+    )
+    gather_window_ms: int = _setting(
+        50,
+        "how long a free worker waits for more jobs once one has arrived",
+        minimum=0,
+        renamed_from="WORKER_BATCH_WINDOW_MS",
+        role="worker",
+    )
+    task_soft_time_limit_s: int = _setting(
+        600, "a job running longer is stopped (`JobTimeout`)", minimum=1, role="worker"
+    )
+    task_time_limit_s: int = _setting(
+        900,
+        "a batch running longer ends its worker process (it is restarted and its jobs delivered again)",
+        minimum=1,
+        role="worker",
+    )
+    unacked_restore_interval_s: int = _setting(
+        10, "how often workers return dead workers' jobs to the queue", minimum=1, role="worker"
+    )
+
+    # The web app.
+    database_url: str = _setting(
+        "", "the web app's database", shown_default="`sqlite:///<data dir>/farm.db`", role="web"
+    )
+    max_request_bytes: int = _setting(1024 * 1024, "largest HTTP request body", minimum=1024, role="web")
+    require_api_key: bool = _setting(False, "require API keys on `/api` and `/v1`", role="web")
+    rate_limit_per_minute: int = _setting(
+        120, "requests that change something (submit, edit the catalog), a minute per key", minimum=1, role="web"
+    )
+    # Reads get their own, larger budget: a page watching a job polls its status twice a second.
+    read_rate_limit_per_minute: int = _setting(
+        1200, "reads (status polls, audio), a minute per key", minimum=1, role="web"
+    )
+    daily_audio_quota_s: int = _setting(4 * 3600, "audio seconds a day per key", minimum=1, role="web")
+    secret_key: str = _setting(
+        "",
+        "signs the pages' session cookies; one for all web processes",
+        shown_default="kept in `<data dir>/secret_key`",
+        secret=True,
+        role="web",
+    )
+    flower_auth: str = _setting(
+        "",
+        "Flower's basic auth, `user:password`; without it Flower is open, with a warning",
+        shown_default="none",
+        secret=True,
+        role="flower",
+    )
+
+    @property
+    def database_uri(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'farm.db'}"
+
+    @property
+    def visibility_timeout_s(self) -> int:
+        """How long Redis lets a delivered, unacknowledged job be before handing it out again.
+
+        A worker holds a job at most while one batch runs ahead of it and then its own batch runs,
+        each bounded by the hard time limit; a longer timeout means no job is run twice while its
+        worker lives, and a dead worker's jobs come back within this time.
+        """
+        return 2 * self.task_time_limit_s + 30
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
+        """Settings from ``env`` (default: the process environment); ``overrides`` that are not None win."""
+        env = os.environ if env is None else env
+        unknown = set(overrides) - {f.name for f in fields(cls)}
+        if unknown:
+            raise TypeError(f"unknown settings: {sorted(unknown)}")
+        values = {}
+        for setting in fields(cls):
+            raw = _raw_value(env, setting)
+            if raw is not None:
+                values[setting.name] = _parse(setting, raw)
+        values.update({name: value for name, value in overrides.items() if value is not None})
+        settings = replace(cls(), **values)
+        settings = replace(settings, data_dir=Path(settings.data_dir))
+        for setting in fields(cls):
+            choices = setting.metadata["choices"]
+            if choices and getattr(settings, setting.name) not in choices:
+                raise SettingsError(
+                    f"{env_name(setting)} must be one of {', '.join(choices)}, got {getattr(settings, setting.name)!r}"
+                )
+        if settings.task_time_limit_s < settings.task_soft_time_limit_s:
+            raise SettingsError(f"{ENV_PREFIX}TASK_TIME_LIMIT_S must be at least {ENV_PREFIX}TASK_SOFT_TIME_LIMIT_S")
+        return settings
+
+
+def env_name(setting: Field) -> str:
+    return ENV_PREFIX + setting.name.upper()
+
+
+def documented() -> Iterator[tuple[str, str, str, Field]]:
+    """(variable, default as documented, meaning, field) for every setting, in declaration order."""
+    defaults = Settings()
+    for setting in fields(Settings):
+        shown = setting.metadata["shown_default"]
+        if shown is None:
+            value = getattr(defaults, setting.name)
+            shown = f"`{str(value).lower() if isinstance(value, bool) else value}`"
+        yield env_name(setting), shown, setting.metadata["meaning"], setting
+
+
+def _raw_value(env: Mapping[str, str], setting: Field) -> str | None:
+    """The variable's text, or None when unset or blank; an older name is read with a warning."""
+    raw = env.get(env_name(setting))
+    old_name = setting.metadata["renamed_from"]
+    if old_name is not None and (env.get(ENV_PREFIX + old_name) or "").strip():
+        if raw is not None and raw.strip():
+            logger.warning("%s%s is ignored: %s is set too", ENV_PREFIX, old_name, env_name(setting))
+        else:
+            logger.warning("%s%s is deprecated: call it %s", ENV_PREFIX, old_name, env_name(setting))
+            raw = env[ENV_PREFIX + old_name]
+    return None if raw is None or not raw.strip() else raw.strip()
+
+
+def _parse(setting: Field, raw: str) -> Any:
+    name = env_name(setting)
+    kind = type(Settings.__dataclass_fields__[setting.name].default) if setting.name != "data_dir" else Path
+    if kind is bool:
+        if raw.lower() in {"1", "true", "yes", "on"}:
+            return True
+        if raw.lower() in {"0", "false", "no", "off"}:
+            return False
+        raise SettingsError(f"{name} must be true or false, got {raw!r}")
+    if kind in (int, float):
+        try:
+            value = kind(raw)
+        except ValueError:
+            raise SettingsError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {raw!r}") from None
+        minimum = setting.metadata["minimum"]
+        if minimum is not None and value < minimum:
+            raise SettingsError(f"{name} must be at least {minimum}, got {value}")
+        return value
+    return Path(raw) if kind is Path else raw

@@ -1,0 +1,46 @@
+"""What text the farm accepts and can speak: one policy for the web, the Celery contract and the worker.
+
+ChatTTS pronounces Latin letters and Chinese characters; everything else in a text is dropped by its
+normaliser, and some characters are never speech at all.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+CJK_CHARACTER = re.compile(r"[\u4e00-\u9fff]")
+_SPEAKABLE = re.compile(r"[A-Za-z\u4e00-\u9fff]")
+# ChatTTS control tags such as [uv_break] or [laugh] are spoken as effects, not read out.
+_CONTROL_TAG = re.compile(r"\[[a-z_]+(?:_\d)?\]")
+# Terminal colour codes go whole: dropping the ESC alone would leave "[31m" to be read out.
+_ANSI_ESCAPE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]")
+# Tags only SSML has (and vendors' namespaced ones, such as <amazon:effect>); "a<b and c>d" is not SSML.
+_SSML_TAG = re.compile(
+    r"<\s*/?\s*(?:speak|break|prosody|emphasis|say-as|phoneme|[a-z]+:[a-z-]+)(?=[\s/>])", re.IGNORECASE
+)
+
+NOTHING_SPEAKABLE = (
+    "has nothing speakable (ChatTTS reads Latin letters and Chinese characters; digits, "
+    "symbols, emoji and other scripts are dropped)"
+)
+
+
+def drop_invisible(text: str) -> str:
+    """Text without control characters (NUL, ESC, ...) and invisible format characters (zero-width
+    spaces and joiners, byte-order marks, bidi overrides such as U+202E). They are never speech, and
+    kept they would reach the job list, where a bidi override reorders what a reader sees.
+    Whitespace stays: a newline ends a sentence.
+    """
+    text = _ANSI_ESCAPE.sub("", text)
+    return "".join(char for char in text if char.isspace() or unicodedata.category(char) not in ("Cc", "Cf"))
+
+
+def is_ssml(text: str) -> bool:
+    """Whether text holds SSML tags, which ChatTTS would read out as words."""
+    return bool(_SSML_TAG.search(text))
+
+
+def is_speakable(text: str) -> bool:
+    """Whether text holds anything ChatTTS can pronounce (Latin letters or CJK characters)."""
+    return bool(_SPEAKABLE.search(_CONTROL_TAG.sub("", text)))

@@ -1,0 +1,67 @@
+"""The voice catalog endpoints: find, add, edit, delete, export and import voices, keep a job's voice,
+and a voice's preview."""
+
+from __future__ import annotations
+
+import json
+
+from flask import Response, current_app, request
+
+from web import jobs, voices
+from web.api import bp
+from web.api.jobs import describe, visible_job
+from web.json_body import json_body, json_object
+from web.models import JobStatus
+
+
+@bp.get("/voices")
+def list_voices():
+    return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
+
+
+@bp.post("/voices")
+def create_voice():
+    return voices.describe(voices.create(json_object())), 201
+
+
+@bp.get("/voices/export")
+def export_voices():
+    return Response(
+        json.dumps(voices.export(), ensure_ascii=False, indent=2),
+        mimetype="application/json",
+        headers={"Content-Disposition": 'attachment; filename="chattts-voices.json"'},
+    )
+
+
+@bp.post("/voices/import")
+def import_voices():
+    return voices.import_(json_body()), 200
+
+
+@bp.get("/voices/<int:voice_id>")
+def get_voice(voice_id: int):
+    return voices.describe(voices.get(voice_id))
+
+
+@bp.patch("/voices/<int:voice_id>")
+def update_voice(voice_id: int):
+    return voices.describe(voices.update(voices.get(voice_id), json_object()))
+
+
+@bp.delete("/voices/<int:voice_id>")
+def delete_voice(voice_id: int):
+    voices.delete(voices.get(voice_id))
+    return "", 204
+
+
+@bp.post("/voices/from-job/<job_id>")
+def voice_from_job(job_id: str):
+    job = jobs.refresh(visible_job(job_id))
+    return voices.describe(voices.from_job(job, json_object())), 201
+
+
+@bp.post("/voices/<int:voice_id>/preview")
+def preview_voice(voice_id: int):
+    """The voice's kept preview job: the existing one while its audio lives, else a new one."""
+    job = voices.preview(voices.get(voice_id), current_app.config["SETTINGS"].max_text_chars)
+    return describe(job), 200 if job.status == JobStatus.DONE else 202
