@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -46,10 +47,27 @@ def _cli() -> list[str]:
     return [sys.executable, "-m", "cli"]
 
 
+def redis_password(directory: Path) -> str:
+    """The password of the Redis that ``up`` runs for this data dir: made once, kept for its restarts.
+
+    Anyone who reaches Redis could read every job's text and audio and forge results; a password
+    keeps out other local users and processes (Redis also listens on loopback only).
+    """
+    path = directory / "password"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            file.write(secrets.token_urlsafe(32))
+    return path.read_text().strip()
+
+
 class Launcher:
     def __init__(self, plan: LaunchPlan):
         self.plan = plan
-        self.redis_url = plan.redis_url or f"redis://127.0.0.1:{plan.redis_port}/0"
+        self.redis_directory = plan.data_dir.resolve() / "redis"
+        self.redis_password = None if plan.redis_url else redis_password(self.redis_directory)
+        self.redis_url = plan.redis_url or f"redis://:{self.redis_password}@127.0.0.1:{plan.redis_port}/0"
         self.environment = {
             **os.environ,
             "CHATTTS_FARM_MODEL": plan.model,
@@ -87,7 +105,7 @@ class Launcher:
         try:
             self.redis = start_redis_server(
                 self.plan.redis_port,
-                self.plan.data_dir.resolve() / "redis",
+                self.redis_directory,
                 "--appendonly",
                 "yes",
                 "--appendfsync",
@@ -95,6 +113,7 @@ class Launcher:
                 "--save",
                 "",
                 new_session=True,
+                password=self.redis_password,
             )
         except RedisStartError as error:
             raise LaunchError(
@@ -130,10 +149,15 @@ class Launcher:
             f"\nchattts-farm is up (model {self.plan.model}):\n"
             f"  web      http://{self.plan.host}:{self.plan.port}/\n"
             f"  flower   http://{self.plan.host}:{self.plan.flower_port}/\n"
-            f"  redis    {self.redis_url}\n"
+            f"  redis    {self._shown_redis_url()}\n"
             "Ctrl-C stops everything (workers finish their current batch).\n",
             flush=True,
         )
+
+    def _shown_redis_url(self) -> str:
+        if self.redis_password is None:
+            return self.redis_url
+        return f"redis://127.0.0.1:{self.plan.redis_port}/0 (password in {self.redis_directory / 'password'})"
 
     def _watch(self) -> int:
         while not self.stopping:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import click
 
 from chattts_farm.contract import FORMATS, FarmError, SynthesisRequest
 from chattts_farm.settings import Settings, SettingsError
+from cli.settings_docs import EXAMPLE_PASSWORD
 from worker.cuda import configure_allocator
 
 logger = logging.getLogger(__name__)
@@ -244,11 +247,19 @@ def flower(address: str, port: int) -> None:
     ]
     auth = _settings().flower_auth
     if auth:
-        if ":" not in auth:
+        user, _, password = auth.partition(":")
+        if not user or not password:
             raise click.UsageError("CHATTTS_FARM_FLOWER_AUTH must be user:password")
+        if password == EXAMPLE_PASSWORD:
+            raise click.UsageError(
+                f"CHATTTS_FARM_FLOWER_AUTH still has the example password {EXAMPLE_PASSWORD!r}: choose your own"
+            )
         command.append(f"--basic-auth={auth}")
-    else:
+    elif ipaddress.ip_address(socket.gethostbyname(address)).is_loopback:
         click.echo("warning: CHATTTS_FARM_FLOWER_AUTH is not set: Flower runs without authentication", err=True)
+    else:
+        # Flower can revoke jobs and shut workers down: never open beyond this machine.
+        raise click.UsageError(f"Flower on {address} needs CHATTTS_FARM_FLOWER_AUTH=user:password")
     os.execv(sys.executable, command)
 
 

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import stat
 import subprocess
 from pathlib import Path
 
@@ -88,6 +89,15 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     )
     assert requests.get(flower + "/metrics", auth=AUTH, timeout=10).status_code == 200
 
+    # The Redis that up runs wants the password it made for this data dir, kept where only we read it.
+    password_file = tmp_path / "redis" / "password"
+    assert stat.S_IMODE(password_file.stat().st_mode) == 0o600
+    with redis.Redis(port=ports["redis"]) as stranger, pytest.raises(redis.AuthenticationError):
+        stranger.ping()
+    assert password_file.read_text() not in " ".join(
+        arg for p in psutil.process_iter(["cmdline"]) for arg in p.info["cmdline"] or []
+    )
+
     # A job in flight when SIGTERM arrives still finishes: workers end their batch first.
     in_flight = requests.post(web + "/api/jobs", json={"text": "Finish me before you stop. " * 10}, timeout=10).json()
     wait_until(
@@ -103,9 +113,10 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     aof = tmp_path / "redis" / "appendonlydir"
     assert aof.exists()
     # Restart only Redis from its append-only file: the finished job's result is there.
-    server = start_redis_server(ports["redis"], tmp_path / "redis", "--appendonly", "yes")
+    password = password_file.read_text()
+    server = start_redis_server(ports["redis"], tmp_path / "redis", "--appendonly", "yes", password=password)
     try:
-        with redis.Redis(port=ports["redis"]) as client:
+        with redis.Redis(port=ports["redis"], password=password) as client:
             assert client.exists(f"chattts:audio:{in_flight['id']}")
     finally:
         server.terminate()

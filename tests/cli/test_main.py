@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 
+from cli.settings_docs import EXAMPLE_PASSWORD
 from tests.support import CLI
 from worker.audio import decode
 from worker.synthetic_assets import MANIFEST_NAME
@@ -55,3 +56,12 @@ def test_assets_build_writes_a_complete_asset_folder(tmp_path, data_dir):
     assert finished.returncode == 0, finished.stderr
     assert (tmp_path / "tiny" / MANIFEST_NAME).is_file()
     assert (tmp_path / "tiny" / "asset" / "gpt" / "model.safetensors").is_file()
+
+
+def test_flower_refuses_the_example_password_and_an_open_port_without_auth(tmp_path):
+    for auth, address in ((f"ops:{EXAMPLE_PASSWORD}", "127.0.0.1"), ("", "0.0.0.0"), ("nopassword", "127.0.0.1")):
+        environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path), "CHATTTS_FARM_FLOWER_AUTH": auth}
+        refused = subprocess.run(
+            [CLI, "flower", "--address", address, "--port", "1"], capture_output=True, text=True, env=environment
+        )
+        assert refused.returncode == 2 and "CHATTTS_FARM_FLOWER_AUTH" in refused.stderr, (auth, refused.stderr)

@@ -1,6 +1,7 @@
 """docker-compose.yml is checked by `docker compose config` where the compose plugin exists, and by
 parsing it otherwise (no Docker engine runs here)."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -33,6 +34,8 @@ def test_docker_compose_config_accepts_the_file():
         ],
         capture_output=True,
         text=True,
+        # .env.example leaves the Redis password for the user to choose; compose refuses to run without one.
+        env={**os.environ, "CHATTTS_FARM_REDIS_PASSWORD": "a-chosen-password"},
     )
     assert finished.returncode == 0, finished.stderr
 
@@ -43,6 +46,22 @@ def test_services_share_one_image(compose):
     farm_services = [name for name in services if name != "redis"]
     assert {services[name]["image"] for name in farm_services} == {"chattts-farm:latest"}
     assert (ROOT / "Dockerfile").is_file() and (ROOT / ".env.example").is_file()
+
+
+def test_redis_wants_a_password_and_only_the_farm_reaches_it(compose):
+    redis = compose["services"]["redis"]
+    # The password comes from .env, reaches redis-server through a file (not its command line), and the
+    # health check through REDISCLI_AUTH; every farm service's Redis URL carries it.
+    assert redis["environment"]["REDISCLI_AUTH"].startswith("${CHATTTS_FARM_REDIS_PASSWORD:?")
+    assert "requirepass" in " ".join(redis["command"]) and "--requirepass" not in " ".join(redis["command"])
+    for name, service in compose["services"].items():
+        if name != "redis":
+            assert service["environment"]["CHATTTS_FARM_REDIS_URL"].startswith(
+                "redis://:${CHATTTS_FARM_REDIS_PASSWORD:?"
+            ), name
+    assert redis["networks"] == ["queue"] and compose["networks"]["queue"]["internal"] is True
+    assert "ports" not in redis
+    assert "CHATTTS_FARM_REDIS_PASSWORD=\n" in (ROOT / ".env.example").read_text()
 
 
 def test_redis_keeps_an_append_only_file_never_evicts_and_is_health_checked(compose):
