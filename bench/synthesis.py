@@ -24,8 +24,8 @@ import torch  # noqa: E402 - the allocator setting must come first
 
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
+from chattts_farm.speech_length import expected_tokens  # noqa: E402
 from worker.model import SAMPLE_RATE  # noqa: E402
-from worker.quality import expected_tokens  # noqa: E402
 from worker.synthesis import Synthesizer  # noqa: E402
 from worker.voices import embedding_for_seed  # noqa: E402
 

@@ -59,6 +59,15 @@ FORMATS = tuple(MIME_TYPES)
 
 # A ChatTTS speaker embedding is base16384 text (CJK-range code points), never short.
 _EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
+# An embedding holds one float16 value per dimension of the GPT: 768 in ChatTTS's model, the widest the
+# farm runs (synthetic-tiny is narrower). Workers refuse an embedding of another width.
+MAX_SPEAKER_DIM = 768
+# Embedding strings are bounded by length before anything decodes them: the LZMA data inside could
+# otherwise expand a 100 KB request to gigabytes. Whatever the preset, LZMA2 stores data it cannot
+# compress as it is, with a 3-byte chunk header and an end byte (1540 bytes for 768 values), and
+# base16384 writes 14 bits a character (880 characters). The bound leaves a quarter more: 1100.
+_LONGEST_EMBEDDING_BYTES = 2 * MAX_SPEAKER_DIM + 3 + 1
+MAX_EMBEDDING_CHARS = math.ceil(_LONGEST_EMBEDDING_BYTES * 8 / 14 * 1.25)
 # JSON's \uXXXX escapes can name one half of a UTF-16 surrogate pair alone, and Python keeps it as a
 # code point of its own: text that no UTF-8 encoder, database or model takes.
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -204,24 +213,38 @@ class SynthesisRequest:
         return arguments
 
 
-def parse_voice(value: Any) -> int | str:
-    """A voice is a seed (an integer, or a string of digits) or a ChatTTS speaker-embedding string."""
+def parse_voice(value: Any, field: str = "voice") -> int | str:
+    """A voice is a seed (an integer, or a string of digits) or a ChatTTS speaker-embedding string.
+
+    :class:`InvalidRequest` names ``field``: the argument that held the value.
+    """
     if isinstance(value, bool):
-        raise InvalidRequest("voice", "must be an integer seed or a speaker-embedding string, not a boolean")
+        raise InvalidRequest(field, "must be an integer seed or a speaker-embedding string, not a boolean")
     if isinstance(value, int):
         if not 0 <= value <= MAX_SEED:
-            raise InvalidRequest("voice", f"a seed must be between 0 and {MAX_SEED}")
+            raise InvalidRequest(field, f"a seed must be between 0 and {MAX_SEED}")
         return value
     if isinstance(value, str):
         stripped = value.strip()
         if _SEED_DIGITS.fullmatch(stripped):
             # int() refuses very long digit strings; any longer than the largest seed is out of range anyway.
             digits = stripped.lstrip("0") or "0"
-            return parse_voice(int(digits) if len(digits) <= len(str(MAX_SEED)) else MAX_SEED + 1)
-        if _EMBEDDING_PATTERN.match(stripped):
+            return parse_voice(int(digits) if len(digits) <= len(str(MAX_SEED)) else MAX_SEED + 1, field)
+        if looks_like_embedding(stripped):
+            if len(stripped) > MAX_EMBEDDING_CHARS:
+                raise InvalidRequest(
+                    field,
+                    f"a speaker embedding is at most {MAX_EMBEDDING_CHARS} characters; this one has {len(stripped)}",
+                )
             return stripped
-        raise InvalidRequest("voice", "must be an integer seed or a ChatTTS speaker-embedding string")
-    raise InvalidRequest("voice", f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
+        raise InvalidRequest(field, "must be an integer seed or a ChatTTS speaker-embedding string")
+    raise InvalidRequest(field, f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
+
+
+def looks_like_embedding(text: str) -> bool:
+    """Whether text is written as a speaker embedding is (base16384), whatever its length: such text is
+    taken for an embedding, never for a catalog voice's name."""
+    return bool(_EMBEDDING_PATTERN.match(text.strip()))
 
 
 def check_unicode(value: str, field: str) -> None:

@@ -13,6 +13,11 @@ HEARTBEAT_INTERVAL_S = 5
 HEARTBEAT_TTL_S = 20
 # Kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
 UNACKED_HASH = "unacked"
+# Messages a worker took off a queue and could not take as a job (not JSON, a broken envelope, an
+# undecodable body, an unknown task, ...), newest first: each a JSON object {"queue", "reason", "at"
+# (Unix time), "size" (characters), "message" (its text, cut at 64 KiB)}. Only the newest are kept.
+DEAD_LETTERS = "chattts:dead-letters"
+DEAD_LETTERS_KEPT = 1000
 
 
 def audio(job_id: str) -> str:
@@ -30,6 +35,31 @@ def rate_counter(kind: str, key_hash: str, minute: int) -> str:
 
 
 def audio_quota(key_hash: str, day: str) -> str:
-    """Audio seconds a key has produced on ``day`` (YYYYMMDD, UTC). Named by the key's hash, not its
-    row id: ids repeat across databases sharing one Redis."""
+    """Audio seconds charged to a key for the finished jobs it submitted on ``day`` (YYYYMMDD, UTC).
+    Named by the key's hash, not its row id: ids repeat across databases sharing one Redis."""
     return f"chattts:quota:{key_hash[:16]}:{day}"
+
+
+def audio_quota_reservations(key_hash: str, day: str) -> str:
+    """A hash of the audio seconds each unfinished job of a key, submitted on ``day``, holds against
+    that day's quota: job id -> estimated seconds, until the job finishes and is settled."""
+    return f"chattts:quota-reserved:{key_hash[:16]}:{day}"
+
+
+def browser_session(session_hash: str) -> str:
+    """A signed-in browser session (its key's id and CSRF token), named by the SHA-256 of the session
+    id its cookie carries: what Redis holds cannot be replayed as a cookie."""
+    return f"chattts:session:{session_hash}"
+
+
+def key_sessions(key_hash: str) -> str:
+    """The browser sessions signed in with a key (a sorted set: session hash -> expiry time), so that
+    revoking the key ends them all."""
+    return f"chattts:key-sessions:{key_hash[:16]}"
+
+
+def wait_slots(owner: str) -> str:
+    """The requests of one key held open waiting for their jobs (a sorted set: slot id -> when its lease
+    ends), so every web process counts them against one bound. ``owner`` is the key's hash prefix, or
+    ``anonymous`` when keys are off."""
+    return f"chattts:waits:{owner}"

@@ -126,12 +126,30 @@ class Settings:
         1200, "reads (status polls, audio), a minute per key", minimum=1, role="web"
     )
     daily_audio_quota_s: int = _setting(4 * 3600, "audio seconds a day per key", minimum=1, role="web")
+    # With keys off every caller is anonymous and shares one bound: without keys there is no identity
+    # to be fair between (a client's address is a proxy's, or forged), only the server to protect.
+    max_waits_per_key: int = _setting(
+        64,
+        "requests of one key held open waiting for their audio (`/v1/audio/speech`); keys off: one bound for all",
+        minimum=1,
+        role="web",
+    )
+    web_connections: int = _setting(
+        1000,
+        "connections each web process (a gevent worker) serves at once; its Redis connection pools are as large",
+        minimum=1,
+        role="web",
+    )
     secret_key: str = _setting(
         "",
         "signs the pages' session cookies; one for all web processes",
         shown_default="kept in `<data dir>/secret_key`",
         secret=True,
         role="web",
+    )
+    # An absolute lifetime from sign-in: signing out, or revoking the key, ends a session sooner.
+    session_ttl_s: int = _setting(
+        12 * 3600, "how long a browser signed in on the pages stays signed in", minimum=60, role="web"
     )
     flower_auth: str = _setting(
         "",

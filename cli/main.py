@@ -212,7 +212,8 @@ def web(host: str, port: int, workers: int) -> None:
     gunicorn = shutil.which("gunicorn", path=os.path.dirname(sys.executable)) or shutil.which("gunicorn")
     if gunicorn is None:
         raise click.ClickException("gunicorn is not installed: pip install 'chattts-farm[web]'")
-    # Threads let a worker answer status polls while another request waits on the queue.
+    # gevent: a request waiting on its job (/v1/audio/speech) is a parked greenlet, not a thread, so
+    # thousands of them leave the process free to answer everyone else (see web.waiting).
     os.execv(
         gunicorn,
         [
@@ -221,8 +222,10 @@ def web(host: str, port: int, workers: int) -> None:
             f"{host}:{port}",
             "--workers",
             str(workers),
-            "--threads",
-            "8",
+            "--worker-class",
+            "gevent",
+            "--worker-connections",
+            str(_settings().web_connections),
             "--access-logfile",
             "-",
             "web:create_app()",
@@ -323,7 +326,8 @@ def keys() -> None:
 
 @keys.command("create")
 @click.argument("name")
-def keys_create(name: str) -> None:
+@click.option("--admin", is_flag=True, help="The key may change and delete every catalog voice, not only its own.")
+def keys_create(name: str, admin: bool) -> None:
     """Create a key for NAME and print it (it is shown this once; only its hash is kept)."""
     from sqlalchemy.exc import IntegrityError
 
@@ -332,21 +336,22 @@ def keys_create(name: str) -> None:
 
     with create_app().app_context():
         try:
-            click.echo(api_keys.create_key(name))
+            click.echo(api_keys.create_key(name, admin=admin))
         except IntegrityError:
             raise click.ClickException(f"a key named {name!r} exists already") from None
 
 
 @keys.command("list")
 def keys_list() -> None:
-    """List keys: name, prefix, created, revoked."""
+    """List keys: name, prefix, created, active or revoked, admin or standard."""
     from web import create_app
     from web.models import ApiKey, db
 
     with create_app().app_context():
         for key in db.session.execute(db.select(ApiKey).order_by(ApiKey.name)).scalars():
             state = f"revoked {key.revoked_at:%Y-%m-%d}" if key.revoked_at else "active"
-            click.echo(f"{key.name}\t{key.prefix}...\t{key.created_at:%Y-%m-%d}\t{state}")
+            role = "admin" if key.is_admin else "standard"
+            click.echo(f"{key.name}\t{key.prefix}...\t{key.created_at:%Y-%m-%d}\t{state}\t{role}")
 
 
 @keys.command("revoke")

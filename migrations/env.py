@@ -94,10 +94,25 @@ def run_migrations_online():
     connectable = get_engine()
 
     with connectable.connect() as connection:
-        context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
+        # SQLite changes a table by copying it and dropping the old one; while foreign keys are enforced,
+        # that drop deletes or nulls every row referring to it (a voice's tags, its jobs' voice_id).
+        sqlite = connection.dialect.name == "sqlite"
+        if sqlite:
+            _enforce_foreign_keys(connection, False)
+        try:
+            context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
-        with context.begin_transaction():
-            context.run_migrations()
+            with context.begin_transaction():
+                context.run_migrations()
+        finally:
+            if sqlite:
+                _enforce_foreign_keys(connection, True)  # the pool hands this connection out again
+
+
+def _enforce_foreign_keys(connection, on):
+    # The pragma is ignored inside a transaction: commit the one executing it began.
+    connection.exec_driver_sql(f"PRAGMA foreign_keys={'ON' if on else 'OFF'}")
+    connection.commit()
 
 
 if context.is_offline_mode():

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flask import Flask
+from flask import Flask, request
 from flask_migrate import Migrate
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from chattts_farm.settings import Settings
 from web.models import db
@@ -38,6 +39,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     backends.init_app(app)
     errors.init_app(app)
     access.init_app(app)
+    _refuse_streamed_bodies_past_the_limit(app)
     app.register_blueprint(api_bp)
     app.register_blueprint(openai.bp)
     app.register_blueprint(pages_bp)
@@ -54,3 +56,15 @@ def create_app(test_config: dict | None = None) -> Flask:
         return response
 
     return app
+
+
+def _refuse_streamed_bodies_past_the_limit(app: Flask) -> None:
+    @app.before_request
+    def read_a_streamed_body_whole():
+        """A body sent without Content-Length (chunked) reaches Werkzeug as a stream it cuts at
+        MAX_CONTENT_LENGTH, handing the view the cut body as if it were whole (a JSON error: a 400).
+        Read it here, after authentication (Flask keeps it for the view): a byte past the limit is a 413."""
+        if request.content_length is None and request.environ.get("wsgi.input_terminated"):
+            request.get_data()
+            if request.environ["wsgi.input"].read(1):
+                raise RequestEntityTooLarge()

@@ -32,7 +32,15 @@ def init_app(app: Flask) -> None:
         "retry_policy": {"max_retries": 2, "interval_start": 0.2, "interval_step": 0.5, "interval_max": 1},
     }
     celery.conf.redis_socket_connect_timeout = REDIS_GIVE_UP_S
-    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S)
+    # One result backend (one connection pool, one pubsub) for the whole process. Otherwise Celery makes
+    # one per thread, and under gevent every request is a thread of its own: two Redis connections each.
+    celery.conf.result_backend_thread_safe = True
+    # Under gevent every open request may want a connection of a pool at the same moment (each holds at
+    # most one at a time): a pool smaller than that would refuse the rest (redis-py's default is 100).
+    # A few more for the result backend's pubsub.
+    pool_size = settings.web_connections + 8
+    celery.conf.redis_max_connections = pool_size
+    client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S, max_connections=pool_size)
     app.extensions["backends"] = Backends(celery, client)
 
 

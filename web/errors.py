@@ -28,6 +28,13 @@ class ApiError(Exception):
         self.headers: dict[str, str] = {}
 
 
+def too_many_requests(message: str, retry_after_s: int) -> ApiError:
+    """A 429 telling the caller when to try again; every limit is per key, so it names Authorization."""
+    error = ApiError(429, message, "Authorization")
+    error.headers = {"Retry-After": str(max(1, retry_after_s))}
+    return error
+
+
 def _answer(status: int, message: str, field: str | None):
     body = {"error": message}
     if field is not None:  # "" is a field too: a JSON key may be empty

@@ -4,13 +4,18 @@ with the task's state in Celery."""
 from __future__ import annotations
 
 import logging
+import math
 import uuid
+from typing import Any
 
 from celery.result import AsyncResult
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
+from sqlalchemy.orm.attributes import set_committed_value
 
+from chattts_farm import redis_keys
 from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
+from chattts_farm.speech_length import expected_seconds
 from web import access, backends
 from web.access import limits
 from web.errors import ApiError
@@ -28,15 +33,17 @@ _STATUS_OF_STATE = {
     "FAILURE": JobStatus.FAILED,
     "REVOKED": JobStatus.CANCELLED,
 }
+MALFORMED_RESULT = "the job's result in Redis is malformed: it is not what a farm worker writes"
 
 
 def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
-    """Record the job, then enqueue it under the same id. A queue that cannot be reached fails the job."""
+    """Reserve the job's expected audio against its key's quota, record the job, then enqueue it under
+    the same id. A queue that cannot be reached fails the job."""
     api_key = access.current_key()
-    limits.check_quota(api_key)
     arguments = request.as_arguments()
     job = Job(
         id=str(uuid.uuid4()),
+        created_at=utcnow(),
         text=request.text,
         voice_id=voice.id if voice else None,
         voice_seed=request.voice_seed,
@@ -46,6 +53,7 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         status=JobStatus.QUEUED,
         api_key_id=api_key.id if api_key else None,
     )
+    limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
     db.session.add(job)
     db.session.commit()
     try:
@@ -93,24 +101,33 @@ def refresh(job: Job) -> Job:
         return job
     # One read of the task's state and payload together: two reads race the task's end.
     meta = backends.current().celery.backend.get_task_meta(job.id)
-    state, payload = meta["status"], meta["result"]
+    state, payload = meta["status"], meta.get("result")
     status = _STATUS_OF_STATE.get(state, job.status)
-    if state == PROGRESS_STATE and isinstance(payload, dict):
-        job.progress = float(payload.get("progress", job.progress))
     if status == JobStatus.DONE:
-        summary = payload
-        job.duration_s = summary["duration_s"]
-        job.audio_key = summary["audio_key"]
-        job.voice_embedding = summary.get("voice_embedding") or job.voice_embedding
-        job.result = {k: v for k, v in summary.items() if k != "voice_embedding"}
-        job.progress = 1.0
-        _finish(job, status)
-        limits.record_audio(job.api_key_id, job.duration_s)
+        if _is_result_of(job, payload):
+            _finish(
+                job,
+                status,
+                duration_s=payload["duration_s"],
+                audio_key=payload["audio_key"],
+                voice_embedding=payload.get("voice_embedding") or job.voice_embedding,
+                result={k: v for k, v in payload.items() if k != "voice_embedding"},
+                progress=1.0,
+            )
+        else:
+            logger.error("job %s: %s: %.200r", job.id, MALFORMED_RESULT, payload)
+            _finish(job, JobStatus.FAILED, error=MALFORMED_RESULT)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
         _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
-    elif status != job.status:
-        job.status = status
-        db.session.commit()
+    else:
+        progress = _progress(payload) if state == PROGRESS_STATE else None
+        progress = job.progress if progress is None else progress
+        if status != job.status:
+            _move(job, status=status, progress=progress)
+            db.session.commit()
+        else:
+            # Shown, not written: a poll does not write the row at every step of progress.
+            set_committed_value(job, "progress", progress)
     return job
 
 
@@ -134,8 +151,46 @@ def audio(job: Job) -> bytes:
     return data
 
 
-def _finish(job: Job, status: str, error: str | None = None) -> None:
-    job.status = status
-    job.error = error
-    job.finished_at = utcnow()
+def _finish(job: Job, status: str, error: str | None = None, **outcome: Any) -> None:
+    """Finish an unfinished job, then settle its reserved audio with its key's quota: a done job is
+    charged its duration, any other gives its reservation back. Of the requests that see a job finish
+    at once, only the one whose update moves the row settles it. The write is committed before Redis is
+    called: no database lock is held across a network call."""
+    moved = _move(job, status=status, error=error, finished_at=utcnow(), **outcome)
     db.session.commit()
+    if moved:
+        limits.settle_audio(job, outcome.get("duration_s", 0.0))
+
+
+def _move(job: Job, **values: Any) -> bool:
+    """Write ``values`` to the job's row if it is still unfinished; True when it was. A conditional
+    update, so that of the requests (threads, web processes) that see a job finish at once exactly one
+    finishes it, and a request acting on a stale state never moves a finished job back."""
+    moved = db.session.execute(
+        db.update(Job).where(Job.id == job.id, Job.status.not_in(JobStatus.FINISHED)).values(**values),
+        execution_options={"synchronize_session": False},
+    )
+    return moved.rowcount == 1
+
+
+def _is_result_of(job: Job, payload: object) -> bool:
+    """Whether ``payload`` is a farm worker's result for this job (anyone who can write to Redis can
+    write a result; a malformed one must fail the job, not the request)."""
+    return (
+        isinstance(payload, dict)
+        and _finite(payload.get("duration_s")) is not None
+        and payload["duration_s"] >= 0
+        and payload.get("audio_key") == redis_keys.audio(job.id)
+        and isinstance(payload.get("voice_embedding"), str | None)
+    )
+
+
+def _progress(payload: object) -> float | None:
+    return _finite(payload.get("progress")) if isinstance(payload, dict) else None
+
+
+def _finite(value: object) -> float | None:
+    """``value`` as a float when it is a finite number (JSON booleans are not numbers here)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Integer, String, Table, Text, event
+from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Integer, String, Table, Text, event, false
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
@@ -60,11 +60,17 @@ class Voice(db.Model):
     age: Mapped[str | None] = mapped_column(String(20))
     rating: Mapped[int] = mapped_column(Integer, default=0)
     favourite: Mapped[bool] = mapped_column(Boolean, default=False)
-    # The job that spoke this voice's preview, kept so the preview is generated once.
-    preview_job_id: Mapped[str | None] = mapped_column(String(36))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     tags: Mapped[list[Tag]] = relationship(secondary=voice_tags, order_by=Tag.name)
+    # The key that made the voice, when keys are on. None for voices made with keys off or before
+    # voices had owners: with keys on, only admin keys may change those.
+    owner_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+
+    def may_be_changed_by(self, api_key: ApiKey | None) -> bool:
+        """Every key may read and speak a voice; only its owner or an admin key may change or delete it.
+        With keys off (no key) anyone may."""
+        return api_key is None or api_key.is_admin or self.owner_key_id == api_key.id
 
 
 class ApiKey(db.Model):
@@ -78,6 +84,8 @@ class ApiKey(db.Model):
     prefix: Mapped[str] = mapped_column(String(12))  # shown in listings to tell keys apart
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column()
+    # An admin key may change and delete every catalog voice, not only the ones it made.
+    is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class JobStatus:
@@ -96,7 +104,8 @@ class Job(db.Model):
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     text: Mapped[str] = mapped_column(Text)
-    voice_id: Mapped[int | None] = mapped_column(ForeignKey("voices.id", ondelete="SET NULL"))
+    # Indexed: a voice's previews are looked up by it, and deleting a voice updates its jobs.
+    voice_id: Mapped[int | None] = mapped_column(ForeignKey("voices.id", ondelete="SET NULL"), index=True)
     voice_seed: Mapped[int | None] = mapped_column(Integer)
     voice_embedding: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[dict] = mapped_column(JSON, default=dict)
@@ -111,5 +120,8 @@ class Job(db.Model):
 
     # The key that submitted the job, when keys are on: only it may read the job and its audio.
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # A voice's preview: kept and given again to the same key (or, with keys off, to anyone) while its
+    # audio lives, so each voice is previewed once per key.
+    is_preview: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
     voice: Mapped[Voice | None] = relationship()

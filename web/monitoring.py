@@ -5,6 +5,7 @@ Worker and queue figures come from Redis (see web.farm_state); job figures come 
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC
 
 from flask import Blueprint, Response
@@ -15,6 +16,8 @@ from sqlalchemy import func
 
 from web import backends, farm_state
 from web.models import Job, JobStatus, db
+
+logger = logging.getLogger(__name__)
 
 bp = Blueprint("monitoring", __name__)
 
@@ -36,7 +39,9 @@ def readyz():
         backends.current().redis.ping()
         alive = farm_state.workers()
     except RedisError as error:
-        return {"ready": False, "redis": False, "error": str(error), "workers": 0}, 503
+        # The probe is open to anyone: the connection's details (hosts, ports) go to the log only.
+        logger.warning("not ready: Redis could not be reached: %s", error)
+        return {"ready": False, "redis": False, "error": "Redis could not be reached", "workers": 0}, 503
     body = {
         "ready": bool(alive),
         "redis": True,

@@ -1,13 +1,14 @@
 """``POST /v1/audio/speech``: the OpenAI text-to-speech API, served by the farm.
 
-It records and enqueues an ordinary job, waits for it, and answers with the audio bytes.
+It records and enqueues an ordinary job, waits for it (see :mod:`web.waiting`: a bounded number of
+waits per key, and a client that hangs up leaves its job to run on as any other), and answers with the
+audio bytes.
 """
 
 from __future__ import annotations
 
 import io
 import math
-import time
 import wave
 
 from flask import Blueprint, Response, current_app
@@ -17,6 +18,7 @@ from web import jobs, voices
 from web.errors import ApiError
 from web.json_body import json_object
 from web.models import JobStatus, Voice
+from web.waiting import WaitSlot
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
@@ -30,7 +32,6 @@ FORMATS = {
 }
 UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
 WAIT_TIMEOUT_S = 600
-POLL_S = 0.1
 
 
 def chattts_speed(openai_speed: float) -> int:
@@ -76,14 +77,9 @@ def speech():
             f"input: {error.message}" if error.field == "text" else str(error),
             "input" if error.field == "text" else error.field,
         ) from None
-    job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
-    deadline = time.monotonic() + WAIT_TIMEOUT_S
-    while jobs.refresh(job).status not in JobStatus.FINISHED:
-        if time.monotonic() > deadline:
-            raise ApiError(
-                504, f"job {job.id} did not finish in {WAIT_TIMEOUT_S} s; it goes on: GET /api/jobs/{job.id}"
-            )
-        time.sleep(POLL_S)
+    # The slot is taken before the job exists: a refused request leaves nothing behind to retry into a twin.
+    with WaitSlot.take() as slot:
+        job = slot.wait_for(jobs.submit(synthesis, voice if isinstance(voice, Voice) else None), WAIT_TIMEOUT_S)
     if job.status != JobStatus.DONE:
         # 502: the request was valid; the worker behind this endpoint failed it (or it was cancelled).
         raise ApiError(502, f"job {job.id} {job.status}: {job.error}")

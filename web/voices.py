@@ -1,4 +1,10 @@
-"""The voice catalog: create, find by tags and text, edit, export and import."""
+"""The voice catalog: create, find by tags and text, edit, export and import.
+
+The catalog is shared: every key finds, reads and speaks every voice. A voice belongs to the key that
+made it (by create, import or from a job), and only that key or an admin key may change or delete it.
+With keys off there are no keys, and anyone may. Names, tags and descriptions follow the policy of job
+texts: control and invisible characters are dropped (:func:`chattts_farm.text.drop_invisible`).
+"""
 
 from __future__ import annotations
 
@@ -11,9 +17,11 @@ from chattts_farm.contract import (
     MAX_SEED,
     InvalidRequest,
     SynthesisRequest,
+    looks_like_embedding,
     parse_voice,
 )
-from web import backends
+from chattts_farm.text import drop_invisible
+from web import access, backends
 from web.errors import ApiError
 from web.models import Job, JobStatus, Tag, Voice, db
 
@@ -21,7 +29,12 @@ EMBEDDING_TIMEOUT_S = 60
 # Row ids are SQLite integers, 64-bit: a larger number names no voice (and cannot even be looked up).
 MAX_ID = 2**63 - 1
 PREVIEW_TEXT = "Hello! This is how I sound. [laugh] Nice to meet you."
+MAX_NAME_CHARS = 100
+MAX_TAG_CHARS = 64
 _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
+# The search text is matched literally: LIKE's wildcards and its escape character are escaped.
+_LIKE_ESCAPE = "\\"
+_LIKE_SPECIAL = str.maketrans({"%": "\\%", "_": "\\_", "\\": "\\\\"})
 
 
 def find(tags: list[str], query: str | None) -> list[Voice]:
@@ -29,15 +42,19 @@ def find(tags: list[str], query: str | None) -> list[Voice]:
     select = db.select(Voice).order_by(Voice.favourite.desc(), Voice.rating.desc(), Voice.name)
     for tag in normalise_tags(tags):
         select = select.where(Voice.tags.any(Tag.name == tag))
+    query = drop_invisible(query or "").strip()
     if query:
-        pattern = f"%{query.strip()}%"
-        select = select.where(or_(Voice.name.ilike(pattern), Voice.description.ilike(pattern)))
+        pattern = f"%{query.translate(_LIKE_SPECIAL)}%"
+        select = select.where(
+            or_(Voice.name.ilike(pattern, escape=_LIKE_ESCAPE), Voice.description.ilike(pattern, escape=_LIKE_ESCAPE))
+        )
     return list(db.session.execute(select).scalars())
 
 
 def named(name: str) -> Voice | None:
-    """The catalog voice with this name (surrounding spaces ignored), if any."""
-    return db.session.execute(db.select(Voice).where(Voice.name == name.strip())).scalar_one_or_none()
+    """The catalog voice with this name (surrounding spaces, control and invisible characters ignored, as
+    names are stored without them), if any."""
+    return db.session.execute(db.select(Voice).where(Voice.name == drop_invisible(name).strip())).scalar_one_or_none()
 
 
 def by_id(voice_id: int) -> Voice | None:
@@ -51,13 +68,26 @@ def get(voice_id: int) -> Voice:
     return voice
 
 
+def get_to_change(voice_id: int) -> Voice:
+    """The voice, when the caller may change or delete it; 403 naming it when another key owns it."""
+    voice = get(voice_id)
+    if voice.may_be_changed_by(access.current_key()):
+        return voice
+    if voice.owner_key_id is None:
+        why = "has no owner (it was made with keys off or before voices had owners): only an admin key"
+    else:
+        why = "belongs to another key: only its owner or an admin key"
+    raise ApiError(403, f"voice {voice.id} ({voice.name!r}) {why} may change or delete it", "voice_id")
+
+
 def resolve(value: Any) -> Voice | int | str | None:
     """A job's voice: a seed or an embedding string, else the catalog voice the text names (None when
     it names none). :class:`InvalidRequest` for a value that is neither a seed, an embedding nor a name."""
     try:
         return parse_voice(value)
     except InvalidRequest:
-        if not isinstance(value, str) or not value.strip():
+        # Text written as an embedding is one (too long, say), not a name: it keeps the contract's refusal.
+        if not isinstance(value, str) or not value.strip() or looks_like_embedding(value):
             raise
     return named(value)
 
@@ -68,7 +98,12 @@ def create(fields: dict[str, Any]) -> Voice:
     if ("seed" in fields) == ("spk_emb" in fields):
         raise ApiError(400, "give exactly one of seed or spk_emb", "seed")
     seed = _seed(fields["seed"]) if "seed" in fields else None
-    voice = Voice(name=name, seed=seed, spk_emb=None if seed is not None else _embedding(fields["spk_emb"]))
+    voice = Voice(
+        name=name,
+        seed=seed,
+        spk_emb=None if seed is not None else _embedding(fields["spk_emb"]),
+        owner_key_id=_caller_key_id(),
+    )
     update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
     # Only once every field is valid: a worker may take up to a minute to answer.
     if seed is not None:
@@ -101,9 +136,7 @@ def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voic
             voice.favourite = fields["favourite"]
         for field, limit in _TEXT_FIELDS.items():
             if field in fields:
-                value = fields[field]
-                if value is not None and (not isinstance(value, str) or len(value) > limit):
-                    raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
+                value = _optional_text(fields[field], field, limit)
                 setattr(voice, field, value if field != "description" else (value or ""))
     if commit:
         _commit_unique(voice.name)
@@ -111,10 +144,17 @@ def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voic
 
 
 def preview(voice: Voice, max_text_chars: int) -> Job:
-    """Generate a voice's preview once and keep it; again only when it failed or its audio expired."""
+    """The caller's preview of a voice: generated once per key (once in all with keys off) and kept;
+    again only when it failed or its audio expired. No key is ever given another key's preview job."""
     from web import jobs
 
-    kept = db.session.get(Job, voice.preview_job_id) if voice.preview_job_id else None
+    key_id = _caller_key_id()
+    kept = db.session.execute(
+        db.select(Job)
+        .where(Job.is_preview, Job.voice_id == voice.id, Job.api_key_id == key_id)
+        .order_by(Job.created_at.desc())
+        .limit(1)
+    ).scalar_one_or_none()
     if kept is not None:
         jobs.refresh(kept)
         usable = kept.status in (JobStatus.QUEUED, JobStatus.RUNNING) or (
@@ -126,7 +166,7 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
         SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb}, max_text_chars=max_text_chars),
         voice,
     )
-    voice.preview_job_id = job.id
+    job.is_preview = True
     db.session.commit()
     return job
 
@@ -162,6 +202,7 @@ def describe(voice: Voice) -> dict[str, Any]:
         "favourite": voice.favourite,
         "created_at": voice.created_at.isoformat(),
         "updated_at": voice.updated_at.isoformat(),
+        "editable": voice.may_be_changed_by(access.current_key()),
     }
 
 
@@ -169,7 +210,7 @@ def export() -> list[dict[str, Any]]:
     exported = []
     for voice in find([], None):
         entry = describe(voice)
-        for key in ("id", "created_at", "updated_at"):
+        for key in ("id", "created_at", "updated_at", "editable"):
             del entry[key]
         exported.append(entry)
     return exported
@@ -192,6 +233,7 @@ def import_(entries: Any) -> dict[str, list[str]]:
             name=name,
             seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
             spk_emb=_embedding(entry["spk_emb"]),
+            owner_key_id=_caller_key_id(),
         )
         update(voice, {k: v for k, v in fields.items() if k != "name"}, commit=False)
         db.session.add(voice)
@@ -217,23 +259,45 @@ def embedding_for_seed(seed: int) -> str:
 
 
 def normalise_tags(tags: list[str]) -> list[str]:
-    return sorted({tag.strip().lower() for tag in tags if tag and tag.strip()})
+    """Tags as stored: lower-case, without surrounding spaces, control or invisible characters."""
+    normalised = (drop_invisible(tag).strip().lower() for tag in tags)
+    return sorted({tag for tag in normalised if tag})
 
 
 def _tags(value: Any) -> list[Tag]:
-    if not isinstance(value, list) or not all(isinstance(tag, str) and len(tag.strip()) <= 64 for tag in value):
-        raise ApiError(400, "tags must be a list of texts of at most 64 characters", "tags")
+    texts = isinstance(value, list) and all(isinstance(tag, str) for tag in value)
+    names = normalise_tags(value) if texts else []
+    # Lengths are checked as stored: lower-casing may lengthen a tag ("İ" becomes "i" and a combining dot).
+    if not texts or any(len(name) > MAX_TAG_CHARS for name in names):
+        raise ApiError(400, f"tags must be a list of texts of at most {MAX_TAG_CHARS} characters", "tags")
     tags = []
-    for name in normalise_tags(value):
+    for name in names:
         tag = db.session.execute(db.select(Tag).where(Tag.name == name)).scalar_one_or_none()
         tags.append(tag or Tag(name=name))
     return tags
 
 
 def _name(value: Any) -> str:
-    if not isinstance(value, str) or not value.strip() or len(value.strip()) > 100:
-        raise ApiError(400, "name is required: text of 1 to 100 characters", "name")
-    return value.strip()
+    name = drop_invisible(value).strip() if isinstance(value, str) else ""
+    if not 1 <= len(name) <= MAX_NAME_CHARS:
+        raise ApiError(
+            400, f"name is required: text of 1 to {MAX_NAME_CHARS} characters, not counting invisible ones", "name"
+        )
+    return name
+
+
+def _optional_text(value: Any, field: str, limit: int) -> str | None:
+    """A text field as stored (without control and invisible characters), or None."""
+    text = drop_invisible(value) if isinstance(value, str) else None
+    if value is not None and (text is None or len(text) > limit):
+        raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
+    return text
+
+
+def _caller_key_id() -> int | None:
+    """The key a new voice or preview belongs to (None with keys off)."""
+    key = access.current_key()
+    return key.id if key is not None else None
 
 
 def _seed(value: Any) -> int:

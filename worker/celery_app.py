@@ -24,4 +24,7 @@ app.conf.update(
     # Every job thread of a worker reports progress and stores its result through the backend.
     redis_max_connections=2 * settings.max_jobs_in_flight + 32,
     worker_hijack_root_logger=False,
+    # A message on a queue that is no job (garbage pushed by hand, a broken client) goes to a
+    # dead-letter list and the worker keeps serving; Celery's own consumer would end it.
+    worker_consumer="worker.dead_letters:Consumer",
 )

@@ -6,35 +6,16 @@ flagged segment is generated again with another audio seed (see ``Settings.quali
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from chattts_farm.text import CJK_CHARACTER
-
-TOKENS_PER_SECOND = 46.875  # one GPT step = 512 samples at 24 kHz
-
-# Expected speech rate used both by the gate and by the synthetic model's length rule: ChatTTS at
-# speed 5 speaks roughly 15 Latin characters or 4.5 CJK characters a second.
-_LATIN_TOKENS_PER_CHAR = 3.0
-_CJK_TOKENS_PER_CHAR = 10.0
-_LATIN = re.compile(r"[A-Za-z0-9]")
+# One rule for the expected speech length, shared with the web's quota reservations.
+from chattts_farm.speech_length import TOKENS_PER_SECOND
 
 SILENCE_RMS = 1e-4
 CLIPPING_LEVEL = 0.999
 CLIPPING_FRACTION = 0.01
-
-
-def expected_tokens(text: str, speed: int) -> int:
-    """How many audio tokens a plausible reading of text at ChatTTS speed 1..9 takes.
-
-    Slower speeds (below 5) read longer, faster ones shorter, by 10% a step.
-    """
-    weight = _LATIN_TOKENS_PER_CHAR * len(_LATIN.findall(text)) + _CJK_TOKENS_PER_CHAR * len(
-        CJK_CHARACTER.findall(text)
-    )
-    return max(8, round(weight * (1 + 0.1 * (5 - speed))))
 
 
 @dataclass

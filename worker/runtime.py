@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 import redis
-from redis.backoff import ExponentialBackoff
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
 from chattts_farm import redis_keys
@@ -26,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 # Seconds of Redis outage (a restart, say) the worker's own writes wait out: one retry a second at most.
 REDIS_OUTAGE_S = 120
+# A warm shutdown waits for the jobs the worker holds, and storing their progress, audio and results
+# waits for Redis: for as long as it is away (see worker.celery_app). Once Redis has been unreachable
+# this long into a shutdown, the worker exits without them. Nothing is lost: they are acknowledged
+# only when done, so Redis hands them out again (see Settings.visibility_timeout_s).
+SHUTDOWN_REDIS_GRACE_S = 10
 
 
 @dataclass
@@ -46,6 +51,29 @@ class WorkerRuntime:
             except redis.RedisError as error:
                 logger.warning("heartbeat not published: %s", error)
             time.sleep(redis_keys.HEARTBEAT_INTERVAL_S)
+
+    def exit_once_redis_stays_away(self) -> None:
+        """While the worker shuts down: end the process when Redis stays unreachable (SHUTDOWN_REDIS_GRACE_S)."""
+        # One quick try each time, not the patient retries of the worker's own client.
+        probe = redis.Redis.from_url(
+            self.settings.redis_url, socket_connect_timeout=1, socket_timeout=1, retry=Retry(NoBackoff(), 0)
+        )
+        unreachable_since = None
+        while True:
+            try:
+                probe.ping()
+                unreachable_since = None
+            except redis.RedisError as error:
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since >= SHUTDOWN_REDIS_GRACE_S:
+                    logger.warning(
+                        "stopping, and Redis is unreachable (%s) for %d s: exiting without the jobs still held; "
+                        "they are not acknowledged, and Redis hands them out again",
+                        error,
+                        SHUTDOWN_REDIS_GRACE_S,
+                    )
+                    os._exit(os.EX_TEMPFAIL)
+            time.sleep(1)
 
     def health(self) -> dict:
         """Model kind, device, dtype, GPU name and memory, and how busy this worker is."""
@@ -108,6 +136,12 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
     return _runtime
+
+
+def watch_shutdown() -> None:
+    """The worker was asked to stop: bound how long it waits for an unreachable Redis."""
+    if _runtime is not None:
+        threading.Thread(target=_runtime.exit_once_redis_stays_away, name="shutdown-watch", daemon=True).start()
 
 
 def current() -> WorkerRuntime:

@@ -28,6 +28,7 @@ from chattts_farm.contract import (
     SynthesisRequest,
 )
 from chattts_farm.settings import Settings
+from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
 from worker import audio, generation, quality, voices
 from worker.generation import Segment
@@ -157,7 +158,7 @@ class Synthesizer:
                 request=request,
                 speaker=speaker,
                 seed=segment_seed(audio_seed, number),
-                expected_tokens=quality.expected_tokens(text, request.speed),
+                expected_tokens=expected_tokens(text, request.speed),
                 max_tokens=self.settings.max_new_tokens,
                 pinned=self.model.is_synthetic,
             )
@@ -201,7 +202,7 @@ class Synthesizer:
                     # Refining can drop everything speakable; the plain text is better than silence.
                     if is_speakable(text):
                         segment.text = text
-                        segment.expected_tokens = quality.expected_tokens(text, segment.request.speed)
+                        segment.expected_tokens = expected_tokens(text, segment.request.speed)
                 refined.destroy()
 
     def _generate(

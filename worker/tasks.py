@@ -7,7 +7,7 @@ import time
 
 from celery.concurrency import get_implementation
 from celery.exceptions import Ignore
-from celery.signals import worker_init
+from celery.signals import worker_init, worker_shutting_down
 from celery.worker import state as worker_state
 
 from chattts_farm import redis_keys
@@ -40,6 +40,11 @@ def _start_runtime(sender, **_) -> None:
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
     runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked)
+
+
+@worker_shutting_down.connect
+def _bound_the_shutdown(**_) -> None:
+    runtime.watch_shutdown()
 
 
 # Errors of the farm's own kinds are the caller's to read: logged without a traceback.
@@ -84,7 +89,7 @@ def voice_embedding(seed: int) -> str:
     """The embedding a seed names, for callers without torch (the web catalog stores it)."""
     from worker.voices import embedding_for_seed
 
-    voice = parse_voice(seed)
+    voice = parse_voice(seed, field="seed")
     if not isinstance(voice, int):
         raise InvalidRequest("seed", "must be an integer seed")
     return embedding_for_seed(runtime.current().batcher.synthesizer.model.chat.speaker, voice)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import lzma
 
+import numpy as np
 import pybase16384
 import torch
 from ChatTTS.model.speaker import Speaker
@@ -20,6 +21,10 @@ from chattts_farm.contract import InvalidRequest
 # dictionary for 1.5 KB of data. Preset 1 gives the same size in under 1 ms, and ChatTTS's own
 # decoder (preset 9e, a larger dictionary) reads it unchanged.
 _LZMA_FILTERS = [{"id": lzma.FILTER_LZMA2, "preset": 1}]
+# LZMA's smallest dictionary. Only the dictionary size of a raw LZMA2 filter matters to a decoder, and
+# data never refers further back than its own length: one the size of the largest output allowed
+# decodes an embedding exactly as ChatTTS's preset-9e dictionary (64 MiB) does, without allocating it.
+_SMALLEST_DICTIONARY = 4096
 
 
 @functools.lru_cache(maxsize=4096)
@@ -40,17 +45,35 @@ def embedding_for_seed(speaker: Speaker, seed: int) -> str:
 
 def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
     """Decode an embedding string for this model; :class:`InvalidRequest` names ``voice`` when it is unusable."""
-    try:
-        values = Speaker._decode(embedding)
-    # pybase16384, lzma and numpy each raise their own types on malformed input.
-    except Exception as error:  # noqa: BLE001
-        raise InvalidRequest("voice", f"is not a valid ChatTTS speaker embedding ({error})") from None
+    values = np.frombuffer(_decompress(embedding, max_bytes=2 * speaker.dim), dtype=np.float16)
     if values.shape != (speaker.dim,):
         raise InvalidRequest("voice", f"the speaker embedding has {values.size} values; this model needs {speaker.dim}")
-    tensor = torch.from_numpy(values).float()
+    tensor = torch.from_numpy(values.copy()).float()
     if not bool(torch.isfinite(tensor).all()):
         raise InvalidRequest("voice", "the speaker embedding holds values that are not finite")
     return tensor
+
+
+def _decompress(embedding: str, max_bytes: int) -> bytes:
+    """The float16 bytes inside an embedding string, decoded as ChatTTS's ``Speaker._decode`` does, but
+    never past ``max_bytes``: a few hundred characters of LZMA data can expand to gigabytes."""
+    # pybase16384 and lzma each raise their own types on malformed input.
+    try:
+        data = pybase16384.decode_from_string(embedding)
+        filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(_SMALLEST_DICTIONARY, max_bytes)}]
+        decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=filters)
+        values = decompressor.decompress(data, max_length=max_bytes + 1)
+    except Exception as error:  # noqa: BLE001
+        raise InvalidRequest("voice", f"is not a valid ChatTTS speaker embedding ({error})") from None
+    if len(values) > max_bytes:
+        raise InvalidRequest("voice", f"the speaker embedding expands to more than {max_bytes // 2} values")
+    if not decompressor.eof:
+        raise InvalidRequest("voice", "the speaker embedding's data ends early")
+    if decompressor.unused_data:
+        raise InvalidRequest("voice", "the speaker embedding holds data after its end")
+    if len(values) % 2:
+        raise InvalidRequest("voice", "the speaker embedding holds an odd number of bytes, not float16 values")
+    return values
 
 
 def resolve(speaker: Speaker, voice: int | str) -> tuple[str, torch.Tensor]:

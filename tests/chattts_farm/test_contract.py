@@ -1,6 +1,7 @@
 """The task contract: what a valid request is, and how a bad one is named."""
 
 import pickle
+import time
 import unicodedata
 
 import pytest
@@ -9,12 +10,15 @@ from hypothesis import strategies as st
 
 from chattts_farm.contract import (
     DEFAULT_VOICE_SEED,
+    MAX_EMBEDDING_CHARS,
+    MAX_SPEAKER_DIM,
     InvalidRequest,
     SynthesisRequest,
     parse_voice,
 )
 from chattts_farm.text import is_speakable
 from tests.edge_texts import EDGE_TEXTS
+from tests.voice_bombs import CHATTTS_PRESET, FARM_PRESET, incompressible_embedding, voice_bomb
 
 EMBEDDING = "蘁淰敕欀" * 8
 
@@ -102,6 +106,23 @@ def test_awkward_text_is_cleaned_for_speech_or_refused_naming_text(text, refusal
 
 def test_terminal_colour_codes_are_dropped_whole():
     assert build(text="\x1b[1;31mAlert\x1b[0m: disk full.").text == "Alert: disk full."
+
+
+@pytest.mark.parametrize("preset", [0, FARM_PRESET, 6, CHATTTS_PRESET])
+def test_an_embedding_of_the_widest_speaker_fits_the_length_bound_at_any_preset(preset):
+    longest = max((incompressible_embedding(MAX_SPEAKER_DIM, preset) for _ in range(20)), key=len)
+    assert parse_voice(longest) == longest
+    assert len(longest) < 0.85 * MAX_EMBEDDING_CHARS  # room for other encoders
+
+
+def test_a_voice_bomb_is_refused_by_its_length_before_anything_decodes_it():
+    bomb = voice_bomb(50)  # 50 MiB of zeros in under 5,000 characters
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest, match=f"at most {MAX_EMBEDDING_CHARS} characters") as caught:
+        build(voice=bomb)
+    assert caught.value.field == "voice"
+    assert time.perf_counter() - started < 0.05
+    assert bomb not in str(caught.value)
 
 
 def test_a_seed_string_is_ascii_digits_and_one_too_long_for_a_seed_is_out_of_range():

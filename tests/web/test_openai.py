@@ -1,9 +1,12 @@
 """The OpenAI-compatible speech endpoint, against real workers."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from web.openai import chattts_speed
+from web.waiting import WaitSlot
 from worker.audio import decode
 
 
@@ -48,3 +51,13 @@ def test_speed_maps_onto_chattts_levels():
 def test_bad_requests_are_4xx_naming_the_field(client, body, status, field):
     answer = client.post("/v1/audio/speech", json=body)
     assert answer.status_code == status and answer.get_json()["field"] == field
+
+
+def test_with_keys_off_every_caller_shares_one_bound_of_waits(app, client):
+    app.config["SETTINGS"] = dataclasses.replace(app.config["SETTINGS"], max_waits_per_key=1)
+    with app.test_request_context(), WaitSlot.take():  # another anonymous caller, waiting for its audio
+        answer = client.post("/v1/audio/speech", json={"input": "Hi.", "voice": 1})
+    assert answer.status_code == 429 and "keys are off" in answer.get_json()["error"]
+    assert int(answer.headers["Retry-After"]) >= 1
+    # Refused before anything was submitted.
+    assert client.get("/api/jobs").get_json()["jobs"] == []

@@ -1,5 +1,10 @@
 """The server-rendered pages (their behaviour in a real browser is in test_browser.py)."""
 
+import dataclasses
+import re
+
+from tests.web.access.support import bearer, signed_in
+from web.access import api_keys
 from web.models import Voice, db
 
 
@@ -37,3 +42,21 @@ def test_catalog_names_and_tags_are_escaped(client, app):
     for path in ("/", "/voices"):
         page = client.get(path).get_data(as_text=True)
         assert "<script>alert(1)</script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+
+def test_with_keys_on_the_catalog_page_offers_changes_only_of_voices_the_signed_in_key_may_change(app):
+    app.config["SETTINGS"] = dataclasses.replace(app.config["SETTINGS"], require_api_key=True)
+    with app.app_context():
+        alice, bob = api_keys.create_key("alice"), api_keys.create_key("bob")
+    for key, name in ((alice, "Alice's"), (bob, "Bob's")):
+        made = app.test_client().post(
+            "/api/voices", json={"name": name, "spk_emb": "蘁淰敕欀" * 8}, headers=bearer(key)
+        )
+        assert made.status_code == 201
+    browser, _ = signed_in(app, alice)
+    page = browser.get("/voices").get_data(as_text=True)
+    rows = dict(re.findall(r'<tr class="voice"[^>]*data-voice-name="([^"]+)"(.*?)</tr>', page, re.DOTALL))
+    assert set(rows) == {"Alice&#39;s", "Bob&#39;s"}
+    assert "voice-save" in rows["Alice&#39;s"] and "voice-delete" in rows["Alice&#39;s"]
+    assert "voice-save" not in rows["Bob&#39;s"] and "voice-delete" not in rows["Bob&#39;s"]
+    assert "voice-preview" in rows["Bob&#39;s"] and "disabled" in rows["Bob&#39;s"]

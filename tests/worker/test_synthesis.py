@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from chattts_farm.contract import FORMATS, JobCancelled, SynthesisRequest
+from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import decode
 from worker.model import SAMPLE_RATE
-from worker.quality import TOKENS_PER_SECOND, expected_tokens
 from worker.synthesis import Synthesizer
 from worker.voices import embedding_for_seed
 

@@ -13,6 +13,7 @@ import pytest
 import redis
 
 from chattts_farm.contract import (
+    EMBEDDING_TASK_NAME,
     FORMATS,
     MIME_TYPES,
     PROGRESS_STATE,
@@ -22,6 +23,7 @@ from chattts_farm.contract import (
 )
 from chattts_farm.redis_keys import audio as audio_key
 from tests.edge_texts import EDGE_TEXTS
+from tests.voice_bombs import voice_bomb
 from worker.audio import decode
 
 LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for word in "abcdefghijklmnopqrstuvwxyz" * 3)
@@ -99,6 +101,24 @@ def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(workers):
     with pytest.raises(Exception, match="text: is empty"):
         empty.get(timeout=60)
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_a_voice_bomb_from_a_plain_caller_fails_naming_voice_and_the_worker_keeps_serving(workers):
+    client = workers.client
+    # Too long for the contract, and short enough for it but expanding to 8 MiB: both refused.
+    for bomb in (voice_bomb(50), voice_bomb(8)):
+        sent = client.send_task(TASK_NAME, kwargs={"text": "Boom.", "voice": bomb})
+        with pytest.raises(InvalidRequest) as caught:
+            sent.get(timeout=60)
+        assert caught.value.field == "voice" and sent.state == "FAILURE"
+    assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+@pytest.mark.parametrize("seed", [-1, 2**32, "not a seed", True, voice_bomb(8)])
+def test_voice_embedding_refuses_a_bad_seed_naming_seed(workers, seed):
+    with pytest.raises(InvalidRequest) as caught:
+        workers.client.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed}).get(timeout=30)
+    assert caught.value.field == "seed"
 
 
 def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(workers):

@@ -7,9 +7,9 @@ must also carry the page's CSRF token (the ``X-CSRF-Token`` header, or the form'
 A bearer key is never sent by a browser on its own and needs no token. With keys off, the API is
 anonymous and reads only ``application/json`` bodies, which no cross-site form can send.
 
-The parts: :mod:`.api_keys` (made, revoked, looked up), :mod:`.sessions` (sign-in and CSRF),
-:mod:`.limits` (per-key rate limits and the daily audio quota, counted in Redis so they hold across
-every web process) and :mod:`.secret_key` (the key signing session cookies).
+The parts: :mod:`.api_keys` (made, revoked, looked up), :mod:`.sessions` (sign-in, kept in Redis, and
+CSRF), :mod:`.limits` (per-key rate limits and the daily audio quota, reserved at submit, counted in Redis
+so they hold across every web process) and :mod:`.secret_key` (the key signing session cookies).
 """
 
 from __future__ import annotations
@@ -32,6 +32,12 @@ def current_key() -> ApiKey | None:
     return g.get("api_key")
 
 
+def _signed_in_key() -> ApiKey | None:
+    """The live key this browser's session stands for, if any."""
+    key_id = sessions.signed_in_key_id()
+    return api_keys.find_key_by_id(key_id) if key_id is not None else None
+
+
 def _is_page() -> bool:
     return request.blueprint == "pages" and request.endpoint not in PAGE_ENDPOINTS_OPEN
 
@@ -50,7 +56,7 @@ def init_app(app: Flask) -> None:
         if not settings.require_api_key:
             return None
         if _is_page():
-            g.api_key = sessions.signed_in_key()
+            g.api_key = _signed_in_key()
             if g.api_key is None:
                 return redirect(url_for("pages.sign_in", next=request.full_path.rstrip("?")))
             return None
@@ -66,7 +72,7 @@ def init_app(app: Flask) -> None:
             if api_key is None:
                 raise ApiError(401, "the API key is unknown or revoked", "Authorization")
         else:
-            api_key = sessions.signed_in_key()
+            api_key = _signed_in_key()
             if api_key is None:
                 raise ApiError(
                     401,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+from web.access import sessions
 from web.models import ApiKey, db, utcnow
 
 KEY_PREFIX = "cf_"
@@ -14,10 +15,11 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def create_key(name: str) -> str:
-    """A new key for ``name``; the key itself is returned once and never stored."""
+def create_key(name: str, *, admin: bool = False) -> str:
+    """A new key for ``name``; the key itself is returned once and never stored. An admin key may also
+    change and delete the catalog voices other keys made."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    db.session.add(ApiKey(name=name, key_hash=hash_key(key), prefix=key[:10]))
+    db.session.add(ApiKey(name=name, key_hash=hash_key(key), prefix=key[:10], is_admin=admin))
     db.session.commit()
     return key
 
@@ -28,6 +30,7 @@ def revoke_key(name: str) -> bool:
         return False
     key.revoked_at = utcnow()
     db.session.commit()
+    sessions.end_sessions_of(key)
     return True
 
 

@@ -1,21 +1,68 @@
 """Per-key limits: requests a minute (one budget for reads, one for changes) and a daily quota of audio
 seconds. They count in Redis, so they hold across every web process; over a limit is a 429 with
-Retry-After."""
+Retry-After.
+
+The quota is reserved at submit, not merely checked: a job holds its expected audio (the workers' own
+length rule, :mod:`chattts_farm.speech_length`) against its key's quota for the day it was submitted, so
+a burst of submissions cannot pass the quota before any of them finishes. When the job finishes its
+reservation is settled once: a done job is charged its real duration instead, a failed or cancelled one
+gives it back. Reserving and settling are Redis scripts, atomic across threads and web processes, and a
+reservation is per job: settling it again charges nothing.
+"""
 
 from __future__ import annotations
 
+import logging
 import time
-from datetime import UTC, datetime
+from datetime import datetime
 
 from flask import current_app
+from redis.commands.core import Script
+from redis.exceptions import RedisError
 
 from chattts_farm import redis_keys
 from chattts_farm.settings import Settings
 from web import backends
-from web.errors import ApiError
-from web.models import ApiKey, db
+from web.errors import too_many_requests
+from web.models import ApiKey, Job, db
+
+logger = logging.getLogger(__name__)
 
 SECONDS_PER_DAY = 86_400
+# A day's counts outlive the day: a job submitted before midnight is settled against it after midnight.
+QUOTA_COUNTS_TTL_S = 2 * SECONDS_PER_DAY
+# When only jobs still running stand in the way, their end frees the quota: retry soon, not at midnight.
+RUNNING_JOBS_RETRY_AFTER_S = 30
+
+# KEYS: the day's charged seconds, the day's reservations (job id -> seconds).
+# ARGV: the job id, its expected seconds, the quota, the counts' lifetime.
+# Answers {1 if reserved else 0, seconds charged, seconds reserved by other jobs}.
+_RESERVE = """
+local charged = tonumber(redis.call('GET', KEYS[1]) or '0')
+local reserved = 0
+for _, seconds in ipairs(redis.call('HVALS', KEYS[2])) do
+    reserved = reserved + tonumber(seconds)
+end
+local fits = charged + reserved + tonumber(ARGV[2]) <= tonumber(ARGV[3])
+if fits then
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
+    redis.call('EXPIRE', KEYS[2], ARGV[4])
+end
+return {fits and 1 or 0, tostring(charged), tostring(reserved)}
+"""
+
+# KEYS: as for _RESERVE. ARGV: the job id, the seconds to charge (0 gives the reservation back), the
+# counts' lifetime. Only the call that removes the reservation charges: a job is settled once.
+_SETTLE = """
+if redis.call('HDEL', KEYS[2], ARGV[1]) == 0 then
+    return 0
+end
+if tonumber(ARGV[2]) > 0 then
+    redis.call('INCRBYFLOAT', KEYS[1], ARGV[2])
+    redis.call('EXPIRE', KEYS[1], ARGV[3])
+end
+return 1
+"""
 
 
 def count_request(api_key: ApiKey, settings: Settings, *, reading: bool) -> None:
@@ -30,37 +77,51 @@ def count_request(api_key: ApiKey, settings: Settings, *, reading: bool) -> None
     count = pipeline.execute()[0]
     if count > per_minute:
         what = "reads" if reading else "requests that change something"
-        raise _too_many(f"more than {per_minute} {what} a minute with this key", 60 - int(time.time()) % 60)
+        raise too_many_requests(f"more than {per_minute} {what} a minute with this key", 60 - int(time.time()) % 60)
 
 
-def check_quota(api_key: ApiKey | None) -> None:
-    """429 when the key has used today's audio seconds (nothing to check when keys are off)."""
+def reserve_audio(api_key: ApiKey | None, job_id: str, submitted_at: datetime, seconds: float) -> None:
+    """Hold ``seconds`` of the key's quota for a job about to be submitted; 429 when the seconds charged
+    and held that day leave no room for them. Keys off: no quota."""
     if api_key is None:
         return
-    used = float(backends.current().redis.get(_quota_key(api_key)) or 0)
     quota = current_app.config["SETTINGS"].daily_audio_quota_s
-    if used >= quota:
-        raise _too_many(f"the daily audio quota of {quota} s is used up", _seconds_to_midnight())
+    reserved, charged, held = _script(_RESERVE)(
+        keys=_day_counts(api_key, submitted_at), args=[job_id, seconds, quota, QUOTA_COUNTS_TTL_S]
+    )
+    if not reserved:
+        charged, held = float(charged), float(held)
+        retry_after = _seconds_to_midnight() if charged + seconds > quota else RUNNING_JOBS_RETRY_AFTER_S
+        raise too_many_requests(
+            f"this job needs about {seconds:.1f} s of the daily audio quota of {quota} s: "
+            f"{charged:.1f} s are used today and {held:.1f} s are held by jobs not yet finished",
+            retry_after,
+        )
 
 
-def record_audio(key_id: int | None, seconds: float) -> None:
-    """Count a finished job's audio against its key's quota for today."""
-    api_key = db.session.get(ApiKey, key_id) if key_id is not None else None
-    if api_key is not None and seconds:
-        quota_key = _quota_key(api_key)
-        client = backends.current().redis
-        client.incrbyfloat(quota_key, seconds)
-        client.expire(quota_key, 2 * SECONDS_PER_DAY)
+def settle_audio(job: Job, seconds: float) -> None:
+    """Settle a finished job's reservation: charge ``seconds`` of audio instead (0 gives it back).
+
+    When Redis cannot be reached the reservation stands, counting the job's expected seconds until its
+    day's counts expire; that is logged, and the caller's answer goes on.
+    """
+    api_key = db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None
+    if api_key is None:
+        return
+    try:
+        _script(_SETTLE)(keys=_day_counts(api_key, job.created_at), args=[job.id, seconds, QUOTA_COUNTS_TTL_S])
+    except RedisError as error:
+        logger.warning("job %s: its audio could not be settled with its key's quota: %s", job.id, error)
 
 
-def _too_many(message: str, retry_after_s: int) -> ApiError:
-    error = ApiError(429, message, "Authorization")
-    error.headers = {"Retry-After": str(max(1, retry_after_s))}
-    return error
+def _script(source: str) -> Script:
+    return backends.current().redis.register_script(source)
 
 
-def _quota_key(api_key: ApiKey) -> str:
-    return redis_keys.audio_quota(api_key.key_hash, f"{datetime.now(UTC):%Y%m%d}")
+def _day_counts(api_key: ApiKey, submitted_at: datetime) -> list[str]:
+    """The Redis keys of a key's seconds charged and reserved for the day (UTC) a job was submitted."""
+    day = f"{submitted_at:%Y%m%d}"
+    return [redis_keys.audio_quota(api_key.key_hash, day), redis_keys.audio_quota_reservations(api_key.key_hash, day)]
 
 
 def _seconds_to_midnight() -> int:

@@ -1,29 +1,86 @@
-"""The OpenAPI 3.1 description of the JSON API, served at /api/openapi.json."""
+"""The OpenAPI 3.1 description of the JSON API, served at /api/openapi.json.
+
+It describes the farm that serves it: with keys on (``CHATTTS_FARM_REQUIRE_API_KEY``), a bearer key is
+required on every operation but this description, and the refusals that come with keys (401, 403, 429,
+and 503 when Redis, which counts the requests, is away) are documented on each; with keys off, neither.
+"""
 
 from __future__ import annotations
 
 from flask import current_app
 
 from chattts_farm.contract import FORMATS, MAX_SEED
+from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
 from web.models import JobStatus
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
+_ERROR_MEANINGS = {
+    400: "a value is wrong: field names it",
+    401: "no API key, or an unknown or revoked one",
+    403: "a browser session signed in on the pages sent no valid X-CSRF-Token with this change",
+    404: "no such job or voice (another key's job is not found either)",
+    409: "not now: a name already taken, or a job that is not done",
+    410: "the job's audio has expired",
+    413: "the body is larger than CHATTTS_FARM_MAX_REQUEST_BYTES",
+    422: "the catalog has no voice of that name or id",
+    429: "over the key's rate limit or daily audio quota: Retry-After says when to try again",
+    502: "the job failed or was cancelled",
+    503: "Redis or the workers could not be reached: try again shortly",
+    504: "the job did not finish in time; it goes on (GET /api/jobs/{job_id})",
+}
+_NOT_THE_OWNER = (
+    "the voice belongs to another key (only its owner or an admin key may change or delete it; a voice "
+    "without an owner, only an admin key), or " + _ERROR_MEANINGS[403]
+)
+_TOO_MANY_WAITING = (
+    "CHATTTS_FARM_MAX_WAITS_PER_KEY calls of this key (with keys off: of all callers) already wait for their "
+    "audio, or " + _ERROR_MEANINGS[429]
+)
+_BEARER = {
+    "type": "http",
+    "scheme": "bearer",
+    "description": (
+        "An API key made with `chattts-farm keys create NAME`, sent as `Authorization: Bearer <key>`. A browser "
+        "signed in on the pages may send its session cookie instead, with the page's X-CSRF-Token on every change."
+    ),
+}
 _VOICE_ARG = {
     "description": "A catalog voice name, an integer seed, or a ChatTTS speaker-embedding string.",
     "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
 }
 
 
+def _error(code: int, meaning: str | None = None) -> dict:
+    response = {"description": meaning or _ERROR_MEANINGS[code], "content": {"application/json": {"schema": _ERROR}}}
+    if code == 429:
+        response["headers"] = {
+            "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer", "minimum": 1}}
+        }
+    return response
+
+
 def _errors(*codes: int) -> dict:
-    return {str(code): {"description": "error", "content": {"application/json": {"schema": _ERROR}}} for code in codes}
+    return {str(code): _error(code) for code in codes}
+
+
+def _require_keys(paths: dict) -> None:
+    """Every operation but the public ones needs a key, which counts its requests in Redis; a change made
+    through a signed-in browser session needs the page's CSRF token (web.access)."""
+    for path, operations in paths.items():
+        for method, operation in operations.items():
+            if path in PUBLIC_PATHS:
+                operation["security"] = []
+                continue
+            refusals = _errors(401, 429, 503, *([] if method.upper() in SAFE_METHODS else [403]))
+            operation["responses"] = dict(sorted({**refusals, **operation["responses"]}.items()))
 
 
 def _json(schema: dict, description: str = "ok") -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_description(max_text_chars: int) -> dict:
+def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
     text = {
         "type": "string",
         "minLength": 1,
@@ -56,8 +113,20 @@ def openapi_description(max_text_chars: int) -> dict:
         },
     }
     voice_fields = {
-        "name": {"type": "string", "minLength": 1, "maxLength": 100},
-        "tags": {"type": "array", "items": {"type": "string", "maxLength": 64}},
+        "name": {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 100,
+            "description": "Unique. Control and invisible characters are dropped, as from tags and job texts.",
+        },
+        "tags": {
+            "type": "array",
+            "items": {
+                "type": "string",
+                "maxLength": 64,
+                "description": "Stored lower-case, and at most 64 characters so.",
+            },
+        },
         "description": {"type": ["string", "null"], "maxLength": 2000},
         "gender": {"type": ["string", "null"], "maxLength": 20},
         "age": {"type": ["string", "null"], "maxLength": 20},
@@ -86,9 +155,11 @@ def openapi_description(max_text_chars: int) -> dict:
     }
     voice = {"$ref": "#/components/schemas/Voice"}
     job = {"$ref": "#/components/schemas/Job"}
+    # Only with keys on are voices owned: with keys off anyone may change any voice.
+    owner_only = {"403": _error(403, _NOT_THE_OWNER)} if keys_required else {}
     job_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     voice_id = [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "integer"}}]
-    return {
+    description = {
         "openapi": "3.1.0",
         "info": {"title": "chattts-farm", "version": "1", "description": "ChatTTS speech synthesis farm"},
         "paths": {
@@ -113,14 +184,14 @@ def openapi_description(max_text_chars: int) -> dict:
                     },
                 },
                 "get": {
-                    "summary": "Recent jobs",
+                    "summary": "The caller's recent jobs",
                     "parameters": [
                         {"name": "status", "in": "query", "schema": {"type": "string", "enum": list(JobStatus.ALL)}},
                         {"name": "limit", "in": "query", "schema": {"type": "integer", "minimum": 1, "maximum": 500}},
                     ],
                     "responses": {
                         "200": _json({"type": "object", "properties": {"jobs": {"type": "array", "items": job}}}),
-                        **_errors(400),
+                        **_errors(400, 503),
                     },
                 },
             },
@@ -128,12 +199,12 @@ def openapi_description(max_text_chars: int) -> dict:
                 "get": {
                     "summary": "A job's status",
                     "parameters": job_id,
-                    "responses": {"200": _json(job), **_errors(404)},
+                    "responses": {"200": _json(job), **_errors(404, 503)},
                 },
                 "delete": {
                     "summary": "Cancel a job",
                     "parameters": job_id,
-                    "responses": {"200": _json(job), **_errors(404)},
+                    "responses": {"200": _json(job), **_errors(404, 503)},
                 },
             },
             "/api/jobs/{job_id}/audio": {
@@ -145,7 +216,7 @@ def openapi_description(max_text_chars: int) -> dict:
                             "description": "the audio",
                             "content": {f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")},
                         },
-                        **_errors(404, 409, 410),
+                        **_errors(404, 409, 410, 503),
                     },
                 },
             },
@@ -160,7 +231,12 @@ def openapi_description(max_text_chars: int) -> dict:
                             "style": "form",
                             "explode": True,
                         },
-                        {"name": "q", "in": "query", "schema": {"type": "string"}},
+                        {
+                            "name": "q",
+                            "in": "query",
+                            "schema": {"type": "string"},
+                            "description": "Text the name or the description holds, matched literally (no wildcards).",
+                        },
                     ],
                     "responses": {
                         "200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}})
@@ -189,17 +265,17 @@ def openapi_description(max_text_chars: int) -> dict:
                             }
                         },
                     },
-                    "responses": {"200": _json(voice), **_errors(400, 404, 409, 413)},
+                    "responses": {"200": _json(voice), **_errors(400, 404, 409, 413), **owner_only},
                 },
                 "delete": {
                     "summary": "Delete a voice",
                     "parameters": voice_id,
-                    "responses": {"204": {"description": "deleted"}, **_errors(404)},
+                    "responses": {"204": {"description": "deleted"}, **_errors(404), **owner_only},
                 },
             },
             "/api/voices/{voice_id}/preview": {
                 "post": {
-                    "summary": "The voice's preview job, generated once and kept",
+                    "summary": "The caller's preview job of the voice, generated once for each key and kept",
                     "parameters": voice_id,
                     "responses": {
                         "200": _json(job, "the kept preview, done"),
@@ -225,7 +301,7 @@ def openapi_description(max_text_chars: int) -> dict:
                             }
                         },
                     },
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413)},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413, 503)},
                 },
             },
             "/api/voices/export": {
@@ -282,7 +358,12 @@ def openapi_description(max_text_chars: int) -> dict:
                             }
                         },
                     },
-                    "responses": {"200": {"description": "the audio"}, **_errors(400, 413, 502, 504)},
+                    "responses": {
+                        "200": {"description": "the audio"},
+                        **_errors(400, 413, 502, 503, 504),
+                        # The bound on waiting calls (web.waiting) holds with keys off too.
+                        "429": _error(429, _TOO_MANY_WAITING),
+                    },
                 },
             },
         },
@@ -300,6 +381,11 @@ def openapi_description(max_text_chars: int) -> dict:
                         "seed": {"type": ["integer", "null"]},
                         "spk_emb": {"type": "string"},
                         **voice_fields,
+                        "editable": {
+                            "type": "boolean",
+                            "description": "Whether the caller may change and delete the voice: its owner or an "
+                            "admin key may (anyone, with keys off); every key may read and speak it.",
+                        },
                     },
                 },
                 "Job": {
@@ -317,8 +403,14 @@ def openapi_description(max_text_chars: int) -> dict:
             }
         },
     }
+    if keys_required:
+        description["components"]["securitySchemes"] = {"bearer": _BEARER}
+        description["security"] = [{"bearer": []}]
+        _require_keys(description["paths"])
+    return description
 
 
 @bp.get("/openapi.json")
 def openapi():
-    return openapi_description(current_app.config["SETTINGS"].max_text_chars)
+    settings = current_app.config["SETTINGS"]
+    return openapi_description(settings.max_text_chars, keys_required=settings.require_api_key)

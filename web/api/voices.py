@@ -45,12 +45,12 @@ def get_voice(voice_id: int):
 
 @bp.patch("/voices/<int:voice_id>")
 def update_voice(voice_id: int):
-    return voices.describe(voices.update(voices.get(voice_id), json_object()))
+    return voices.describe(voices.update(voices.get_to_change(voice_id), json_object()))
 
 
 @bp.delete("/voices/<int:voice_id>")
 def delete_voice(voice_id: int):
-    voices.delete(voices.get(voice_id))
+    voices.delete(voices.get_to_change(voice_id))
     return "", 204
 
 
@@ -62,6 +62,6 @@ def voice_from_job(job_id: str):
 
 @bp.post("/voices/<int:voice_id>/preview")
 def preview_voice(voice_id: int):
-    """The voice's kept preview job: the existing one while its audio lives, else a new one."""
+    """The caller's kept preview job of the voice: the existing one while its audio lives, else a new one."""
     job = voices.preview(voices.get(voice_id), current_app.config["SETTINGS"].max_text_chars)
     return describe(job), 200 if job.status == JobStatus.DONE else 202

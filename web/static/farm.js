@@ -135,12 +135,13 @@ function setUpVoices(table) {
   const report = (failure) => { message.textContent = failure.message; };
   for (const row of table.querySelectorAll("tr.voice")) {
     const url = `/api/voices/${row.dataset.voiceId}`;
-    row.querySelector(".voice-save").addEventListener("click", () => sendJson("PATCH", url, {
+    // Rows of voices another key owns have no Save or Delete.
+    row.querySelector(".voice-save")?.addEventListener("click", () => sendJson("PATCH", url, {
       name: row.querySelector(".voice-name").value,
       tags: splitTags(row.querySelector(".voice-tags").value),
       rating: Number(row.querySelector(".voice-rating").value),
     }).then(() => { message.textContent = "Saved."; }, report));
-    row.querySelector(".voice-delete").addEventListener("click", () => sendJson("DELETE", url)
+    row.querySelector(".voice-delete")?.addEventListener("click", () => sendJson("DELETE", url)
       .then(() => row.remove(), report));
     row.querySelector(".voice-preview").addEventListener("click", () => preview(row).catch(report));
   }

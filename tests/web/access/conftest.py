@@ -14,7 +14,6 @@ def keyed_app(tiny_settings, redis_url, tmp_path):
         data_dir=tmp_path,
         require_api_key=True,
         rate_limit_per_minute=1000,
-        daily_audio_quota_s=1,
     )
     app = create_app({"TESTING": True, "SETTINGS": settings})
     with app.app_context():

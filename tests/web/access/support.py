@@ -1,4 +1,6 @@
-"""Helpers of the access tests: a key made on an app, and the header that sends it."""
+"""Helpers of the access tests: a key made on an app, the header that sends it, a signed-in browser."""
+
+import re
 
 from web.access import api_keys
 
@@ -10,3 +12,16 @@ def make_key(app, name):
 
 def bearer(key):
     return {"Authorization": f"Bearer {key}"}
+
+
+def csrf_of(page) -> str:
+    return re.search(r'name="csrf-token" content="([^"]+)"', page.get_data(as_text=True)).group(1)
+
+
+def signed_in(app, key):
+    """A browser-like client signed in on the pages with ``key``, and its CSRF token."""
+    browser = app.test_client()
+    token = csrf_of(browser.get("/sign-in"))
+    answer = browser.post("/sign-in", data={"key": key, "csrf_token": token, "next": "/jobs"})
+    assert answer.status_code == 302 and answer.headers["Location"] == "/jobs"
+    return browser, csrf_of(browser.get("/jobs"))

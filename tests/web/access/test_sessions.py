@@ -1,22 +1,10 @@
 """Browser sessions: sign-in on the pages with a key, the CSRF token on every change, sign-out."""
 
-import re
+import os
+import subprocess
 
-from tests.web.access.support import bearer, make_key
-from web.access import api_keys
-
-
-def csrf_of(page) -> str:
-    return re.search(r'name="csrf-token" content="([^"]+)"', page.get_data(as_text=True)).group(1)
-
-
-def signed_in(app, key):
-    """A browser-like client signed in on the pages with ``key``, and its CSRF token."""
-    browser = app.test_client()
-    token = csrf_of(browser.get("/sign-in"))
-    answer = browser.post("/sign-in", data={"key": key, "csrf_token": token, "next": "/jobs"})
-    assert answer.status_code == 302 and answer.headers["Location"] == "/jobs"
-    return browser, csrf_of(browser.get("/jobs"))
+from tests.support import CLI
+from tests.web.access.support import bearer, csrf_of, make_key, signed_in
 
 
 def test_with_keys_on_the_pages_ask_for_sign_in_and_refuse_a_wrong_key_or_a_forged_form(keyed_app):
@@ -52,7 +40,7 @@ def test_a_signed_in_session_changes_nothing_without_its_csrf_token(keyed_app):
     key = make_key(keyed_app, "grace")
     browser, token = signed_in(keyed_app, key)
     body = {"text": "Only from the page itself."}
-    for headers in ({}, {"X-CSRF-Token": "forged"}):
+    for headers in ({}, {"X-CSRF-Token": "forged"}, {"X-CSRF-Token": "forgé"}):
         refused = browser.post("/api/jobs", json=body, headers=headers)
         assert refused.status_code == 403 and refused.get_json()["field"] == "X-CSRF-Token"
     assert browser.get("/api/jobs").get_json()["jobs"] == []
@@ -72,16 +60,49 @@ def test_the_pages_show_a_signed_in_key_only_its_own_jobs(keyed_app):
     assert as_ivan.get(f"/jobs/{job['id']}").status_code == 404
 
 
-def test_signing_out_or_revoking_the_key_ends_the_session(keyed_app):
-    judy, mallory = make_key(keyed_app, "judy"), make_key(keyed_app, "mallory")
-    browser, token = signed_in(keyed_app, judy)
+def replayed(app, cookie, token):
+    """What a thief holding a copy of a browser's session cookie and CSRF token gets when submitting a job."""
+    thief = app.test_client()
+    thief.set_cookie("session", cookie)
+    return thief.post("/api/jobs", json={"text": "Replayed."}, headers={"X-CSRF-Token": token})
+
+
+def test_the_session_cookie_carries_only_a_random_session_id(keyed_app):
+    browser, _ = signed_in(keyed_app, make_key(keyed_app, "ken"))
+    cookie = keyed_app.session_interface.get_signing_serializer(keyed_app).loads(browser.get_cookie("session").value)
+    assert list(cookie) == ["session_id"] and len(cookie["session_id"]) >= 43  # 256 random bits
+
+
+def test_signing_out_ends_the_session_even_for_a_copy_of_its_cookie(keyed_app):
+    browser, token = signed_in(keyed_app, make_key(keyed_app, "judy"))
+    cookie = browser.get_cookie("session").value
+    assert replayed(keyed_app, cookie, token).status_code == 202
     assert browser.post("/sign-out", data={}).status_code == 400  # sign-out is CSRF-protected too
     assert browser.post("/sign-out", data={"csrf_token": token}).status_code == 302
     assert browser.get("/api/jobs").status_code == 401 and browser.get("/").status_code == 302
+    refused = replayed(keyed_app, cookie, token)
+    assert refused.status_code == 401 and refused.get_json()["field"] == "Authorization"
 
-    browser, _ = signed_in(keyed_app, mallory)
-    with keyed_app.app_context():
-        api_keys.revoke_key("mallory")
+
+def test_signing_in_again_ends_the_session_signed_in_before(keyed_app):
+    browser, token = signed_in(keyed_app, make_key(keyed_app, "liam"))
+    cookie = browser.get_cookie("session").value
+    fresh = csrf_of(browser.get("/sign-in"))
+    assert browser.post("/sign-in", data={"key": make_key(keyed_app, "mia"), "csrf_token": fresh}).status_code == 302
+    assert replayed(keyed_app, cookie, token).status_code == 401
+    assert "mia" in browser.get("/").get_data(as_text=True)
+
+
+def test_revoking_the_key_with_keys_revoke_ends_its_sessions(keyed_app):
+    browser, token = signed_in(keyed_app, make_key(keyed_app, "mallory"))
+    settings = keyed_app.config["SETTINGS"]
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_DATA_DIR": str(settings.data_dir),
+        "CHATTTS_FARM_REDIS_URL": settings.redis_url,
+    }
+    subprocess.run([CLI, "keys", "revoke", "mallory"], env=environment, check=True, capture_output=True)
+    assert replayed(keyed_app, browser.get_cookie("session").value, token).status_code == 401
     assert browser.get("/api/jobs").status_code == 401 and browser.get("/").status_code == 302
 
 

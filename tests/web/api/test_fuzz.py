@@ -25,7 +25,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from chattts_farm.contract import MAX_SEED
+from tests.web.access.support import bearer
 from web import create_app, openai, voices
+from web.access import api_keys
 from web.api.openapi import openapi_description
 
 # No worker reads this Redis database: the farm fixture's workers use database 0.
@@ -446,7 +448,7 @@ def can_break(operation: Operation) -> bool:
 
 
 # Only to name the tests, one per operation: each test reads its operation from the app's description.
-OPERATIONS = operations_of(openapi_description(max_text_chars=1))
+OPERATIONS = operations_of(openapi_description(max_text_chars=1, keys_required=False))
 BREAKABLE = [name for name, operation in OPERATIONS.items() if can_break(operation)]
 
 
@@ -570,6 +572,52 @@ def test_what_the_fuzzer_found_is_answered_with_a_json_error(api, method, path, 
     answer = api.client.open(path, method=method, data=raw, content_type="application/json" if raw else None)
     assert answer.status_code == status and answer.is_json, answer.data[:300]
     assert answer.get_json().get("field") == field
+
+
+def test_with_keys_on_every_operation_but_the_description_documents_bearer_keys_and_their_refusals(
+    tiny_settings, redis_url, tmp_path
+):
+    # No request is allowed a minute: a known key is refused too, with the 429 of an exhausted budget.
+    settings = dataclasses.replace(
+        tiny_settings,
+        redis_url=redis_url,
+        data_dir=tmp_path,
+        require_api_key=True,
+        rate_limit_per_minute=0,
+        read_rate_limit_per_minute=0,
+    )
+    app = create_app({"TESTING": True, "SETTINGS": settings})
+    with app.app_context():
+        flask_migrate.upgrade()
+        key = api_keys.create_key("fuzzer")
+    client = app.test_client()
+    served = client.get("/api/openapi.json")
+    assert served.status_code == 200
+    description = served.get_json()
+    scheme = description["components"]["securitySchemes"]["bearer"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    assert description["security"] == [{"bearer": []}]
+    for operation in operations_of(description).values():
+        if operation.path == "/api/openapi.json":
+            assert operation.spec["security"] == [], "the description itself is public"
+            continue
+        path = operation.path.format(job_id="a-job", voice_id=1)
+        without_a_key = client.open(path, method=operation.method.upper())
+        assert without_a_key.status_code == 401 and 401 in operation.statuses, str(operation)
+        over_the_limit = client.open(path, method=operation.method.upper(), headers=bearer(key))
+        assert over_the_limit.status_code == 429 and 429 in operation.statuses, str(operation)
+        assert "Retry-After" in operation.spec["responses"]["429"]["headers"], str(operation)
+        assert 503 in operation.statuses, f"{operation}: the rate counts live in Redis"
+        assert (403 in operation.statuses) == (operation.method != "get"), f"{operation}: CSRF of a signed-in session"
+
+
+def test_with_keys_off_the_description_asks_for_no_key_nor_documents_its_refusals():
+    description = openapi_description(max_text_chars=1, keys_required=False)
+    assert "security" not in description
+    for operation in operations_of(description).values():
+        assert 401 not in operation.statuses, str(operation)
+        # Only the bound on calls waiting for their audio holds without keys.
+        assert (429 in operation.statuses) == (operation.path == "/v1/audio/speech"), str(operation)
 
 
 def test_renaming_a_voice_to_a_taken_name_is_a_409_also_with_new_tags(api):

@@ -1,12 +1,17 @@
 """The job API, against real Redis and real CPU workers (synthetic-tiny)."""
 
+import os
 import time
+import uuid
 
 import pytest
 import redis
+import requests
 
 from chattts_farm import redis_keys
+from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
+from tests.support import Web
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
@@ -145,3 +150,41 @@ def test_an_unreachable_queue_is_a_503_and_the_job_is_recorded_failed(tiny_setti
     with app.app_context():
         job = db.session.execute(db.select(Job)).scalar_one()
         assert job.status == JobStatus.FAILED and "could not be reached" in job.error
+
+
+def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path):
+    # Through gunicorn: a chunked body reaches the app as a stream without Content-Length.
+    environment = {**os.environ, "CHATTTS_FARM_REDIS_URL": redis_url, "CHATTTS_FARM_DATA_DIR": str(tmp_path)}
+    web = Web.start(free_port(), environment, "--workers", "1")
+    try:
+
+        def chunked(text_bytes):
+            yield b'{"text": "'
+            for start in range(0, text_bytes, 10_000):
+                yield b"x" * min(10_000, text_bytes - start)
+            yield b'"}'
+
+        headers = {"Content-Type": "application/json"}
+        huge = requests.post(f"{web.url}/api/jobs", data=chunked(10_000_000), headers=headers, timeout=60)
+        assert huge.status_code == 413 and huge.json()["field"] == "body"
+        assert requests.post(f"{web.url}/api/jobs", data=chunked(100), headers=headers, timeout=60).status_code == 202
+    finally:
+        web.stop()
+
+
+@pytest.mark.parametrize(
+    "forged",
+    ["a string", ["a", "list"], {"duration_s": "long"}, {"duration_s": 1.0, "audio_key": "chattts:session:x"}],
+    ids=["string", "list", "dict-without-audio", "another-keys-audio"],
+)
+def test_a_forged_result_in_redis_fails_the_job_with_a_clear_error(app, client, forged):
+    with app.app_context():
+        job = Job(id=str(uuid.uuid4()), text="Hi.", parameters={}, format="wav")
+        db.session.add(job)
+        db.session.commit()
+        app.extensions["backends"].celery.backend.store_result(job.id, forged, "SUCCESS")
+        job_id = job.id
+    answer = client.get(f"/api/jobs/{job_id}")
+    assert answer.status_code == 200
+    assert answer.get_json()["status"] == "failed" and "malformed" in answer.get_json()["error"]
+    assert client.get(f"/api/jobs/{job_id}/audio").status_code == 409

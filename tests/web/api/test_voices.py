@@ -118,3 +118,48 @@ def test_a_job_can_name_its_catalog_voice_by_id(client, workers):
     answer = client.post("/api/jobs", json={"text": "Spoken by id.", "voice_id": voice["id"]})
     assert answer.status_code == 202
     assert client.post("/api/jobs", json={"text": "Hi.", "voice_id": 999}).get_json()["field"] == "voice_id"
+
+
+EMBEDDING = "蘁淰敕欀" * 8
+
+
+def test_a_tag_is_at_most_64_characters_as_stored_lower_cased(client):
+    # "İ" lower-cases to two code points ("i" and a combining dot above).
+    too_long = client.post("/api/voices", json={"name": "Dotted", "spk_emb": EMBEDDING, "tags": ["İ" * 64]})
+    assert too_long.status_code == 400 and too_long.get_json()["field"] == "tags"
+    fits = add(client, name="Dotted", spk_emb=EMBEDDING, tags=["İ" * 32])
+    assert fits["tags"] == ["i\u0307" * 32]
+
+
+def test_control_and_invisible_characters_are_dropped_from_catalog_text_as_from_job_texts(client):
+    voice = add(
+        client,
+        name="Nul\x00 Esc\x1b[31m Bidi\u202e",
+        spk_emb=EMBEDDING,
+        tags=["zero\u200bwidth", "\x00"],
+        description="a\u202ebc\x07",
+        gender="fe\u2066male",
+        age="ad\x1bult",
+    )
+    assert voice["name"] == "Nul Esc Bidi"
+    assert voice["tags"] == ["zerowidth"]
+    assert (voice["description"], voice["gender"], voice["age"]) == ("abc", "female", "adult")
+    renamed = client.patch(f"/api/voices/{voice['id']}", json={"name": "\u202eRenamed\x00"}).get_json()
+    assert renamed["name"] == "Renamed"
+    nothing_left = client.post("/api/voices", json={"name": "\u202e\x00\u200b", "spk_emb": EMBEDDING})
+    assert nothing_left.status_code == 400 and nothing_left.get_json()["field"] == "name"
+    imported = client.post("/api/voices/import", json=[{"name": "Im\x00ported\u202e", "spk_emb": EMBEDDING}])
+    assert imported.get_json()["added"] == ["Imported"]
+
+
+def test_percent_underscore_and_backslash_in_the_search_text_are_literal(client):
+    for name in ("100% sure", "100 sure", "snake_case", "snakeXcase", "back\\slash", "backslash"):
+        add(client, name=name, spk_emb=EMBEDDING)
+
+    def names(query):
+        return [v["name"] for v in client.get("/api/voices", query_string={"q": query}).get_json()["voices"]]
+
+    assert names("%") == ["100% sure"]
+    assert names("_") == ["snake_case"]
+    assert names("\\") == ["back\\slash"]
+    assert names("e_c") == ["snake_case"]

@@ -1,0 +1,182 @@
+"""Clients waiting on /v1/audio/speech never starve anyone else.
+
+A real `chattts-farm web` (gunicorn) with keys on, on a Redis of the test's own that no worker consumes:
+every job stays queued (a paused worker), so every speech call waits as long as the test lets it.
+"""
+
+import json
+import os
+import re
+import socket
+import subprocess
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, replace
+
+import pytest
+import redis
+import requests
+
+from chattts_farm import redis_keys
+from cli.local_services import free_port, start_redis_server
+from tests.support import CLI, Web, wait_until
+from web.access.api_keys import hash_key
+from web.errors import ApiError
+from web.waiting import WaitSlot
+
+WAITERS = 200
+# A quick answer, with room for a busy two-core test machine.
+QUICK_S = 0.2
+
+
+@dataclass
+class PausedFarm:
+    """The web app, its Redis, and keys made with `chattts-farm keys create`; no worker anywhere."""
+
+    web: Web
+    redis: redis.Redis
+    keys: dict[str, str]
+    port: int
+
+    def headers(self, name: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[name]}"}
+
+    def jobs_of(self, name: str) -> list[dict]:
+        answer = requests.get(f"{self.web.url}/api/jobs?limit=500", headers=self.headers(name), timeout=10)
+        assert answer.status_code == 200, answer.text
+        return answer.json()["jobs"]
+
+    def waits_of(self, name: str) -> int:
+        """How many of this key's speech calls hold a wait slot now, as the web processes count them in Redis."""
+        return self.redis.zcard(redis_keys.wait_slots(hash_key(self.keys[name])[:16]))
+
+    def open_speech_call(self, name: str) -> socket.socket:
+        """A speech call sent on a raw socket, left open and unread: a client waiting for its audio."""
+        body = json.dumps({"model": "tts-1", "input": "Waiting for a paused worker.", "voice": 7}).encode()
+        head = (
+            "POST /v1/audio/speech HTTP/1.1\r\n"
+            "Host: 127.0.0.1\r\n"
+            f"Authorization: Bearer {self.keys[name]}\r\n"
+            "Content-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        )
+        call = socket.create_connection(("127.0.0.1", self.port))
+        call.sendall(head.encode() + body)
+        return call
+
+
+@pytest.fixture(scope="module")
+def paused_farm(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("paused-farm")
+    redis_port, web_port = free_port(), free_port()
+    redis_server = start_redis_server(redis_port, directory / "redis", "--save", "", "--appendonly", "no")
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
+        "CHATTTS_FARM_DATA_DIR": str(directory),
+        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{directory / 'farm.db'}",
+        "CHATTTS_FARM_REQUIRE_API_KEY": "true",
+        "CHATTTS_FARM_MAX_WAITS_PER_KEY": str(WAITERS),
+        # The test's own submissions must not hit the per-minute budget.
+        "CHATTTS_FARM_RATE_LIMIT_PER_MINUTE": "10000",
+    }
+    try:
+        web = Web.start(web_port, environment)
+        try:
+            keys = {}
+            for name in ("patient", "other", "hangs-up"):
+                created = subprocess.run(
+                    [CLI, "keys", "create", name], env=environment, capture_output=True, text=True, check=True
+                )
+                keys[name] = re.search(r"cf_\S+", created.stdout).group(0)
+            with redis.Redis(port=redis_port) as client:
+                yield PausedFarm(web, client, keys, web_port)
+        finally:
+            web.kill()
+    finally:
+        redis_server.terminate()
+        redis_server.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def patient_calls(paused_farm):
+    """WAITERS speech calls of one key, all waiting for their queued jobs."""
+    with ExitStack() as hang_up_all:
+        calls = [hang_up_all.enter_context(paused_farm.open_speech_call("patient")) for _ in range(WAITERS)]
+        wait_until(lambda: len(paused_farm.jobs_of("patient")) == WAITERS, 30, f"{WAITERS} jobs to be queued")
+        wait_until(lambda: paused_farm.waits_of("patient") == WAITERS, 10, f"{WAITERS} calls to wait")
+        yield calls
+
+
+def timed(method: str, url: str, **options) -> tuple[float, requests.Response]:
+    started = time.monotonic()
+    answer = requests.request(method, url, timeout=5, **options)
+    return time.monotonic() - started, answer
+
+
+def test_two_hundred_waiting_calls_of_one_key_leave_everyone_else_answered_quickly(paused_farm, patient_calls):
+    base, other = paused_farm.web.url, paused_farm.headers("other")
+    slowest = {"GET /healthz": 0.0, "POST /api/jobs": 0.0, "GET /api/jobs/<id>": 0.0}
+    for attempt in range(5):
+        took, answer = timed("GET", base + "/healthz")
+        assert answer.status_code == 200
+        slowest["GET /healthz"] = max(slowest["GET /healthz"], took)
+
+        took, answer = timed("POST", base + "/api/jobs", json={"text": f"Try {attempt}.", "voice": 3}, headers=other)
+        assert answer.status_code == 202, answer.text
+        slowest["POST /api/jobs"] = max(slowest["POST /api/jobs"], took)
+
+        took, answer = timed("GET", f"{base}/api/jobs/{answer.json()['id']}", headers=other)
+        assert answer.status_code == 200 and answer.json()["status"] == "queued"
+        slowest["GET /api/jobs/<id>"] = max(slowest["GET /api/jobs/<id>"], took)
+        time.sleep(0.2)
+    assert max(slowest.values()) < QUICK_S, slowest
+    # Every patient call is still waiting: none has been answered, nor dropped.
+    for call in patient_calls:
+        call.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            call.recv(1)
+    assert paused_farm.waits_of("patient") == WAITERS
+
+
+def test_a_call_past_the_keys_bound_is_refused_quickly_naming_the_limit(paused_farm, patient_calls):
+    took, answer = timed(
+        "POST",
+        paused_farm.web.url + "/v1/audio/speech",
+        json={"input": "One too many.", "voice": 7},
+        headers=paused_farm.headers("patient"),
+    )
+    assert answer.status_code == 429 and took < QUICK_S, (answer.status_code, took)
+    assert "CHATTTS_FARM_MAX_WAITS_PER_KEY" in answer.json()["error"]
+    assert int(answer.headers["Retry-After"]) >= 1
+    # Refused before anything was submitted: no job, and the count is the bound's.
+    assert len(paused_farm.jobs_of("patient")) == WAITERS
+    assert paused_farm.waits_of("patient") == WAITERS
+
+
+def test_a_client_that_hangs_up_frees_its_wait_slot_and_its_job_stays(paused_farm):
+    call = paused_farm.open_speech_call("hangs-up")
+    wait_until(lambda: paused_farm.waits_of("hangs-up") == 1, 10, "the call to wait")
+    [job] = paused_farm.jobs_of("hangs-up")
+    call.close()
+    wait_until(lambda: paused_farm.waits_of("hangs-up") == 0, 5, "the wait slot to be given back")
+    # Not cancelled, not lost: an ordinary queued job of that key, which a worker will still run.
+    assert [(listed["id"], listed["status"]) for listed in paused_farm.jobs_of("hangs-up")] == [(job["id"], "queued")]
+    answer = requests.get(
+        f"{paused_farm.web.url}/api/jobs/{job['id']}", headers=paused_farm.headers("hangs-up"), timeout=10
+    )
+    assert answer.status_code == 200 and answer.json()["status"] == "queued"
+
+
+def test_slots_a_killed_process_never_gave_back_come_free_when_their_lease_ends(app):
+    app.config["SETTINGS"] = replace(app.config["SETTINGS"], max_waits_per_key=2)
+    with app.test_request_context("/v1/audio/speech", method="POST"):
+        # Taken and never given back, as by a web process SIGKILLed in the middle of two waits.
+        for _ in range(2):
+            WaitSlot.take(lease_s=1)
+        with pytest.raises(ApiError) as refused:
+            WaitSlot.take(lease_s=1)
+        assert refused.value.status == 429
+        time.sleep(1.5)
+        with WaitSlot.take(lease_s=1):
+            pass
