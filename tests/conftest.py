@@ -18,6 +18,14 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_assets(data_dir) -> Path:
+    """The synthetic-tiny assets in the shared data dir, built once for the session."""
+    from worker.synthetic_assets import ensure_synthetic_assets
+
+    return ensure_synthetic_assets(data_dir, "tiny")
+
+
+@pytest.fixture(scope="session")
 def tiny_settings(data_dir) -> Settings:
     return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir)
 

@@ -4,7 +4,6 @@ import os
 import signal
 import stat
 import subprocess
-from pathlib import Path
 
 import psutil
 import pytest
@@ -19,10 +18,10 @@ AUTH = ("ops", "s3cret")
 
 
 @pytest.fixture
-def farm_up(tmp_path, data_dir):
+def farm_up(tmp_path, tiny_assets):
     ports = {"web": free_port(), "flower": free_port(), "redis": free_port()}
-    # Synthetic assets are already built in the shared data dir; link them in to save the build.
-    (tmp_path / "assets").symlink_to(Path(data_dir).resolve() / "assets", target_is_directory=True)
+    # Link the session's synthetic assets in to save a build.
+    (tmp_path / "assets").symlink_to(tiny_assets.resolve().parent, target_is_directory=True)
     environment = {**os.environ, "CHATTTS_FARM_FLOWER_AUTH": ":".join(AUTH)}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
     process = subprocess.Popen(
