@@ -72,6 +72,8 @@ class DecodeRunner:
         attention = self.llama.layers[0].self_attn
         self.capacity = prompt_length + max_steps
         cache_shape = (len(self.llama.layers), rows, config.num_key_value_heads, self.capacity, attention.head_dim)
+        # Zeros, not empty: a step's attention reads the unwritten columns of its bucket too (masked,
+        # weight 0), and 0 x NaN left over in the memory would still be NaN.
         self.keys = torch.zeros(cache_shape, dtype=self.llama.dtype, device=self.device)
         self.values = torch.zeros_like(self.keys)
         self.attendable = torch.zeros(rows, self.capacity, dtype=torch.bool, device=self.device)
