@@ -5,6 +5,7 @@ with a DynamicCache, rows leaving the batch as they end, the host looking at eve
 must draw the same tokens (hence the same lengths and endings) and the same hidden states.
 """
 
+import dataclasses
 import inspect
 
 import pytest
@@ -186,3 +187,15 @@ def test_a_stopped_row_keeps_what_it_drew_up_to_the_next_sync(synthesizer, mixed
     assert outputs[stopped_row].tokens == 2 * SYNC_EVERY
     assert_same_outputs(outputs, expected)
     assert steps_seen[:2] == [SYNC_EVERY - 1, 2 * SYNC_EVERY - 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segments, monkeypatch):
+    from worker.model import load_model
+
+    # fp32, so that the graphs' kernels and the eager loop's agree to the last token.
+    model = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
+    monkeypatch.setattr(runner, "KV_BUCKET", 32)  # several buckets, so several graphs in one pass
+    expected = eager_reference(model, mixed_segments)
+    outputs = generation.generate(model, mixed_segments)
+    assert_same_outputs(outputs, expected)
