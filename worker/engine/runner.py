@@ -36,9 +36,9 @@ class DecodeRunner:
 
     ``prefill`` runs the prompts and draws step 0; each ``decode_step`` draws the next step for every
     row. A row finishes when it draws EOS (its output excludes that step) or reaches ``end_at``
-    tokens; ``interrupt`` finishes rows from the host. On CUDA each decode step is a CUDA graph replay
-    unless ``capture_graphs`` is false (for measuring the same step eagerly). ``lengths[row]`` is the number of hidden
-    states of a finished row, ``ended_by[row]`` why it finished.
+    tokens; ``interrupt`` finishes rows from the host. ``lengths[row]`` is the number of hidden states
+    of a finished row, ``ended_by[row]`` why it finished. On CUDA each decode step is a CUDA graph
+    replay, unless ``capture_graphs`` is false (to measure the same step eagerly).
     """
 
     def __init__(
@@ -64,7 +64,6 @@ class DecodeRunner:
         self.min_tokens = min_tokens
         self.end_at = end_at
         self.prompt_length = prompt_length
-        self.max_steps = max_steps
         # The code heads are weight-normalised: compute their weights once, not on every step.
         with parametrize.cached():
             self.head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
