@@ -3,25 +3,31 @@
 ChatTTS's own ``GPT.generate`` takes one speaker and one set of sampling settings per call. This loop
 runs rows of different requests together: each row gets its own speaker embedding at prefill, its own
 sampling settings and seed (see :mod:`worker.sampling`), its own length, and can be stopped alone.
-Rows that finish leave the batch (their KV cache rows are dropped), so short rows do not cost steps.
+The pass runs on a :class:`worker.engine.runner.DecodeRunner`: a KV cache preallocated for all rows
+and a fixed-shape decode step, replayed as a CUDA graph on CUDA. Rows that finish stay in the batch,
+masked, until the pass ends, so the shapes never change; the host looks at which rows are finished
+only every SYNC_EVERY steps, and calls ``on_step`` and ``rows_to_stop`` there: progress is reported,
+and a cancelled row stops, within SYNC_EVERY steps (an interrupted row keeps the steps drawn by then).
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torch.nn.utils.parametrize as parametrize
-from transformers.cache_utils import DynamicCache
 
 from chattts_farm.contract import SynthesisRequest
+from worker.engine.runner import ENDED_BY_EOS, ENDED_BY_LIMIT, INTERRUPTED, DecodeRunner
 from worker.model import LoadedModel
 from worker.quality import SegmentQuality
-from worker.sampling import RowSampling, sample
+from worker.sampling import RowSampling
+
+# How many decode steps run between two looks of the host at the pass (one small device->host copy):
+# often enough for progress and cancelling, rare enough to keep the GPU's queue full.
+SYNC_EVERY = 8
 
 
 @dataclass
@@ -54,7 +60,8 @@ class SegmentOutput:
     ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
 
 
-# on_step(row indices still generating, step); rows_to_stop() -> indices of rows to end now.
+# on_step(row indices still generating, step); rows_to_stop() -> indices of rows to end now. Both
+# are called every SYNC_EVERY steps, not every step.
 StepCallback = Callable[[list[int], int], None]
 StopCheck = Callable[[], Collection[int]]
 
@@ -68,98 +75,76 @@ def generate(
     rows_to_stop: StopCheck | None = None,
 ) -> list[SegmentOutput]:
     """Generate the audio tokens of all segments in one batched pass, one row each."""
-    chat = model.chat
     device = model.device
-    num_vq = chat.config.gpt.num_vq
-    eos_token = chat.config.gpt.num_audio_tokens - 1
-    llama = chat.gpt.gpt
+    embeddings, attention_mask = embed_prompts(model, segments)
+    ends = [min(segment.pinned_tokens or segment.max_tokens, segment.max_tokens) for segment in segments]
+    max_steps = max(ends)
+    runner = DecodeRunner(
+        model,
+        sampling=row_sampling(segments, device),
+        min_tokens=torch.tensor([segment.pinned_tokens or 0 for segment in segments], device=device),
+        end_at=torch.tensor(ends, device=device),
+        prompt_length=embeddings.shape[1],
+        max_steps=max_steps,
+    )
+    runner.prefill(embeddings, attention_mask)
+    for step in range(max_steps):
+        if step:
+            runner.decode_step()
+        if (step + 1) % SYNC_EVERY and step + 1 < max_steps:
+            continue
+        finished = runner.finished.tolist()  # the one host sync of SYNC_EVERY steps
+        if rows_to_stop is not None:
+            stopping = [row for row in set(rows_to_stop()) if not finished[row]]
+            if stopping:
+                runner.interrupt(stopping)
+                for row in stopping:
+                    finished[row] = True
+        running = [row for row, done in enumerate(finished) if not done]
+        if not running:
+            break
+        if on_step is not None:
+            on_step(running, step)
 
+    lengths, ended_by = runner.lengths.tolist(), runner.ended_by.tolist()
+    return [
+        SegmentOutput(hiddens=runner.hiddens[row, :count].clone(), tokens=count, ended_by=_reason(code, count, segment))
+        for row, (segment, count, code) in enumerate(zip(segments, lengths, ended_by, strict=True))
+    ]
+
+
+def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompt embeddings (rows, length, width), each row's speaker in its slot, and their mask."""
+    chat = model.chat
+    num_vq = chat.config.gpt.num_vq
     prompts = [f"[Stts][spk_emb][speed_{segment.request.speed}]{segment.text}[Ptts]" for segment in segments]
-    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=device)
+    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=model.device)
     embeddings = chat.embed(input_ids, text_mask)
-    speakers = F.normalize(torch.stack([segment.speaker.float() for segment in segments]).to(device), p=2.0, dim=1)
+    speakers = F.normalize(
+        torch.stack([segment.speaker.float() for segment in segments]).to(model.device), p=2.0, dim=1
+    )
     is_speaker_slot = input_ids[..., 0].eq(chat.tokenizer.spk_emb_ids).unsqueeze(-1)
     embeddings = torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
+    return embeddings, attention_mask
 
-    sampling = RowSampling(
+
+def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:
+    return RowSampling(
         temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
         top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
         top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
         repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
         seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),
     )
-    min_tokens = torch.tensor([segment.pinned_tokens or 0 for segment in segments], device=device)
-    ends = [min(segment.pinned_tokens or segment.max_tokens, segment.max_tokens) for segment in segments]
-    end_at = torch.tensor(ends, device=device)
-    max_steps = max(ends)
-    history = torch.zeros(len(segments), max_steps, num_vq, dtype=torch.long, device=device)
-    hiddens = torch.zeros(len(segments), max_steps, llama.config.hidden_size, dtype=torch.float32, device=device)
 
-    outputs: list[SegmentOutput | None] = [None] * len(segments)
-    active = torch.arange(len(segments), device=device)
-    mask = attention_mask.bool()
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    # transformers 5.24 renamed past_key_values to cache (the old name warns, and goes in 5.40).
-    cache_keyword = "cache" if "cache" in inspect.signature(llama.forward).parameters else "past_key_values"
-    step_input = embeddings.to(llama.dtype)
-    # The code heads are weight-normalised: compute their weights once, not on every step.
-    with parametrize.cached():
-        head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
 
-    for step in range(max_steps):
-        hidden = (
-            llama(
-                inputs_embeds=step_input,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                **{cache_keyword: cache},
-            )
-            .last_hidden_state[:, -1]
-            .float()
-        )
-        hiddens[active, step] = hidden
-        logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)
-        eos_blocked = min_tokens[active] > step
-        tokens = sample(logits, history[active, :step], sampling.select(active), step, eos_token, eos_blocked)
-        history[active, step] = tokens
-
-        ended_eos = tokens.eq(eos_token).any(dim=1)
-        reached_end = end_at[active].eq(step + 1)
-        active_list = active.tolist()
-        to_stop = set(rows_to_stop()) if rows_to_stop is not None else set()
-        stopped = torch.tensor([i in to_stop for i in active_list], dtype=torch.bool, device=device)
-        done = ended_eos | reached_end | stopped
-        if bool(done.any()):
-            for position in done.nonzero().flatten().tolist():
-                index = active_list[position]
-                if bool(ended_eos[position]):
-                    count, ended_by = step, "eos"
-                elif bool(stopped[position]):
-                    count, ended_by = step + 1, "interrupted"
-                else:
-                    count = step + 1
-                    ended_by = "length_rule" if count == segments[index].pinned_tokens else "token_limit"
-                outputs[index] = SegmentOutput(hiddens=hiddens[index, :count].clone(), tokens=count, ended_by=ended_by)
-            keep = (~done).nonzero().flatten()
-            if keep.numel() == 0:
-                break
-            cache.batch_select_indices(keep)
-            active, mask, positions, tokens = active[keep], mask[keep], positions[keep], tokens[keep]
-        if on_step is not None:
-            on_step(active.tolist(), step)
-        step_input = (
-            torch.stack([chat.embed.emb_code[q](tokens[:, q]) for q in range(num_vq)], dim=2)
-            .sum(dim=2)
-            .unsqueeze(1)
-            .to(llama.dtype)
-        )
-        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        positions = positions[:, -1:] + 1
-
-    assert all(output is not None for output in outputs), "every segment ends within max_steps"
-    return outputs
+def _reason(code: int, count: int, segment: Segment) -> str:
+    if code == ENDED_BY_EOS:
+        return "eos"
+    if code == INTERRUPTED:
+        return "interrupted"
+    assert code == ENDED_BY_LIMIT, "every segment ends within max_steps"
+    return "length_rule" if count == segment.pinned_tokens else "token_limit"
 
 
 @torch.inference_mode()

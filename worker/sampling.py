@@ -18,6 +18,8 @@ _MASK32 = 0xFFFFFFFF
 _MIX = 0x45D9F3B
 # ChatTTS penalises audio tokens repeated within the last 16 steps.
 REPETITION_WINDOW = 16
+# Marks a slot of ``recent`` tokens that holds no token yet (a fixed-size window early in a pass).
+NO_TOKEN = -1
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,11 @@ def _hash32(x: torch.Tensor) -> torch.Tensor:
     return (x >> 16) ^ x
 
 
-def uniform_noise(seed: torch.Tensor, step: int, codebooks: int, vocab: int) -> torch.Tensor:
-    """Uniform (0, 1) noise of shape (rows, codebooks, vocab), a pure function of (seed, step)."""
+def uniform_noise(seed: torch.Tensor, step: int | torch.Tensor, codebooks: int, vocab: int) -> torch.Tensor:
+    """Uniform (0, 1) noise of shape (rows, codebooks, vocab), a pure function of (seed, step).
+
+    ``step`` may be a 0-d device tensor, so that a captured CUDA graph draws new noise on each replay.
+    """
     device = seed.device
     counter = (
         step * codebooks * vocab
@@ -59,14 +64,15 @@ def sample(
     logits: torch.Tensor,
     history: torch.Tensor,
     sampling: RowSampling,
-    step: int,
+    step: int | torch.Tensor,
     eos_token: int,
     eos_blocked: torch.Tensor,
 ) -> torch.Tensor:
     """Draw the next token of each (row, codebook).
 
     logits: (rows, codebooks, vocab) float32; history: (rows, steps, codebooks) tokens generated so
-    far; rows where eos_blocked is true cannot draw eos_token yet. Returns (rows, codebooks).
+    far, in any order, NO_TOKEN in slots not filled yet; rows where eos_blocked is true cannot draw
+    eos_token yet. Returns (rows, codebooks).
     """
     rows, codebooks, vocab = logits.shape
     logits = logits / sampling.temperature.view(-1, 1, 1)
@@ -83,7 +89,8 @@ def _penalise_repetition(logits: torch.Tensor, recent: torch.Tensor, penalty: to
     if recent.shape[1] == 0:
         return logits
     counts = torch.zeros_like(logits)
-    counts.scatter_add_(2, recent.transpose(1, 2), torch.ones_like(recent, dtype=logits.dtype).transpose(1, 2))
+    filled = recent.ne(NO_TOKEN)
+    counts.scatter_add_(2, (recent * filled).transpose(1, 2), filled.to(logits.dtype).transpose(1, 2))
     alpha = torch.pow(penalty.view(-1, 1, 1), counts)
     return torch.where(logits < 0, logits * alpha, logits / alpha)
 
