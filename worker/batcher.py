@@ -100,7 +100,7 @@ class Batcher:
         live = []
         for handle in batch:
             if self.is_revoked(handle.request.request_id):
-                handle.finish(JobCancelled(f"job {handle.request.request_id} was revoked"))
+                handle.finish(self._stopped(handle, timed_out=False))
             else:
                 live.append(handle)
         if not live:
@@ -116,7 +116,12 @@ class Batcher:
             for index, handle in enumerate(live):
                 if now - handle.started_at > self.soft_limit_s:
                     timed_out.add(index)
-            return timed_out | {i for i, handle in enumerate(live) if self.is_revoked(handle.request.request_id)}
+            stopped = timed_out | {i for i, handle in enumerate(live) if self.is_revoked(handle.request.request_id)}
+            # A stopped job ends now, not when its batch does: its rows stop drawing, its mates go on.
+            for index in stopped:
+                if not live[index].finished.is_set():
+                    live[index].finish(self._stopped(live[index], timed_out=index in timed_out))
+            return stopped
 
         def on_progress(index: int, fraction: float, done: int, total: int) -> None:
             live[index].progress = {"progress": round(fraction, 3), "segment": done, "segments": total}
@@ -130,15 +135,19 @@ class Batcher:
             self._batch_started = None
             self.stats.current_batch = 0
         for index, (handle, outcome) in enumerate(zip(live, outcomes, strict=True)):
-            if index in timed_out and isinstance(outcome, JobCancelled):
-                outcome = JobTimeout(
-                    f"job {handle.request.request_id} ran past the soft time limit of "
-                    f"{self.soft_limit_s:.0f} s and was stopped"
+            if not handle.finished.is_set():
+                handle.finish(
+                    self._stopped(handle, index in timed_out) if isinstance(outcome, JobCancelled) else outcome
                 )
-            handle.finish(outcome)
         self.stats.batches += 1
         self.stats.jobs_done += len(live)
         self.stats.last_batch_size = len(live)
+
+    def _stopped(self, handle: JobHandle, timed_out: bool) -> JobCancelled | JobTimeout:
+        job_id = handle.request.request_id
+        if timed_out:
+            return JobTimeout(f"job {job_id} ran past the soft time limit of {self.soft_limit_s:.0f} s and was stopped")
+        return JobCancelled(f"job {job_id} was revoked")
 
     def _synthesize_isolating(self, handles: list[JobHandle], on_progress, cancelled) -> list:
         """Synthesise jobs together; when the batch fails, split it in halves and try each again.
