@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from chattts_farm.kept_secret import kept_secret
 from cli.local_services import RedisStartError, start_redis_server
 
 logger = logging.getLogger(__name__)
@@ -53,13 +53,7 @@ def redis_password(directory: Path) -> str:
     Anyone who reaches Redis could read every job's text and audio and forge results; a password
     keeps out other local users and processes (Redis also listens on loopback only).
     """
-    path = directory / "password"
-    if not path.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(descriptor, "w") as file:
-            file.write(secrets.token_urlsafe(32))
-    return path.read_text().strip()
+    return kept_secret(directory / "password", 32)
 
 
 class Launcher:
