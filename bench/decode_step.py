@@ -8,10 +8,11 @@ blocked (random weights never end on their own), after one untimed pass to warm 
 
 - ``eager-dynamic``: transformers' LlamaModel called step by step with a DynamicCache and the farm's
   sampling, reading a stop flag back to the host every step, as the farm's loop did before the engine;
-- ``engine-eager``: the engine's DecodeRunner, its step run op by op;
-- ``engine-graph``: the same step replayed as CUDA graphs (CUDA only; graph captures are in the time).
+- ``engine-eager``: the engine (all rows in its slots), its step run op by op;
+- ``engine-graph``: the same step replayed as CUDA graphs (CUDA only; captured in the warm-up pass).
 
-ms/step is the decode steps' wall time over their number (the prompt's prefill is not in it);
+ms/step is the decode steps' wall time over their number (the engine's first step, with the
+prompts' prefill, is not in it);
 audio-s/wall-s is the audio those steps make (rows x steps / 46.875 tokens a second) over that time.
 """
 
@@ -33,8 +34,8 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
-from worker.engine.runner import DecodeRunner  # noqa: E402
-from worker.generation import SYNC_EVERY, Segment, embed_prompts, row_sampling  # noqa: E402
+from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
+from worker.engine.segment import Segment  # noqa: E402
 from worker.model import LoadedModel, load_model  # noqa: E402
 from worker.sampling import REPETITION_WINDOW, sample  # noqa: E402
 
@@ -112,30 +113,30 @@ def eager_dynamic(model: LoadedModel, segments: list[Segment], steps: int) -> fl
     return time.perf_counter() - started
 
 
-@torch.inference_mode()
-def engine(model: LoadedModel, segments: list[Segment], steps: int, capture_graphs: bool) -> float:
-    """The seconds of ``steps`` decode steps of the engine, reading its finished flags as generate does."""
-    device = model.device
-    embeddings, attention_mask = embed_prompts(model, segments)
-    limit = torch.full((len(segments),), steps + 1, device=device)
-    runner = DecodeRunner(
+def engine_for(model: LoadedModel, rows: int, steps: int, capture_graphs: bool) -> Engine:
+    return Engine(
         model,
-        sampling=row_sampling(segments, device),
-        min_tokens=limit,
-        end_at=limit,
-        prompt_length=embeddings.shape[1],
-        max_steps=steps + 1,
+        slots=rows,
+        max_admissions=rows,
+        max_prompt_tokens=128,
+        max_new_tokens=steps + SYNC_EVERY,
         capture_graphs=capture_graphs,
     )
-    runner.prefill(embeddings, attention_mask)
-    synchronize(device)
+
+
+def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
+    """The seconds of the engine's steps after the first (which runs the prefill), ``steps`` decode steps in all."""
+    engine.add(segments)
+    engine.step()
+    synchronize(engine.model.device)
     started = time.perf_counter()
-    for step in range(1, steps + 1):
-        runner.decode_step()
-        if (step + 1) % SYNC_EVERY == 0:
-            runner.finished.tolist()
-    synchronize(device)
-    return time.perf_counter() - started
+    for _ in range(steps // SYNC_EVERY):
+        engine.step()
+    synchronize(engine.model.device)
+    elapsed = time.perf_counter() - started
+    while engine.has_work:
+        engine.step()
+    return elapsed
 
 
 def main() -> None:
@@ -149,23 +150,25 @@ def main() -> None:
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
 
     model = load_model(Settings.from_env(model=arguments.model, device=arguments.device))
-    ways = {
-        "eager-dynamic": lambda segments: eager_dynamic(model, segments, arguments.steps),
-        "engine-eager": lambda segments: engine(model, segments, arguments.steps, capture_graphs=False),
-    }
-    if model.device.type == "cuda":
-        ways["engine-graph"] = lambda segments: engine(model, segments, arguments.steps, capture_graphs=True)
+    steps = arguments.steps // SYNC_EVERY * SYNC_EVERY
+    graphs = [False, True] if model.device.type == "cuda" else [False]
 
-    print(f"model {model.info.as_dict()}, torch {torch.__version__}, {arguments.steps} decode steps per pass")
+    print(f"model {model.info.as_dict()}, torch {torch.__version__}, {steps} decode steps per pass")
     print("| way | rows | ms/step | audio-s/wall-s |")
     print("|---|---:|---:|---:|")
     for rows in (int(r) for r in arguments.rows.split(",") if r):
-        segments = segments_for(model, rows, arguments.steps + 1)
+        # Long enough that no row ends within the timed steps.
+        ways = {"eager-dynamic": lambda segments: eager_dynamic(model, segments, steps)}
+        for capture_graphs in graphs:
+            runs_on = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs)
+            ways["engine-graph" if capture_graphs else "engine-eager"] = lambda segments, e=runs_on: engine(
+                e, segments, steps
+            )
         for way, run in ways.items():
-            run(segments)  # warm up: kernels, allocator, cuBLAS plans
-            seconds = run(segments)
-            audio_s = rows * arguments.steps / TOKENS_PER_SECOND
-            print(f"| {way} | {rows} | {1000 * seconds / arguments.steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
+            run(segments_for(model, rows, steps + 2 * SYNC_EVERY))  # warm up: kernels, allocator, graphs
+            seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+            audio_s = rows * steps / TOKENS_PER_SECOND
+            print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -72,8 +72,18 @@ class Settings:
     cuda_dtype: str = _setting(
         "bf16", "GPT dtype on CUDA (always fp32 on the CPU)", choices=("bf16", "fp16", "fp32"), role="worker"
     )
+    max_running_rows: int = _setting(
+        0,
+        "segments the engine runs at once (its slots); 0 sizes them from free GPU memory (64 on the CPU)",
+        minimum=0,
+        role="worker",
+    )
     max_rows_per_pass: int = _setting(
-        64, "most segments (rows) one batched GPT pass runs", minimum=1, renamed_from="MAX_BATCH", role="worker"
+        64,
+        "most segments one prefill, refine-text or vocoder pass takes",
+        minimum=1,
+        renamed_from="MAX_BATCH",
+        role="worker",
     )
     max_segment_chars: int = _setting(120, "longest segment long text is split into", minimum=20, role="worker")
     max_new_tokens: int = _setting(
@@ -90,13 +100,6 @@ class Settings:
         "jobs a worker process holds at once; those waiting when the GPU frees up are synthesised together",
         minimum=1,
         renamed_from="BATCH_JOBS",
-        role="worker",
-    )
-    gather_window_ms: int = _setting(
-        50,
-        "how long a free worker waits for more jobs once one has arrived",
-        minimum=0,
-        renamed_from="WORKER_BATCH_WINDOW_MS",
         role="worker",
     )
     task_soft_time_limit_s: int = _setting(

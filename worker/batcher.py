@@ -1,10 +1,10 @@
-"""Cross-request batching inside one worker process.
+"""Cross-request batching inside one worker process: the thread that drives the synthesizer.
 
 Celery runs each job in its own thread (the worker's threads pool, one thread per job the process
 holds); every thread hands its request to the process's single :class:`Batcher` and waits. The
-batcher owns the model and the GPU: it takes every job that is waiting when it becomes free (up to
-``max_jobs_in_flight``), synthesises them in one :meth:`Synthesizer.synthesize` call, and hands each thread
-its own result or error. One process, one model, one batch on the GPU at a time.
+batcher owns the model and the GPU: it adds every job that arrives to the synthesizer (a job that
+arrives while others run joins their running batch at the next engine step), steps the
+synthesizer, and hands each thread its own result or error as soon as its job is done.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from chattts_farm.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
-from worker.synthesis import SynthesisResult, Synthesizer
+from worker.synthesis import PROGRESS_INTERVAL_S, RequestInFlight, SynthesisResult, Synthesizer
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +42,10 @@ class JobHandle:
 
 @dataclass
 class BatcherStats:
-    batches: int = 0
+    batches: int = 0  # engine steps run
     jobs_done: int = 0
-    current_batch: int = 0
-    last_batch_size: int = 0
+    current_batch: int = 0  # jobs in flight now
+    last_batch_size: int = 0  # how many jobs shared the GPU with the last one done
 
 
 class Batcher:
@@ -54,20 +54,20 @@ class Batcher:
         synthesizer: Synthesizer,
         *,
         max_jobs: int,
-        window_s: float,
         soft_limit_s: float,
         hard_limit_s: float,
         is_revoked: Callable[[str], bool],
     ):
         self.synthesizer = synthesizer
         self.max_jobs = max_jobs
-        self.window_s = window_s
         self.soft_limit_s = soft_limit_s
         self.hard_limit_s = hard_limit_s
         self.is_revoked = is_revoked
         self.stats = BatcherStats()
-        self._waiting: queue.Queue[JobHandle] = queue.Queue()
-        self._batch_started: float | None = None
+        self._arrived: queue.Queue[JobHandle] = queue.Queue()
+        self._in_flight: dict[int, tuple[JobHandle, RequestInFlight]] = {}
+        self._busy_since: float | None = None  # when the synthesizer call now running began
+        self._last_progress = 0.0
         self._thread = threading.Thread(target=self._serve, name="batcher", daemon=True)
         self._watchdog = threading.Thread(target=self._watch, name="batcher-watchdog", daemon=True)
 
@@ -77,71 +77,133 @@ class Batcher:
 
     def submit(self, request: SynthesisRequest) -> JobHandle:
         handle = JobHandle(request)
-        self._waiting.put(handle)
+        self._arrived.put(handle)
         return handle
 
     def _serve(self) -> None:
         while True:
-            batch = self._gather()
-            self._run(batch)
+            self._add_arrivals(wait=not self._in_flight)
+            self._stop_revoked_and_timed_out()
+            if self._in_flight:
+                self._step()
 
-    def _gather(self) -> list[JobHandle]:
-        """Block for one job, then take whatever else arrives within the window, up to max_jobs."""
-        batch = [self._waiting.get()]
-        deadline = time.monotonic() + self.window_s
-        while len(batch) < self.max_jobs:
+    def _add_arrivals(self, wait: bool) -> None:
+        """Add the jobs that arrived to the synthesizer; with nothing in flight, wait for one first."""
+        arrived = []
+        if wait:
+            arrived.append(self._arrived.get())
+        while True:
             try:
-                batch.append(self._waiting.get(timeout=max(0.0, deadline - time.monotonic())))
+                arrived.append(self._arrived.get_nowait())
             except queue.Empty:
                 break
-        return batch
-
-    def _run(self, batch: list[JobHandle]) -> None:
         live = []
-        for handle in batch:
+        for handle in arrived:
             if self.is_revoked(handle.request.request_id):
                 handle.finish(self._stopped(handle, timed_out=False))
             else:
                 live.append(handle)
         if not live:
             return
-        started = time.monotonic()
+        now, wall = time.monotonic(), time.time()
         for handle in live:
-            handle.started_at = started
-            handle.started_wall = time.time()
-        timed_out: set[int] = set()
+            handle.started_at, handle.started_wall = now, wall
+        logger.info("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
+        added = self._call(lambda: self.synthesizer.add([handle.request for handle in live]), arriving=live)
+        if added is None:
+            return
+        for handle, entry in zip(live, added, strict=True):
+            if isinstance(entry, RequestInFlight):
+                self._in_flight[entry.number] = (handle, entry)
+            else:
+                handle.finish(entry)
+        self.stats.current_batch = len(self._in_flight)
 
-        def cancelled() -> set[int]:
-            now = time.monotonic()
-            for index, handle in enumerate(live):
-                if now - handle.started_at > self.soft_limit_s:
-                    timed_out.add(index)
-            stopped = timed_out | {i for i, handle in enumerate(live) if self.is_revoked(handle.request.request_id)}
-            # A stopped job ends now, not when its batch does: its rows stop drawing, its mates go on.
-            for index in stopped:
-                if not live[index].finished.is_set():
-                    live[index].finish(self._stopped(live[index], timed_out=index in timed_out))
-            return stopped
-
-        def on_progress(index: int, fraction: float, done: int, total: int) -> None:
-            live[index].progress = {"progress": round(fraction, 3), "segment": done, "segments": total}
-
-        self.stats.current_batch = len(live)
-        self._batch_started = started
-        logger.info("batch of %d job(s): %s", len(live), ", ".join(j.request.request_id for j in live))
-        try:
-            outcomes = self._synthesize_isolating(live, on_progress, cancelled)
-        finally:
-            self._batch_started = None
-            self.stats.current_batch = 0
-        for index, (handle, outcome) in enumerate(zip(live, outcomes, strict=True)):
-            if not handle.finished.is_set():
-                handle.finish(
-                    self._stopped(handle, index in timed_out) if isinstance(outcome, JobCancelled) else outcome
-                )
+    def _step(self) -> None:
+        finished = self._call(self.synthesizer.step)
+        if finished is None:
+            return
         self.stats.batches += 1
-        self.stats.jobs_done += len(live)
-        self.stats.last_batch_size = len(live)
+        for entry, outcome in finished:
+            handle, _ = self._in_flight.pop(entry.number)
+            handle.finish(outcome)
+            self.stats.jobs_done += 1
+            self.stats.last_batch_size = entry.shared_with
+        self.stats.current_batch = len(self._in_flight)
+        if time.monotonic() - self._last_progress >= PROGRESS_INTERVAL_S:
+            self._last_progress = time.monotonic()
+            for handle, entry in self._in_flight.values():
+                fraction, done, total = self.synthesizer.progress(entry)
+                handle.progress = {"progress": round(fraction, 3), "segment": done, "segments": total}
+
+    def _stop_revoked_and_timed_out(self) -> None:
+        """A stopped job ends now, not when its batch mates do: its segments leave the engine."""
+        now = time.monotonic()
+        for number, (handle, _) in list(self._in_flight.items()):
+            timed_out = now - handle.started_at > self.soft_limit_s
+            if timed_out or self.is_revoked(handle.request.request_id):
+                self.synthesizer.cancel(number)
+                del self._in_flight[number]
+                handle.finish(self._stopped(handle, timed_out))
+
+    def _call(self, call, arriving: list[JobHandle] = ()):
+        """Run one synthesizer call under the watchdog; when it fails, finish every job in isolation."""
+        self._busy_since = time.monotonic()
+        try:
+            return call()
+        except Exception as error:  # noqa: BLE001 - any failure is isolated below
+            handles = [handle for handle, _ in self._in_flight.values()] + list(arriving)
+            logger.warning("a synthesis step with %d job(s) failed (%r): isolating them", len(handles), error)
+            _free_cuda_cache(error)
+            self.synthesizer.abandon()
+            self._in_flight.clear()
+            self._finish_isolating(handles)
+            self.stats.current_batch = 0
+            return None
+        finally:
+            self._busy_since = None
+
+    def _finish_isolating(self, handles: list[JobHandle]) -> None:
+        """Synthesise jobs together; when that fails, split them in halves and try each again.
+
+        A CUDA out-of-memory error frees the cached memory first, so smaller batches fit. A job that
+        fails alone (a poison job) gets its own error after at most log2(n) splits, and its batch
+        mates complete.
+        """
+        live = [handle for handle in handles if not handle.finished.is_set()]
+        if not live:
+            return
+        self._busy_since = time.monotonic()
+        try:
+            outcomes = self.synthesizer.synthesize(
+                [handle.request for handle in live], cancelled=lambda: self._stopped_among(live)
+            )
+        except Exception as error:  # noqa: BLE001 - split below
+            self.synthesizer.abandon()
+            _free_cuda_cache(error)
+            if len(live) == 1:
+                logger.error("job %s failed: %r", live[0].request.request_id, error)
+                live[0].finish(SynthesisFailed(f"synthesis failed: {error!r}"))
+                return
+            half = len(live) // 2
+            self._finish_isolating(live[:half])
+            self._finish_isolating(live[half:])
+            return
+        for handle, outcome in zip(live, outcomes, strict=True):
+            if not handle.finished.is_set():
+                handle.finish(outcome)
+                self.stats.jobs_done += 1
+
+    def _stopped_among(self, handles: list[JobHandle]) -> set[int]:
+        now = time.monotonic()
+        stopped = set()
+        for index, handle in enumerate(handles):
+            timed_out = now - handle.started_at > self.soft_limit_s
+            if timed_out or self.is_revoked(handle.request.request_id):
+                stopped.add(index)
+                if not handle.finished.is_set():
+                    handle.finish(self._stopped(handle, timed_out))
+        return stopped
 
     def _stopped(self, handle: JobHandle, timed_out: bool) -> JobCancelled | JobTimeout:
         job_id = handle.request.request_id
@@ -149,45 +211,15 @@ class Batcher:
             return JobTimeout(f"job {job_id} ran past the soft time limit of {self.soft_limit_s:.0f} s and was stopped")
         return JobCancelled(f"job {job_id} was revoked")
 
-    def _synthesize_isolating(self, handles: list[JobHandle], on_progress, cancelled) -> list:
-        """Synthesise jobs together; when the batch fails, split it in halves and try each again.
-
-        A CUDA out-of-memory error frees the cached memory first, so smaller batches fit. A job that
-        fails alone (a poison job) gets its own error after at most log2(n) splits, and its batch
-        mates complete.
-        """
-        try:
-            return self.synthesizer.synthesize(
-                [handle.request for handle in handles], on_progress=on_progress, cancelled=cancelled
-            )
-        except Exception as error:  # noqa: BLE001 - any failure of the batch is isolated below
-            if len(handles) == 1:
-                logger.error("job %s failed: %r", handles[0].request.request_id, error)
-                return [SynthesisFailed(f"synthesis failed: {error!r}")]
-            logger.warning("batch of %d job(s) failed (%r): splitting it", len(handles), error)
-            _free_cuda_cache(error)
-        half = len(handles) // 2
-        outcomes = []
-        for offset, part in ((0, handles[:half]), (half, handles[half:])):
-
-            def part_progress(index, fraction, done, total, offset=offset):
-                on_progress(offset + index, fraction, done, total)
-
-            def part_cancelled(part=part, offset=offset):
-                return {i - offset for i in cancelled() if offset <= i < offset + len(part)}
-
-            outcomes.extend(self._synthesize_isolating(part, part_progress, part_cancelled))
-        return outcomes
-
     def _watch(self) -> None:
-        """End the process when a batch hangs past the hard limit: its supervisor starts a fresh one,
-        and Redis hands the unacknowledged jobs out again."""
+        """End the process when one synthesizer call hangs past the hard limit: its supervisor starts
+        a fresh one, and Redis hands the unacknowledged jobs out again."""
         while True:
             time.sleep(1.0)
-            started = self._batch_started
+            started = self._busy_since
             if started is not None and time.monotonic() - started > self.hard_limit_s:
                 logger.critical(
-                    "a batch has run for more than %.0f s (the hard time limit): exiting so the "
+                    "a synthesis step has run for more than %.0f s (the hard time limit): exiting so the "
                     "supervisor restarts this worker",
                     self.hard_limit_s,
                 )

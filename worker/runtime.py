@@ -126,7 +126,6 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     batcher = Batcher(
         synthesizer,
         max_jobs=settings.max_jobs_in_flight,
-        window_s=settings.gather_window_ms / 1000,
         soft_limit_s=settings.task_soft_time_limit_s,
         hard_limit_s=settings.task_time_limit_s,
         is_revoked=is_revoked,

@@ -1,16 +1,18 @@
-"""The synthesis core: load ChatTTS once, then turn batches of requests into encoded audio.
+"""The synthesis core: load ChatTTS once, then turn requests into encoded audio as they come.
 
 Plain Python: no Celery, no Flask. Tasks, the CLI and the benchmark are thin adapters around
 :class:`Synthesizer`.
 
-One :meth:`Synthesizer.synthesize` call runs every request it is given together: each request's text
-is split into segments, all segments of all requests are generated in as few batched GPT passes as
-``max_rows_per_pass`` allows (every sampling setting is per row, so any requests can share a pass), decoded,
-checked by the quality gate, joined and encoded. A bad request gets its own error; the others go on.
+Each request's text is split into segments; the segments of every request in flight share the
+engine's running batch (every sampling setting is per row, so any requests can share it), and a
+request added while others run joins it at the next step. Segments that come out are decoded,
+checked by the quality gate, and a request whose segments are all done is joined and encoded. A
+bad request gets its own error; the others go on.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import secrets
 import time
@@ -31,7 +33,10 @@ from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
 from worker import audio, generation, quality, voices
-from worker.generation import Segment
+from worker.engine.engine import Engine
+from worker.engine.runner import ModelRunner
+from worker.engine.segment import Segment
+from worker.engine.segment import SegmentStatus as Status
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.sampling import segment_seed
 from worker.segmenting import split_segments
@@ -40,6 +45,12 @@ logger = logging.getLogger(__name__)
 
 # Progress callbacks fire at most this often, however fast the steps are.
 PROGRESS_INTERVAL_S = 0.5
+# Without a MAX_RUNNING_ROWS setting: the CPU's slots, and on CUDA the share of free memory the
+# slots take, less room for the prefill, the vocoder and the graphs' scratch.
+CPU_RUNNING_ROWS = 64
+GPU_MEMORY_SHARE = 0.85
+GPU_WORKSPACE_BYTES = 6 * 2**30
+MAX_AUTO_RUNNING_ROWS = 512
 
 # on_progress(request index, fraction 0..1, segments done, segments in all)
 ProgressCallback = Callable[[int, float, int, int], None]
@@ -72,20 +83,47 @@ class SynthesisResult:
         return summary
 
 
-@dataclass
-class _PreparedRequest:
-    """A request split into segments, with its voice resolved and its audio seed drawn."""
+@dataclass(eq=False)
+class RequestInFlight:
+    """A request inside the synthesizer: its segments, voice and audio seed, and what it has cost so far."""
 
     request: SynthesisRequest
+    number: int  # unique within the synthesizer: its segments' ``owner``
     seed: int
     embedding: str
     segments: list[Segment]
+    started: float = field(default_factory=time.perf_counter)
+    text_s: float = 0.0
+    decode_s: float = 0.0
+    generated_at: float | None = None
+    shared_with: int = 1  # the most requests in flight together while this one was
+
+    @property
+    def segments_done(self) -> int:
+        return sum(1 for segment in self.segments if segment.quality is not None and segment.status is Status.FINISHED)
 
 
 class Synthesizer:
+    """Requests in, results out, on one model: ``add`` requests, call ``step`` until they come out.
+
+    Each step runs the engine one step (segments of any request join and leave its running batch),
+    decodes the segments that came out, sends those the quality gate flags back with another seed,
+    and finishes every request whose segments are all done. ``synthesize`` does all of it for a
+    list of requests.
+    """
+
     def __init__(self, model: LoadedModel, settings: Settings):
         self.model = model
         self.settings = settings
+        self.engine = Engine(
+            model,
+            slots=engine_slots(model, settings),
+            max_admissions=settings.max_rows_per_pass,
+            max_prompt_tokens=max_prompt_tokens(settings),
+            max_new_tokens=settings.max_new_tokens,
+        )
+        self.in_flight: dict[int, RequestInFlight] = {}
+        self._numbers = itertools.count()
 
     @classmethod
     def load(cls, settings: Settings, *, progress: Callable[[str, int, int], None] | None = None) -> Synthesizer:
@@ -112,34 +150,106 @@ class Synthesizer:
         cancelled: CancelledCheck | None = None,
     ) -> list[SynthesisResult | FarmError]:
         """Synthesise all requests together; each gets a result or its own error, in order."""
-        started = time.perf_counter()
         self._reset_memory_stats()
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
-        prepared: dict[int, _PreparedRequest] = {}
-        for index, request in enumerate(requests):
-            try:
-                prepared[index] = self._prepare(index, request)
-            except InvalidRequest as error:
-                logger.info("request %s refused: %s", request.request_id, error)
-                outcomes[index] = error
-        self._refine(prepared)
-        text_done = time.perf_counter()
-
-        stopped: set[int] = set()
-        timings = {"text_s": text_done - started, "generate_s": 0.0, "decode_s": 0.0}
-        self._generate(prepared, on_progress, cancelled, stopped, timings)
-        for index in stopped:
-            outcomes[index] = JobCancelled(f"request {requests[index].request_id} was cancelled")
-            del prepared[index]
-
-        memory = self._memory_report()
-        for index, entry in prepared.items():
-            outcomes[index] = self._finish(entry, len(requests), timings, memory)
-            if on_progress is not None:
-                on_progress(index, 1.0, len(entry.segments), len(entry.segments))
+        index_of: dict[int, int] = {}
+        for index, added in enumerate(self.add(requests)):
+            if isinstance(added, RequestInFlight):
+                index_of[added.number] = index
+            else:
+                outcomes[index] = added
+        last_report = 0.0
+        while any(number in self.in_flight for number in index_of):
+            if cancelled is not None:
+                stopping = set(cancelled())
+                for number, index in index_of.items():
+                    if index in stopping and number in self.in_flight:
+                        self.cancel(number)
+                        outcomes[index] = JobCancelled(f"request {requests[index].request_id} was cancelled")
+            for entry, outcome in self.step():
+                outcomes[index_of[entry.number]] = outcome
+                if on_progress is not None and not isinstance(outcome, Exception):
+                    on_progress(index_of[entry.number], 1.0, len(entry.segments), len(entry.segments))
+            if on_progress is not None and time.monotonic() - last_report >= PROGRESS_INTERVAL_S:
+                last_report = time.monotonic()
+                for number, index in index_of.items():
+                    if number in self.in_flight:
+                        on_progress(index, *self.progress(self.in_flight[number]))
         return outcomes
 
-    def _prepare(self, index: int, request: SynthesisRequest) -> _PreparedRequest:
+    def add(self, requests: Sequence[SynthesisRequest]) -> list[RequestInFlight | FarmError]:
+        """Prepare requests (split, normalise, refine) and queue their segments in the engine."""
+        started = time.perf_counter()
+        added: list[RequestInFlight | FarmError] = []
+        for request in requests:
+            try:
+                added.append(self._prepare(next(self._numbers), request))
+            except InvalidRequest as error:
+                logger.info("request %s refused: %s", request.request_id, error)
+                added.append(error)
+        prepared = [entry for entry in added if isinstance(entry, RequestInFlight)]
+        self._refine(prepared)
+        text_s = time.perf_counter() - started
+        for entry in prepared:
+            entry.text_s = text_s
+            self.in_flight[entry.number] = entry
+            self.engine.add(entry.segments)
+        self._note_sharing()
+        return added
+
+    def step(self) -> list[tuple[RequestInFlight, SynthesisResult | FarmError]]:
+        """Run the engine one step; returns the requests that finished in it, with their outcomes."""
+        finished: list[tuple[RequestInFlight, SynthesisResult | FarmError]] = []
+        out_of_engine = []
+        for segment in self.engine.step():
+            entry = self.in_flight.get(segment.owner)
+            if entry is None:  # cancelled meanwhile
+                continue
+            if segment.error is not None:
+                self.cancel(entry.number)
+                finished.append((entry, segment.error))
+            else:
+                out_of_engine.append(segment)
+        if not out_of_engine:
+            return finished
+        self._decode_and_assess(out_of_engine)
+        now = time.perf_counter()
+        for segment in out_of_engine:
+            entry = self.in_flight.get(segment.owner)
+            if entry is None:
+                continue
+            if not segment.quality.ok and segment.attempt < self.settings.quality_retries:
+                self._regenerate(entry, segment)
+            elif all(s.quality is not None and s.status is Status.FINISHED for s in entry.segments):
+                entry.generated_at = now
+                del self.in_flight[entry.number]
+                finished.append((entry, self._finish(entry)))
+        return finished
+
+    def cancel(self, number: int) -> None:
+        """Stop a request in flight: its waiting segments leave the engine, its running ones end."""
+        self.in_flight.pop(number, None)
+        self.engine.cancel(lambda segment: segment.owner == number)
+
+    def abandon(self) -> list[SynthesisRequest]:
+        """Drop everything in flight (after a failed step); returns the requests dropped."""
+        self.engine.reset()
+        requests = [entry.request for entry in self.in_flight.values()]
+        self.in_flight.clear()
+        return requests
+
+    def progress(self, entry: RequestInFlight) -> tuple[float, int, int]:
+        """(fraction 0..1, segments done, segments in all) of a request in flight."""
+        expected = sum(segment.expected_tokens for segment in entry.segments)
+        drawn = sum(
+            segment.expected_tokens if segment.output is not None else self.engine.tokens_drawn(segment)
+            for segment in entry.segments
+        )
+        # Generation is most of the work; decoding and encoding take the last 5%.
+        fraction = min(0.95, 0.95 * min(drawn, expected) / expected)
+        return fraction, entry.segments_done, len(entry.segments)
+
+    def _prepare(self, number: int, request: SynthesisRequest) -> RequestInFlight:
         if len(request.text) > self.settings.max_text_chars:
             raise InvalidRequest(
                 "text", f"has {len(request.text)} characters; the maximum is {self.settings.max_text_chars}"
@@ -152,37 +262,37 @@ class Synthesizer:
             raise InvalidRequest("text", NOTHING_SPEAKABLE)
         segments = [
             Segment(
-                owner=index,
-                index=number,
+                owner=number,
+                index=index,
                 text=text,
                 request=request,
                 speaker=speaker,
-                seed=segment_seed(audio_seed, number),
+                seed=segment_seed(audio_seed, index),
                 expected_tokens=expected_tokens(text, request.speed),
                 max_tokens=self.settings.max_new_tokens,
                 pinned=self.model.is_synthetic,
             )
-            for number, text in enumerate(texts)
+            for index, text in enumerate(texts)
         ]
-        return _PreparedRequest(request, audio_seed, embedding, segments)
+        return RequestInFlight(request, number, audio_seed, embedding, segments)
 
     def _normalise(self, text: str) -> str:
         return self.model.chat.normalizer(text, do_text_normalization=True, do_homophone_replacement=True).strip()
 
-    def _refine(self, prepared: dict[int, _PreparedRequest]) -> None:
+    def _refine(self, prepared: list[RequestInFlight]) -> None:
         """Run ChatTTS's refine-text step on the segments of the requests that asked for it.
 
         ChatTTS refines a list of texts under one prompt, so requests are grouped by their levels.
         """
         import ChatTTS
 
-        groups: dict[str, list[Segment]] = {}
-        for entry in prepared.values():
+        groups: dict[str, list[tuple[RequestInFlight, Segment]]] = {}
+        for entry in prepared:
             if entry.request.refine_text is not None:
-                groups.setdefault(entry.request.refine_text.prompt, []).extend(entry.segments)
+                groups.setdefault(entry.request.refine_text.prompt, []).extend((entry, s) for s in entry.segments)
         chat = self.model.chat
-        for prompt, segments in groups.items():
-            texts = [segment.text for segment in segments]
+        for prompt, members in groups.items():
+            texts = [segment.text for _, segment in members]
             # Random weights never end a text on their own: the length rule pins it to the input's length.
             pinned = (
                 max(len(chat.tokenizer._tokenizer.tokenize(text)) for text in texts) if self.model.is_synthetic else 0
@@ -190,12 +300,12 @@ class Synthesizer:
             params = ChatTTS.Chat.RefineTextParams(
                 prompt=prompt,
                 show_tqdm=False,
-                manual_seed=prepared[segments[0].owner].seed,
+                manual_seed=members[0][0].seed,
                 min_new_token=pinned,
                 max_new_token=pinned or 384,
             )
-            for chunk_start in range(0, len(texts), self.settings.max_rows_per_pass):
-                chunk = segments[chunk_start : chunk_start + self.settings.max_rows_per_pass]
+            for chunk_start in range(0, len(members), self.settings.max_rows_per_pass):
+                chunk = [segment for _, segment in members[chunk_start : chunk_start + self.settings.max_rows_per_pass]]
                 refined = chat._refine_text([segment.text for segment in chunk], self.model.device, params)
                 ids = [tokens[tokens.less(chat.tokenizer.break_0_ids)] for tokens in refined.ids]
                 for segment, text in zip(chunk, chat.tokenizer.decode(ids), strict=True):
@@ -205,75 +315,34 @@ class Synthesizer:
                         segment.expected_tokens = expected_tokens(text, segment.request.speed)
                 refined.destroy()
 
-    def _generate(
-        self,
-        prepared: dict[int, _PreparedRequest],
-        on_progress: ProgressCallback | None,
-        cancelled: CancelledCheck | None,
-        stopped: set[int],
-        timings: dict[str, float],
-    ) -> None:
-        """Generate every segment, then regenerate those the quality gate flags, up to the retry limit."""
-        pending = [segment for entry in prepared.values() for segment in entry.segments]
-        for attempt in range(self.settings.quality_retries + 1):
-            if attempt:
-                for segment in pending:
-                    seed = prepared[segment.owner].seed
-                    segment.seed = segment_seed(seed, segment.index, attempt)
-                logger.info("quality gate: generating %d flagged segment(s) again", len(pending))
-            started = time.perf_counter()
-            self._generate_segments(prepared, pending, on_progress, cancelled, stopped)
-            generated = time.perf_counter()
-            self._decode_and_assess([s for s in pending if s.owner not in stopped], retried=attempt > 0)
-            timings["generate_s"] += generated - started
-            timings["decode_s"] += time.perf_counter() - generated
-            pending = [s for s in pending if s.owner not in stopped and not s.quality.ok]
-            if not pending:
-                return
-
-    def _generate_segments(
-        self,
-        prepared: dict[int, _PreparedRequest],
-        segments: list[Segment],
-        on_progress: ProgressCallback | None,
-        cancelled: CancelledCheck | None,
-        stopped: set[int],
-    ) -> None:
-        # Longest first, so the rows of one pass end at similar times.
-        ordered = sorted(segments, key=lambda s: s.expected_tokens, reverse=True)
-        tracker = _ProgressTracker(prepared, on_progress)
-        for start in range(0, len(ordered), self.settings.max_rows_per_pass):
-            batch = [s for s in ordered[start : start + self.settings.max_rows_per_pass] if s.owner not in stopped]
-            if not batch:
-                continue
-
-            def rows_to_stop(batch=batch) -> list[int]:
-                if cancelled is None:
-                    return []
-                stopped.update(cancelled())
-                return [i for i, segment in enumerate(batch) if segment.owner in stopped]
-
-            def on_step(active: list[int], step: int, batch=batch) -> None:
-                tracker.step(batch, active, step)
-
-            outputs = generation.generate(self.model, batch, on_step=on_step, rows_to_stop=rows_to_stop)
-            for segment, output in zip(batch, outputs, strict=True):
-                segment.output = output
-                tracker.finished(segment)
-
-    def _decode_and_assess(self, segments: list[Segment], retried: bool) -> None:
+    def _decode_and_assess(self, segments: list[Segment]) -> None:
+        started = time.perf_counter()
         decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_rows_per_pass)
+        elapsed = time.perf_counter() - started
         for segment, samples in zip(segments, decoded, strict=True):
             segment.samples = samples
             segment.quality = quality.assess(
                 samples, segment.output.tokens, segment.expected_tokens, segment.output.ended_by
             )
-            segment.quality.retried = retried
+            segment.quality.retried = segment.attempt > 0
             segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
+            entry = self.in_flight.get(segment.owner)
+            if entry is not None:
+                entry.decode_s += elapsed / len(segments)
 
-    def _finish(
-        self, entry: _PreparedRequest, batch_size: int, timings: dict[str, float], memory: dict
-    ) -> SynthesisResult:
+    def _regenerate(self, entry: RequestInFlight, segment: Segment) -> None:
+        """Send a segment the quality gate flagged back to the engine with another seed."""
+        segment.attempt += 1
+        segment.seed = segment_seed(entry.seed, segment.index, segment.attempt)
+        segment.output = segment.samples = segment.quality = None
+        logger.info("quality gate: generating segment %d of %s again", segment.index, entry.request.request_id)
+        self.engine.add([segment])
+
+    def _note_sharing(self) -> None:
+        for entry in self.in_flight.values():
+            entry.shared_with = max(entry.shared_with, len(self.in_flight))
+
+    def _finish(self, entry: RequestInFlight) -> SynthesisResult:
         encode_started = time.perf_counter()
         pause = np.zeros(int(self.settings.segment_pause_s * SAMPLE_RATE), dtype=np.float32)
         pieces: list[np.ndarray] = []
@@ -284,6 +353,12 @@ class Synthesizer:
         samples = np.concatenate(pieces)
         encoded = audio.encode(samples, SAMPLE_RATE, entry.request.format)
         flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
+        timings = {
+            "text_s": entry.text_s,
+            "generate_s": entry.generated_at - entry.started - entry.text_s - entry.decode_s,
+            "decode_s": entry.decode_s,
+            "encode_s": time.perf_counter() - encode_started,
+        }
         return SynthesisResult(
             request_id=entry.request.request_id,
             audio=encoded,
@@ -295,11 +370,8 @@ class Synthesizer:
             segments=len(entry.segments),
             seed=entry.seed,
             voice_embedding=entry.embedding,
-            batch_size=batch_size,
-            timings={
-                **{k: round(v, 4) for k, v in timings.items()},
-                "encode_s": round(time.perf_counter() - encode_started, 4),
-            },
+            batch_size=entry.shared_with,
+            timings={name: round(max(0.0, value), 4) for name, value in timings.items()},
             quality={
                 "ok": not flags,
                 "flags": flags,
@@ -307,7 +379,7 @@ class Synthesizer:
                 "segments": [asdict(s.quality) for s in entry.segments],
             },
             model=self.model.info.as_dict(),
-            memory=memory,
+            memory=self._memory_report(),
         )
 
     def _reset_memory_stats(self) -> None:
@@ -315,7 +387,7 @@ class Synthesizer:
             torch.cuda.reset_peak_memory_stats(self.model.device)
 
     def _memory_report(self) -> dict:
-        """Peak GPU memory of this call; fragmentation is the share of reserved memory not in use."""
+        """Peak GPU memory since the last reset; fragmentation is the share of reserved memory not in use."""
         if self.model.device.type != "cuda":
             return {}
         allocated = torch.cuda.memory_allocated(self.model.device)
@@ -327,32 +399,26 @@ class Synthesizer:
         }
 
 
-class _ProgressTracker:
-    """Turns per-step generation progress into per-request fractions, at most every PROGRESS_INTERVAL_S."""
+def max_prompt_tokens(settings: Settings) -> int:
+    """The longest prompt a slot holds: a segment of text, or what refine-text makes of it (up to
+    384 tokens), with the prompt's tags."""
+    return max(settings.max_segment_chars, 384) + 16
 
-    def __init__(self, prepared: dict[int, _PreparedRequest], on_progress: ProgressCallback | None):
-        self.prepared = prepared
-        self.on_progress = on_progress
-        self.tokens: dict[tuple[int, int], int] = {}
-        self.last_report = 0.0
 
-    def step(self, batch: list[Segment], active: list[int], step: int) -> None:
-        for position in active:
-            segment = batch[position]
-            self.tokens[(segment.owner, segment.index)] = step + 1
-        self._report()
-
-    def finished(self, segment: Segment) -> None:
-        self.tokens[(segment.owner, segment.index)] = segment.expected_tokens
-
-    def _report(self) -> None:
-        now = time.monotonic()
-        if self.on_progress is None or now - self.last_report < PROGRESS_INTERVAL_S:
-            return
-        self.last_report = now
-        for index, entry in self.prepared.items():
-            expected = sum(s.expected_tokens for s in entry.segments)
-            done_tokens = sum(min(self.tokens.get((index, s.index), 0), s.expected_tokens) for s in entry.segments)
-            segments_done = sum(1 for s in entry.segments if s.output is not None)
-            # Generation is most of the work; decoding and encoding take the last 5%.
-            self.on_progress(index, min(0.95, 0.95 * done_tokens / expected), segments_done, len(entry.segments))
+def engine_slots(model: LoadedModel, settings: Settings) -> int:
+    """How many segments the engine runs at once: the setting, or what the free GPU memory holds."""
+    if settings.max_running_rows:
+        return settings.max_running_rows
+    if model.device.type != "cuda":
+        return CPU_RUNNING_ROWS
+    free, _ = torch.cuda.mem_get_info(model.device)
+    per_slot = ModelRunner.bytes_per_slot(
+        model,
+        max_prompt_tokens=max_prompt_tokens(settings),
+        max_new_tokens=settings.max_new_tokens,
+        kv_bytes=torch.finfo(model.chat.gpt.gpt.dtype).bits // 8,
+    )
+    budget = free * GPU_MEMORY_SHARE - GPU_WORKSPACE_BYTES
+    slots = max(1, min(MAX_AUTO_RUNNING_ROWS, int(budget // per_slot)))
+    logger.info("engine: %d slots (%.0f MiB each) in %.0f MiB free", slots, per_slot / 2**20, free / 2**20)
+    return slots

@@ -61,7 +61,6 @@ def test_a_hard_limit_below_the_soft_limit_is_refused():
     [
         ("MAX_BATCH", "MAX_ROWS_PER_PASS", "max_rows_per_pass"),
         ("BATCH_JOBS", "MAX_JOBS_IN_FLIGHT", "max_jobs_in_flight"),
-        ("WORKER_BATCH_WINDOW_MS", "GATHER_WINDOW_MS", "gather_window_ms"),
     ],
 )
 def test_a_renamed_variable_is_still_read_under_its_old_name_with_a_warning(old, new, field, caplog):

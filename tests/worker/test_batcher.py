@@ -1,64 +1,117 @@
-"""The batcher isolates failures: a poison job fails alone, an out-of-memory batch is split.
+"""The batcher drives the synthesizer: jobs join as they come, and failures are isolated.
 
-The faults are injected by wrapping the real (synthetic-tiny) synthesizer: a poison input and a
-CUDA out-of-memory error cannot be produced on demand by the real model on a CPU.
+Faults are injected into the real (synthetic-tiny) engine's step: a poison input and a CUDA
+out-of-memory error cannot be produced on demand by the real model on a CPU.
 """
 
+import dataclasses
+import time
+
+import pytest
 import torch
 
-from chattts_farm.contract import SynthesisFailed, SynthesisRequest
+from chattts_farm.contract import JobCancelled, SynthesisFailed, SynthesisRequest
 from worker.batcher import Batcher
+from worker.synthesis import Synthesizer
 
 
-class FaultySynthesizer:
-    """The real synthesizer, failing the way a test asks."""
+@pytest.fixture
+def core(tiny_settings, synthesizer):
+    """A synthesizer of its own (the engine's slots are per synthesizer) on the session's model."""
+    return Synthesizer(synthesizer.model, tiny_settings)
 
-    def __init__(self, real, fails):
-        self.real = real
-        self.fails = fails
-        self.calls = []
 
-    def synthesize(self, requests, **kwargs):
-        self.calls.append(len(requests))
-        error = self.fails(requests)
+def failing_engine(core, monkeypatch, fails):
+    """Make the engine's step raise ``fails(segments in the engine)`` when that is not None."""
+    engine = core.engine
+    real_step = engine.step
+
+    def step():
+        error = fails([*engine.scheduler.waiting, *engine.scheduler.running.values()])
         if error is not None:
             raise error
-        return self.real.synthesize(requests, **kwargs)
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", step)
 
 
-def run_batch(synthesizer, texts):
-    batcher = Batcher(
-        synthesizer,
-        max_jobs=len(texts),
-        window_s=0.0,
-        soft_limit_s=60,
-        hard_limit_s=120,
-        is_revoked=lambda job_id: False,
-    )
-    jobs = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(texts)]
-    batcher._run(jobs)
-    assert all(job.finished.is_set() for job in jobs)
-    return [job.outcome for job in jobs]
+def started_batcher(core, is_revoked=lambda job_id: False):
+    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=is_revoked)
+    batcher.start()
+    return batcher
+
+
+def outcomes_of(handles, timeout=120):
+    for handle in handles:
+        assert handle.finished.wait(timeout), handle.request.request_id
+    return [handle.outcome for handle in handles]
 
 
 TEXTS = ["First mate.", "Second mate.", "POISON pill.", "Third mate.", "Fourth mate."]
 
 
-def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(synthesizer):
-    poisoned = FaultySynthesizer(
-        synthesizer,
-        lambda requests: RuntimeError("segfault-like crash") if any("POISON" in r.text for r in requests) else None,
+def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(core, monkeypatch):
+    failing_engine(
+        core,
+        monkeypatch,
+        lambda segments: RuntimeError("segfault-like crash") if any("POISON" in s.text for s in segments) else None,
     )
-    outcomes = run_batch(poisoned, TEXTS)
+    calls = []
+    real_synthesize = core.synthesize
+    monkeypatch.setattr(
+        core, "synthesize", lambda requests, **kw: calls.append(len(requests)) or real_synthesize(requests, **kw)
+    )
+    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
+    handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
+    batcher.start()
+    outcomes = outcomes_of(handles)
     assert isinstance(outcomes[2], SynthesisFailed) and "segfault-like crash" in str(outcomes[2])
     assert all(not isinstance(o, Exception) and o.duration_s > 0 for i, o in enumerate(outcomes) if i != 2)
-    assert len(poisoned.calls) <= 1 + 2 * 3  # bounded: at most log2(n) levels of splitting
+    assert len(calls) <= 2 * 3  # bounded: at most log2(n) levels of splitting
 
 
-def test_an_out_of_memory_batch_is_split_until_it_fits_and_every_job_completes(synthesizer):
-    too_big = FaultySynthesizer(
-        synthesizer, lambda requests: torch.cuda.OutOfMemoryError("CUDA out of memory") if len(requests) > 2 else None
+def test_an_out_of_memory_step_is_split_until_it_fits_and_every_job_completes(core, monkeypatch):
+    failing_engine(
+        core,
+        monkeypatch,
+        lambda segments: (
+            torch.cuda.OutOfMemoryError("CUDA out of memory") if len({s.owner for s in segments}) > 2 else None
+        ),
     )
-    outcomes = run_batch(too_big, TEXTS)
-    assert all(not isinstance(o, Exception) for o in outcomes)
-    assert too_big.calls[0] == 5 and max(too_big.calls[1:]) <= 3
+    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
+    handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
+    batcher.start()
+    assert all(not isinstance(o, Exception) for o in outcomes_of(handles))
+
+
+def test_a_job_that_arrives_while_others_run_joins_them_and_finishes_first(core):
+    batcher = started_batcher(core)
+    long_one = batcher.submit(SynthesisRequest(text="A long job that keeps the engine busy. " * 6, request_id="long"))
+    while core.engine.running == 0:
+        time.sleep(0.01)
+    short_one = batcher.submit(SynthesisRequest(text="Short.", request_id="short"))
+    assert short_one.finished.wait(120)
+    assert not long_one.finished.is_set()  # no head-of-line blocking behind the long job
+    assert short_one.outcome.batch_size == 2
+    assert not isinstance(outcomes_of([long_one])[0], Exception)
+
+
+def test_a_revoked_job_ends_at_once_and_its_batch_mates_go_on(core):
+    revoked = set()
+    batcher = started_batcher(core, is_revoked=lambda job_id: job_id in revoked)
+    doomed = batcher.submit(SynthesisRequest(text="Revoke me, I am long. " * 10, request_id="doomed"))
+    mate = batcher.submit(SynthesisRequest(text="I stay, and I am long too. " * 10, request_id="mate"))
+    while core.engine.running == 0:
+        time.sleep(0.01)
+    revoked.add("doomed")
+    assert doomed.finished.wait(30) and isinstance(doomed.outcome, JobCancelled)
+    assert not mate.finished.is_set()
+    assert not isinstance(outcomes_of([mate])[0], Exception)
+
+
+def test_segments_beyond_the_slots_wait_and_every_job_completes(tiny_settings, synthesizer):
+    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=2))
+    batcher = started_batcher(small)
+    handles = [batcher.submit(SynthesisRequest(text=f"Job number {i}.", request_id=f"job-{i}")) for i in range(6)]
+    assert all(not isinstance(o, Exception) for o in outcomes_of(handles))
+    assert small.engine.runner.slots == 2

@@ -96,30 +96,50 @@ def test_each_request_of_a_mixed_batch_sounds_as_it_does_alone_under_greedy_samp
         np.testing.assert_allclose(samples_of(mixed), samples_of(alone), atol=2e-3)
 
 
-def test_a_mixed_batch_runs_in_one_pass(synthesizer, make_request, monkeypatch):
-    from worker import generation
+def running_counts(synthesizer, monkeypatch):
+    """The number of segments each of the engine's decode steps ran, as the engine goes."""
+    counts = []
+    real_decode_step = synthesizer.engine._decode_step
 
-    passes = []
-    real_generate = generation.generate
-    monkeypatch.setattr(
-        generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or real_generate(model, rows, **kw)
-    )
-    synthesizer.synthesize([make_request(voice=v, temperature=0.1 * v, top_k=v) for v in range(1, 6)])
-    assert passes == [5]
+    def counted():
+        counts.append(synthesizer.engine.running)
+        real_decode_step()
+
+    monkeypatch.setattr(synthesizer.engine, "_decode_step", counted)
+    return counts
 
 
-def test_max_rows_per_pass_caps_the_rows_of_one_pass(tiny_settings, synthesizer, make_request, monkeypatch):
-    from worker import generation
+def test_the_requests_of_one_call_run_together_in_the_engine(tiny_settings, synthesizer, make_request, monkeypatch):
+    core = Synthesizer(synthesizer.model, tiny_settings)
+    counts = running_counts(core, monkeypatch)
+    core.synthesize([make_request(voice=v, temperature=0.1 * v, top_k=v) for v in range(1, 6)])
+    assert counts[0] == 5
 
-    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_rows_per_pass=2))
-    passes = []
-    real_generate = generation.generate
-    monkeypatch.setattr(
-        generation, "generate", lambda model, rows, **kw: passes.append(len(rows)) or real_generate(model, rows, **kw)
-    )
+
+def test_more_segments_than_slots_wait_for_a_free_slot_and_all_complete(
+    tiny_settings, synthesizer, make_request, monkeypatch
+):
+    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=2))
+    counts = running_counts(small, monkeypatch)
     outcomes = small.synthesize([make_request(voice=v) for v in range(5)])
-    assert passes == [2, 2, 1]
-    assert all(not isinstance(o, Exception) for o in outcomes)
+    assert max(counts) == 2 and all(not isinstance(o, Exception) for o in outcomes)
+
+
+def test_a_request_added_while_others_run_joins_them_at_the_next_step(tiny_settings, synthesizer, make_request):
+    core = Synthesizer(synthesizer.model, tiny_settings)
+    first = core.add([make_request("The first request, running for a while. " * 4, seed=1)])[0]
+    core.step()
+    late = core.add([make_request("A late one.", seed=2)])[0]
+    core.step()
+    assert core.engine.running == len(first.segments) + len(late.segments)
+    outcomes = {}
+    while core.in_flight:
+        outcomes.update({entry.number: outcome for entry, outcome in core.step()})
+    # It came out before the long one, and sounds as it does alone (up to float rounding).
+    assert list(outcomes)[0] == late.number
+    alone = only(core.synthesize([make_request("A late one.", seed=2)]))
+    assert outcomes[late.number].tokens == alone.tokens
+    np.testing.assert_allclose(samples_of(outcomes[late.number]), samples_of(alone), atol=2e-3)
 
 
 def test_long_text_becomes_one_complete_audio_without_a_cut_off(synthesizer, make_request):
@@ -178,11 +198,11 @@ def test_progress_is_reported_and_ends_at_one(synthesizer, make_request):
     assert fractions == sorted(fractions)
 
 
-@pytest.mark.parametrize("max_rows_per_pass", [64, 2])
+@pytest.mark.parametrize("max_running_rows", [64, 2])
 def test_a_cancelled_request_stops_and_its_batch_mates_finish(
-    tiny_settings, synthesizer, make_request, max_rows_per_pass
+    tiny_settings, synthesizer, make_request, max_running_rows
 ):
-    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_rows_per_pass=max_rows_per_pass))
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=max_running_rows))
     requests = [make_request("Cancel me, I am long. " * 20), make_request("Keep me, I am long too. " * 20)]
     outcomes = core.synthesize(requests, cancelled=lambda: {0})
     assert isinstance(outcomes[0], JobCancelled)

@@ -1,1 +1,6 @@
-"""The GPT's inference engine: fixed-shape decode state that a CUDA graph can replay."""
+"""The farm's GPT engine: segments join and leave a running batch at every step.
+
+``segment`` is one request's piece of text as the engine runs it; ``scheduler`` (torch-free) decides
+which segments hold the slots; ``runner`` owns the KV cache, the per-slot state and the CUDA graphs;
+``engine`` ties them into ``add`` / ``step``. The engine imports neither Celery nor Redis nor threads.
+"""

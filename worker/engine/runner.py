@@ -1,20 +1,23 @@
-"""One batched GPT pass with a preallocated KV cache and a fixed-shape decode step.
+"""The model runner: the GPT's weights, a KV cache of fixed slots, and one decode step for all of them.
 
-The eager loop in transformers spends most of an H200 step on Python, kernel launches and host
-syncs. Here every tensor a decode step touches is allocated once for the pass (rows x (prompt +
-max steps)), rows that end stay in the batch (masked, their output cut at their end), and the step
-index lives on the device. So the whole step -- embedding the 4 codes, the Llama layers, the code
-heads and the sampling -- has static shapes, and on CUDA it is captured once as a CUDA graph and
-replayed. Nothing in a step reads back to the host; the caller reads the small ``finished`` flags
-every few steps.
+Everything a decode step touches is allocated once per worker: the KV cache (layers x slots x
+context), and per slot its prompt length, step, last tokens, recent tokens (for the repetition
+penalty), sampling settings, hidden states and codes. A segment takes a slot with ``prefill`` (its
+prompt runs as its own eager pass and draws step 0); then every ``decode_step`` draws the next step of
+the first ``rows`` slots, each at its own position. Slots that finished (or hold nothing) stay in
+the step, frozen: their step stops advancing and their output is cut at their end. So the decode
+step's shapes depend only on (rows, attended columns), and on CUDA it is captured as one CUDA graph
+per such bucket, kept for the life of the worker and replayed. Nothing in a step reads back to the
+host; the engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
-transformers' StaticCache: the StaticCache constructor changed across transformers 5.x and its
-attention always runs over the whole cache, while this one attends over the filled part of the cache
-rounded up to a bucket, with one graph per bucket.
+transformers' StaticCache: its constructor changed across transformers 5.x, and it attends over the
+whole cache, while this step attends over the columns in use rounded up to a bucket.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -24,32 +27,35 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from worker.model import LoadedModel
 from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 
-# The attention of a decode step reads the KV cache up to the next multiple of this many columns:
-# short passes do not pay for the whole cache, long ones capture a graph per bucket.
+# A decode step attends over the cache up to the next multiple of this many columns.
 KV_BUCKET = 256
 
 STILL_RUNNING, ENDED_BY_EOS, ENDED_BY_LIMIT, INTERRUPTED = range(4)
 
+# attend(layer index, query, key, value) -> attended values, for the prefill or the decode step
+_Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-class DecodeRunner:
-    """The decode state of one batched pass: KV cache, per-row sampling state, outputs, graphs.
 
-    ``prefill`` runs the prompts and draws step 0; each ``decode_step`` draws the next step for every
-    row. A row finishes when it draws EOS (its output excludes that step) or reaches ``end_at``
-    tokens; ``interrupt`` finishes rows from the host. ``lengths[row]`` is the number of hidden states
-    of a finished row, ``ended_by[row]`` why it finished. On CUDA each decode step is a CUDA graph
-    replay, unless ``capture_graphs`` is false (to measure the same step eagerly).
-    """
+def row_buckets(slots: int) -> list[int]:
+    """The row counts a decode step is captured for: powers of two, then the slot count."""
+    buckets, rows = [], 1
+    while rows < slots:
+        buckets.append(rows)
+        rows *= 2
+    return [*buckets, slots]
+
+
+class ModelRunner:
+    """The GPT of one worker over ``slots`` preallocated slots of ``context`` positions each."""
 
     def __init__(
         self,
         model: LoadedModel,
         *,
-        sampling: RowSampling,
-        min_tokens: torch.Tensor,
-        end_at: torch.Tensor,
-        prompt_length: int,
-        max_steps: int,
+        slots: int,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
     ) -> None:
         chat = model.chat
@@ -58,70 +64,108 @@ class DecodeRunner:
         self.device = model.device
         self.use_graphs = capture_graphs and model.device.type == "cuda"
         config = self.llama.config
-        rows = len(end_at)
+        self.slots = slots
+        self.max_prompt_tokens = max_prompt_tokens
+        self.context = max_prompt_tokens + max_new_tokens
         self.eos_token = chat.config.gpt.num_audio_tokens - 1
-        self.sampling = sampling
-        self.min_tokens = min_tokens
-        self.end_at = end_at
-        self.prompt_length = prompt_length
+        num_vq = chat.config.gpt.num_vq
+        device = self.device
         # The code heads are weight-normalised: compute their weights once, not on every step.
         with parametrize.cached():
             self.head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
 
         attention = self.llama.layers[0].self_attn
-        self.capacity = prompt_length + max_steps
-        cache_shape = (len(self.llama.layers), rows, config.num_key_value_heads, self.capacity, attention.head_dim)
-        # Zeros, not empty: a step's attention reads the unwritten columns of its bucket too (masked,
+        self.kv_dtype = kv_dtype or self.llama.dtype
+        cache_shape = (len(self.llama.layers), slots, config.num_key_value_heads, self.context, attention.head_dim)
+        # Zeros, not empty: a step's attention reads unwritten columns of its bucket too (masked,
         # weight 0), and 0 x NaN left over in the memory would still be NaN.
-        self.keys = torch.zeros(cache_shape, dtype=self.llama.dtype, device=self.device)
+        self.keys = torch.zeros(cache_shape, dtype=self.kv_dtype, device=device)
         self.values = torch.zeros_like(self.keys)
-        self.attendable = torch.zeros(rows, self.capacity, dtype=torch.bool, device=self.device)
-        self.last_prompt_position = torch.zeros(rows, dtype=torch.long, device=self.device)
 
-        self.step = torch.zeros((), dtype=torch.long, device=self.device)  # the step the next draw makes
-        self.tokens = torch.zeros(rows, chat.config.gpt.num_vq, dtype=torch.long, device=self.device)
+        def per_slot(fill, dtype, *shape):
+            return torch.full((slots, *shape), fill, dtype=dtype, device=device)
+
+        self.slot_index = torch.arange(slots, device=device)
+        self.columns = torch.arange(self.context, device=device)
+        # An empty slot has a prompt of 1 so that its frozen step writes and attends column 0.
+        self.prompt_length = per_slot(1, torch.long)
+        self.step = per_slot(0, torch.long)  # the step the slot's next draw makes
+        self.tokens = per_slot(0, torch.long, num_vq)
         # The last REPETITION_WINDOW steps' tokens as a ring (slot = step % window), for the penalty.
-        self.recent = torch.full(
-            (rows, REPETITION_WINDOW, chat.config.gpt.num_vq), NO_TOKEN, dtype=torch.long, device=self.device
+        self.recent = per_slot(NO_TOKEN, torch.long, REPETITION_WINDOW, num_vq)
+        # One more step than a segment may draw: a finished slot keeps writing at its frozen step.
+        self.hiddens = per_slot(0.0, torch.float32, max_new_tokens + 1, config.hidden_size)
+        self.codes = per_slot(0, torch.int32, max_new_tokens + 1, num_vq)
+        self.finished = per_slot(True, torch.bool)
+        self.lengths = per_slot(0, torch.long)
+        self.ended_by = per_slot(STILL_RUNNING, torch.long)
+        self.min_tokens = per_slot(0, torch.long)
+        self.end_at = per_slot(1, torch.long)
+        self.sampling = RowSampling(
+            temperature=per_slot(1.0, torch.float32),
+            top_p=per_slot(1.0, torch.float32),
+            top_k=per_slot(1, torch.long),
+            repetition_penalty=per_slot(1.0, torch.float32),
+            seed=per_slot(0, torch.long),
         )
-        self.hiddens = torch.zeros(rows, max_steps, config.hidden_size, dtype=torch.float32, device=self.device)
-        self.finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
-        self.ended_by = torch.full((rows,), STILL_RUNNING, dtype=torch.long, device=self.device)
 
-        self.steps_drawn = 0  # the host's copy of self.step, to pick the KV bucket without a sync
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        # The graphs of the pass share one memory pool: they hold no outputs of their own (every result
-        # goes to the buffers above), and run one bucket after the other, never side by side.
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        # All graphs share one memory pool: they keep no outputs of their own (every result goes to
+        # the buffers above) and never run side by side, so each uses the pool as scratch.
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
-        self.capture_stream = torch.cuda.Stream(self.device) if self.use_graphs else None
+        self.capture_stream = torch.cuda.Stream(device) if self.use_graphs else None
 
-    def prefill(self, embeddings: torch.Tensor, prompt_mask: torch.Tensor) -> None:
-        """Run the left-padded prompts (rows, prompt_length, width) through the GPT and draw step 0."""
-        length = self.prompt_length
-        prompt_mask = prompt_mask.bool()
-        positions = (prompt_mask.long().cumsum(-1) - 1).clamp(min=0)
-        self.last_prompt_position.copy_(positions[:, -1])
-        self.attendable[:, :length] = prompt_mask
-        causal = torch.ones(length, length, dtype=torch.bool, device=self.device).tril()
-        # Each position may also see itself, so that the padding ahead of a short prompt attends to
-        # something (a row of nothing gives NaN, which would leak through the values); real
-        # positions never see the padding.
-        itself = torch.eye(length, dtype=torch.bool, device=self.device)
-        attend = ((causal & prompt_mask.unsqueeze(1)) | itself).unsqueeze(1)
-        columns = torch.arange(length, device=self.device)
-        hidden = self._forward(embeddings.to(self.llama.dtype), positions, columns, attend)
-        self._draw(hidden[:, -1].float())
+    @staticmethod
+    def bytes_per_slot(model: LoadedModel, *, max_prompt_tokens: int, max_new_tokens: int, kv_bytes: int) -> int:
+        """The memory one slot's preallocated state takes (the cache and the hidden states dominate)."""
+        config = model.chat.gpt.gpt.config
+        head_dim = config.hidden_size // config.num_attention_heads
+        cache = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_bytes
+        return (max_prompt_tokens + max_new_tokens) * cache + (max_new_tokens + 1) * config.hidden_size * 4
 
-    def decode_step(self) -> None:
-        """Draw the next step of every row (finished rows too: the shapes stay fixed)."""
-        self.steps_drawn += 1
-        filled = self.prompt_length + self.steps_drawn  # the columns this step's attention reads
-        kv_length = min(self.capacity, -(-filled // KV_BUCKET) * KV_BUCKET)
+    def prefill(
+        self,
+        slots: list[int],
+        embeddings: torch.Tensor,
+        prompt_lengths: torch.Tensor,
+        sampling: RowSampling,
+        min_tokens: torch.Tensor,
+        end_at: torch.Tensor,
+    ) -> None:
+        """Start segments in ``slots``: run their right-padded prompts (rows, length, width), draw step 0."""
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
+        for name in sampling.__dataclass_fields__:
+            getattr(self.sampling, name)[index] = getattr(sampling, name).to(getattr(self.sampling, name).dtype)
+        self.prompt_length[index] = prompt_lengths
+        self.min_tokens[index] = min_tokens
+        self.end_at[index] = end_at
+        self.step[index] = 0
+        self.recent[index] = NO_TOKEN
+        self.finished[index] = False
+        self.lengths[index] = 0
+        self.ended_by[index] = STILL_RUNNING
+
+        rows, length, _ = embeddings.shape
+        positions = torch.arange(length, device=self.device).expand(rows, length)
+
+        def attend(layer: int, query, key, value):
+            self.keys[layer, index, :, :length] = key.to(self.kv_dtype)
+            self.values[layer, index, :, :length] = value.to(self.kv_dtype)
+            # The padding after a prompt sees the prompt (causal), so no position attends to nothing.
+            return F.scaled_dot_product_attention(
+                query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
+            )
+
+        hidden = self._forward(embeddings.to(self.llama.dtype), positions, attend)
+        last = hidden[torch.arange(rows, device=self.device), prompt_lengths - 1]
+        self._draw(index, last.float())
+
+    def decode_step(self, rows: int, kv_length: int) -> None:
+        """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` cache columns."""
         if not self.use_graphs:
-            self._decode(kv_length)
+            self._decode(rows, kv_length)
             return
-        graph = self.graphs.get(kv_length)
+        graph = self.graphs.get((rows, kv_length))
         if graph is not None:
             graph.replay()
             return
@@ -130,81 +174,100 @@ class DecodeRunner:
         # state advances exactly once.
         self.capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.capture_stream):
-            self._decode(kv_length)
+            self._decode(rows, kv_length)
         torch.cuda.current_stream(self.device).wait_stream(self.capture_stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.capture_stream):
-            self._decode(kv_length)
-        self.graphs[kv_length] = graph
+            self._decode(rows, kv_length)
+        self.graphs[(rows, kv_length)] = graph
 
-    def interrupt(self, rows: list[int]) -> None:
-        """Finish the given running rows now, keeping the steps drawn so far (call between steps)."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.device)
+    def interrupt(self, slots: list[int]) -> None:
+        """Finish the given slots now, keeping the steps drawn so far (call between steps)."""
+        index = torch.tensor(slots, dtype=torch.long, device=self.device)
         running = ~self.finished[index]
-        self.lengths[index] = torch.where(running, self.step, self.lengths[index])
+        self.lengths[index] = torch.where(running, self.step[index], self.lengths[index])
         self.ended_by[index] = torch.where(running, INTERRUPTED, self.ended_by[index])
         self.finished[index] = True
 
-    def _decode(self, kv_length: int) -> None:
-        # The column of the cache that the previous step's tokens fill.
-        column = (self.prompt_length - 1 + self.step).view(1)
-        self.attendable.index_fill_(1, column, True)
+    def read_state(self, rows: int) -> tuple[list[bool], list[int], list[int]]:
+        """The finished flags, lengths and endings of the first ``rows`` slots: one small host copy."""
+        state = torch.stack([self.finished[:rows].long(), self.lengths[:rows], self.ended_by[:rows]]).tolist()
+        return [bool(flag) for flag in state[0]], state[1], state[2]
+
+    def output(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of a finished slot's hidden states and codes (the slot may be reused at once)."""
+        return self.hiddens[slot, :length].clone(), self.codes[slot, :length].long()
+
+    @property
+    def _scale(self) -> float:
+        return self.llama.layers[0].self_attn.scaling
+
+    @property
+    def _grouped(self) -> bool:
+        return self.llama.layers[0].self_attn.num_key_value_groups > 1
+
+    def _decode(self, rows: int, kv_length: int) -> None:
+        # Each slot's previous tokens go to its next column; right-aligned prompts make the column
+        # the token's position too.
+        column = self.prompt_length[:rows] + self.step[:rows] - 1
         step_input = (
-            torch.stack([self.code_embeddings[q](self.tokens[:, q]) for q in range(self.tokens.shape[1])], dim=2)
+            torch.stack([self.code_embeddings[q](self.tokens[:rows, q]) for q in range(self.tokens.shape[1])], dim=2)
             .sum(dim=2)
             .unsqueeze(1)
             .to(self.llama.dtype)
         )
-        positions = (self.last_prompt_position + self.step).unsqueeze(1)
-        attend = self.attendable[:, None, None, :kv_length]
-        hidden = self._forward(step_input, positions, column, attend)
-        self._draw(hidden[:, -1].float())
+        slots = self.slot_index[:rows]
+        visible = (self.columns[:kv_length].unsqueeze(0) <= column.unsqueeze(1))[:, None, None, :]
 
-    def _forward(
-        self, inputs: torch.Tensor, positions: torch.Tensor, columns: torch.Tensor, attend: torch.Tensor
-    ) -> torch.Tensor:
-        """The Llama layers on (rows, length, width) inputs whose keys and values go to ``columns``.
+        def attend(layer: int, query, key, value):
+            self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
+            self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
+            keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
+            values = self.values[layer, :rows, :, :kv_length].to(query.dtype)
+            return F.scaled_dot_product_attention(
+                query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
+            )
 
-        ``attend`` (rows, 1, length, kv length) says which cache columns each input position sees.
-        """
+        hidden = self._forward(step_input, column.unsqueeze(1), attend)
+        self._draw(slots, hidden[:, -1].float())
+
+    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention) -> torch.Tensor:
+        """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills the cache."""
         rows, length, _ = inputs.shape
-        kv_length = attend.shape[-1]
         hidden = inputs
         cos, sin = self.llama.rotary_emb(hidden, positions)
         for index, layer in enumerate(self.llama.layers):
             attention = layer.self_attn
             normed = layer.input_layernorm(hidden)
-            heads = (rows, length, -1, attention.head_dim)
+            heads = (rows, length, -1, attention.head_dim)  # k and v may have fewer heads than q
             query = attention.q_proj(normed).view(heads).transpose(1, 2)
             key = attention.k_proj(normed).view(heads).transpose(1, 2)
             value = attention.v_proj(normed).view(heads).transpose(1, 2)
             query, key = apply_rotary_pos_emb(query, key, cos, sin)
-            self.keys[index].index_copy_(2, columns, key)
-            self.values[index].index_copy_(2, columns, value)
-            keys = self.keys[index, :, :, :kv_length]
-            values = self.values[index, :, :, :kv_length]
-            if attention.num_key_value_groups > 1:
-                keys = keys.repeat_interleave(attention.num_key_value_groups, dim=1)
-                values = values.repeat_interleave(attention.num_key_value_groups, dim=1)
-            attended = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=attention.scaling)
+            attended = attend(index, query, key, value)
             hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(rows, length, -1))
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         return self.llama.norm(hidden)
 
-    def _draw(self, hidden: torch.Tensor) -> None:
-        """Record the hidden state of ``self.step`` for every row, draw its tokens, note rows that end."""
-        step = self.step
-        self.hiddens.index_copy_(1, step.view(1), hidden.unsqueeze(1))
+    def _draw(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Record each slot's hidden state at its step, draw its tokens, note the slots that end."""
+        step = self.step[slots]
+        running = ~self.finished[slots]
+        self.hiddens[slots, step] = hidden
         logits = torch.einsum("bh,qvh->bqv", hidden, self.head_weights)
-        tokens = sample(logits, self.recent, self.sampling, step, self.eos_token, self.min_tokens > step)
-        self.recent.index_copy_(1, (step % REPETITION_WINDOW).view(1), tokens.unsqueeze(1))
-        self.tokens.copy_(tokens)
+        sampling = RowSampling(*(getattr(self.sampling, name)[slots] for name in self.sampling.__dataclass_fields__))
+        recent = self.recent[slots]
+        tokens = sample(logits, recent, sampling, step.view(-1, 1, 1), self.eos_token, self.min_tokens[slots] > step)
+        self.codes[slots, step] = tokens.to(self.codes.dtype)
+        self.recent[slots, step % REPETITION_WINDOW] = tokens
+        self.tokens[slots] = tokens
 
-        ended_by_eos = tokens.eq(self.eos_token).any(dim=1) & ~self.finished
-        reached_end = self.end_at.eq(step + 1) & ~self.finished & ~ended_by_eos
-        self.lengths.copy_(torch.where(ended_by_eos, step, torch.where(reached_end, step + 1, self.lengths)))
-        self.ended_by.copy_(
-            torch.where(ended_by_eos, ENDED_BY_EOS, torch.where(reached_end, ENDED_BY_LIMIT, self.ended_by))
+        ended_by_eos = tokens.eq(self.eos_token).any(dim=1) & running
+        reached_end = self.end_at[slots].eq(step + 1) & running & ~ended_by_eos
+        lengths = self.lengths[slots]
+        self.lengths[slots] = torch.where(ended_by_eos, step, torch.where(reached_end, step + 1, lengths))
+        self.ended_by[slots] = torch.where(
+            ended_by_eos, ENDED_BY_EOS, torch.where(reached_end, ENDED_BY_LIMIT, self.ended_by[slots])
         )
-        self.finished.logical_or_(ended_by_eos | reached_end)
-        self.step.add_(1)
+        self.finished[slots] = ~running | ended_by_eos | reached_end
+        self.step[slots] = step + running.long()

@@ -1,0 +1,280 @@
+"""The engine (worker.engine): segments join and leave a running batch, and each draws what it would alone.
+
+``eager_reference`` is the farm's generation loop as it was before the engine: transformers' LlamaModel
+with a DynamicCache, rows leaving the batch as they end, the host looking at every step. The engine
+must draw the same tokens (hence the same lengths and endings) and the same hidden states, whatever
+its batch mates, its slot and the step at which it joined.
+"""
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+import torch.nn.functional as F
+import torch.nn.utils.parametrize as parametrize
+from transformers.cache_utils import DynamicCache
+
+from worker.engine import runner
+from worker.engine.engine import SYNC_EVERY, Engine
+from worker.engine.segment import Segment, SegmentOutput
+from worker.sampling import RowSampling, sample
+
+
+@torch.inference_mode()
+def eager_reference(model, segments, stop_after=None):
+    """The pre-engine loop; stop_after {row: step} interrupts a row after drawing that step."""
+    chat = model.chat
+    device = model.device
+    num_vq = chat.config.gpt.num_vq
+    eos_token = chat.config.gpt.num_audio_tokens - 1
+    llama = chat.gpt.gpt
+    stop_after = stop_after or {}
+
+    prompts = [f"[Stts][spk_emb][speed_{segment.request.speed}]{segment.text}[Ptts]" for segment in segments]
+    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=device)
+    embeddings = chat.embed(input_ids, text_mask)
+    speakers = F.normalize(torch.stack([segment.speaker.float() for segment in segments]).to(device), p=2.0, dim=1)
+    is_speaker_slot = input_ids[..., 0].eq(chat.tokenizer.spk_emb_ids).unsqueeze(-1)
+    embeddings = torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
+
+    sampling = RowSampling(
+        temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
+        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
+        top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
+        repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
+        seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),
+    )
+    min_tokens = torch.tensor([segment.pinned_tokens or 0 for segment in segments], device=device)
+    ends = [min(segment.pinned_tokens or segment.max_tokens, segment.max_tokens) for segment in segments]
+    end_at = torch.tensor(ends, device=device)
+    max_steps = max(ends)
+    history = torch.zeros(len(segments), max_steps, num_vq, dtype=torch.long, device=device)
+    hiddens = torch.zeros(len(segments), max_steps, llama.config.hidden_size, dtype=torch.float32, device=device)
+
+    outputs = [None] * len(segments)
+    active = torch.arange(len(segments), device=device)
+    mask = attention_mask.bool()
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    cache_keyword = "cache" if "cache" in inspect.signature(llama.forward).parameters else "past_key_values"
+    step_input = embeddings.to(llama.dtype)
+    with parametrize.cached():
+        head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
+
+    for step in range(max_steps):
+        hidden = (
+            llama(
+                inputs_embeds=step_input,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{cache_keyword: cache},
+            )
+            .last_hidden_state[:, -1]
+            .float()
+        )
+        hiddens[active, step] = hidden
+        logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)
+        eos_blocked = min_tokens[active] > step
+        tokens = sample(logits, history[active, :step], sampling.select(active), step, eos_token, eos_blocked)
+        history[active, step] = tokens
+
+        ended_eos = tokens.eq(eos_token).any(dim=1)
+        reached_end = end_at[active].eq(step + 1)
+        active_list = active.tolist()
+        stopped = torch.tensor([stop_after.get(i) == step for i in active_list], dtype=torch.bool, device=device)
+        done = ended_eos | reached_end | stopped
+        if bool(done.any()):
+            for position in done.nonzero().flatten().tolist():
+                index = active_list[position]
+                if bool(ended_eos[position]):
+                    count, ended_by = step, "eos"
+                elif bool(stopped[position]):
+                    count, ended_by = step + 1, "interrupted"
+                else:
+                    count = step + 1
+                    ended_by = "length_rule" if count == segments[index].pinned_tokens else "token_limit"
+                outputs[index] = SegmentOutput(
+                    hiddens=hiddens[index, :count].clone(),
+                    codes=history[index, :count].clone(),
+                    tokens=count,
+                    ended_by=ended_by,
+                )
+            keep = (~done).nonzero().flatten()
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            active, mask, positions, tokens = active[keep], mask[keep], positions[keep], tokens[keep]
+        step_input = (
+            torch.stack([chat.embed.emb_code[q](tokens[:, q]) for q in range(num_vq)], dim=2)
+            .sum(dim=2)
+            .unsqueeze(1)
+            .to(llama.dtype)
+        )
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        positions = positions[:, -1:] + 1
+    return outputs
+
+
+TEXTS = [
+    "Hello.",
+    "The farm reads long documents aloud without cutting them off, one segment at a time.",
+    "Short one here.",
+    "A middle sized sentence about queues and workers.",
+    "Speech, batched.",
+    "Tokens, voices and seeds all differ between these rows of one pass.",
+]
+TEXTS = [
+    "Hello.",
+    "The farm reads long documents aloud without cutting them off, one segment at a time.",
+    "Short one here.",
+    "A middle sized sentence about queues and workers.",
+    "Speech, batched.",
+    "Tokens, voices and seeds all differ between these rows of one pass.",
+]
+
+
+@pytest.fixture
+def mixed_segments(make_request):
+    """Segments of different prompt lengths, voices, sampling settings, seeds and lengths, pinned or not."""
+
+    def make():
+        segments = []
+        for row, text in enumerate(TEXTS):
+            request = make_request(
+                text,
+                temperature=0.2 + 0.15 * row,
+                top_p=0.5 + 0.08 * row,
+                top_k=5 + 4 * row,
+                repetition_penalty=1.0 + 0.05 * row,
+            )
+            pinned = row % 2 == 0
+            segments.append(
+                Segment(
+                    owner=row,
+                    index=0,
+                    text=text,
+                    request=request,
+                    speaker=torch.randn(64, generator=torch.Generator().manual_seed(100 + row)),
+                    seed=1000 + 7 * row,
+                    expected_tokens=12 + 9 * row,
+                    max_tokens=40 if pinned else 30 + 25 * row,
+                    pinned=pinned,
+                )
+            )
+        return segments
+
+    return make
+
+
+def new_engine(model, slots, **options):
+    return Engine(model, slots=slots, max_admissions=slots, max_prompt_tokens=128, max_new_tokens=160, **options)
+
+
+def run(engine, segments, join_at_step=None, joining=()):
+    """Step the engine until every segment is out; ``joining`` segments are added at step ``join_at_step``."""
+    engine.add([segment for segment in segments if segment not in joining])
+    steps = 0
+    while engine.has_work or steps <= (join_at_step or 0):
+        if steps == join_at_step:
+            engine.add(joining)
+        engine.step()
+        steps += 1
+    return [segment.output for segment in segments]
+
+
+def assert_same_outputs(outputs, expected):
+    for row, (output, reference) in enumerate(zip(outputs, expected, strict=True)):
+        assert (output.tokens, output.ended_by) == (reference.tokens, reference.ended_by), row
+        assert torch.equal(output.codes, reference.codes), row
+        torch.testing.assert_close(output.hiddens, reference.hiddens, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("slots", "kv_bucket"),
+    [(8, runner.KV_BUCKET), (8, 32), (2, runner.KV_BUCKET), (1, 32)],
+    ids=["all-at-once", "small-attention-buckets", "two-slots", "one-at-a-time"],
+)
+def test_each_segment_draws_what_the_eager_loop_drew_whatever_its_batch(
+    synthesizer, mixed_segments, slots, kv_bucket, monkeypatch
+):
+    # Small buckets make the attention's window grow several times while a segment runs.
+    monkeypatch.setattr(runner, "KV_BUCKET", kv_bucket)
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    outputs = run(new_engine(synthesizer.model, slots), mixed_segments())
+    assert_same_outputs(outputs, expected)
+    # The mix covers every way a segment can end.
+    assert {output.ended_by for output in expected} >= {"length_rule", "token_limit", "eos"}
+
+
+def test_segments_that_join_mid_flight_draw_what_they_would_alone(synthesizer, mixed_segments):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    segments = mixed_segments()
+    engine = new_engine(synthesizer.model, 8)
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert_same_outputs(outputs, expected)
+
+
+def test_more_segments_than_slots_wait_their_turn_in_arrival_order(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 2)
+    segments = mixed_segments()
+    engine.add(segments)
+    admitted_order = []
+    while engine.has_work:
+        assert engine.running <= 2
+        before = {id(segment) for segment in engine.scheduler.waiting}
+        engine.step()
+        admitted_order += [s for s in segments if id(s) in before and s not in engine.scheduler.waiting]
+    assert [segment.owner for segment in admitted_order] == [0, 1, 2, 3, 4, 5]
+    assert all(segment.output is not None for segment in segments)
+
+
+def test_a_cancelled_segment_keeps_what_it_drew_and_frees_its_slot(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 8)
+    segments = mixed_segments()
+    engine.add(segments)
+    engine.step()
+    engine.step()
+    engine.cancel(lambda segment: segment.owner == 5)
+    left = engine.step()
+    stopped = next(segment for segment in left if segment.owner == 5)
+    # Stopped between steps: it keeps the 2 * SYNC_EVERY + 1 steps drawn by then (prefill + decode steps).
+    assert stopped.output.ended_by == "interrupted"
+    assert stopped.output.tokens == 2 * SYNC_EVERY + 1
+    expected = eager_reference(synthesizer.model, mixed_segments())[5]
+    assert torch.equal(stopped.output.codes, expected.codes[: stopped.output.tokens])
+    assert 5 not in {segment.owner for segment in engine.scheduler.running.values()}
+
+
+def test_a_waiting_segment_that_is_cancelled_never_runs(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 1)
+    segments = mixed_segments()
+    engine.add(segments)
+    dropped = engine.cancel(lambda segment: segment.owner == 3)
+    assert [segment.owner for segment in dropped] == [3]
+    run(engine, [])
+    assert segments[3].output is None and all(s.output is not None for s in segments if s.owner != 3)
+
+
+def test_a_prompt_longer_than_a_slot_fails_alone_naming_the_text(synthesizer, mixed_segments):
+    engine = Engine(synthesizer.model, slots=4, max_admissions=4, max_prompt_tokens=24, max_new_tokens=160)
+    segments = mixed_segments()[:3]
+    run(engine, segments)
+    assert segments[1].error is not None and segments[1].error.field == "text" and segments[1].output is None
+    assert segments[0].output is not None and segments[2].output is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segments, monkeypatch):
+    from worker.model import load_model
+
+    # fp32, so that the graphs' kernels and the eager loop's agree to the last token.
+    model = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
+    monkeypatch.setattr(runner, "KV_BUCKET", 32)  # several buckets, so several graphs
+    expected = eager_reference(model, mixed_segments())
+    segments = mixed_segments()
+    engine = new_engine(model, 8)
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert_same_outputs(outputs, expected)
+    assert len(engine.runner.graphs) > 1

@@ -1,0 +1,220 @@
+"""The engine: segments join and leave the running batch at every step.
+
+``add`` queues segments; each ``step`` admits waiting segments into free slots (their prompts run as
+one prefill pass), runs SYNC_EVERY decode steps for every running slot, then reads which slots
+finished (one small device-to-host copy) and retires them with their output. A segment that arrives
+while others run starts at the next step; one that ends frees its slot for the next.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+
+from chattts_farm.contract import InvalidRequest
+from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, KV_BUCKET, ModelRunner, row_buckets
+from worker.engine.scheduler import Scheduler
+from worker.engine.segment import Segment, SegmentOutput
+from worker.model import LoadedModel
+from worker.sampling import RowSampling
+
+# Decode steps between two looks of the host at the slots: often enough that a new segment starts
+# and a cancelled one stops within a few milliseconds on a GPU, rare enough to keep its queue full.
+SYNC_EVERY = 8
+
+
+class PromptTooLong(InvalidRequest):
+    def __init__(self, tokens: int, limit: int):
+        super().__init__("text", f"a segment's prompt has {tokens} tokens; the engine takes at most {limit}")
+
+
+class Engine:
+    def __init__(
+        self,
+        model: LoadedModel,
+        *,
+        slots: int,
+        max_admissions: int,
+        max_prompt_tokens: int,
+        max_new_tokens: int,
+        kv_dtype: torch.dtype | None = None,
+        capture_graphs: bool = True,
+    ) -> None:
+        self.model = model
+        self.scheduler = Scheduler(slots, max_admissions)
+        self.runner = ModelRunner(
+            model,
+            slots=slots,
+            max_prompt_tokens=max_prompt_tokens,
+            max_new_tokens=max_new_tokens,
+            kv_dtype=kv_dtype,
+            capture_graphs=capture_graphs,
+        )
+        self.row_buckets = row_buckets(slots)
+        self.decode_steps = 0
+        # Per running slot: its prompt's tokens and the decode step it joined at. The host picks each
+        # step's attention bucket from these, without asking the device.
+        self._joined: dict[int, tuple[int, int]] = {}
+        self._deepest_start = 0
+
+    @property
+    def has_work(self) -> bool:
+        return self.scheduler.has_work
+
+    @property
+    def running(self) -> int:
+        return len(self.scheduler.running)
+
+    def add(self, segments: Iterable[Segment]) -> None:
+        for segment in segments:
+            self.scheduler.add(segment)
+
+    def tokens_drawn(self, segment: Segment) -> int:
+        """How many steps a running segment has drawn (at most: it may have ended since the last look)."""
+        if segment.slot is None:
+            return 0
+        return 1 + self.decode_steps - self._joined[segment.slot][1]
+
+    def cancel(self, should_stop: Callable[[Segment], bool]) -> list[Segment]:
+        """Stop matching segments: waiting ones leave now (returned); running ones end at the next step."""
+        running = [slot for slot, segment in self.scheduler.running.items() if should_stop(segment)]
+        if running:
+            self.runner.interrupt(running)
+        return self.scheduler.drop_waiting(should_stop)
+
+    def reset(self) -> list[Segment]:
+        """Drop every segment (after a failed step); returns them."""
+        dropped = self.scheduler.drop_waiting(lambda _: True)
+        if self.scheduler.running:
+            self.runner.interrupt(list(self.scheduler.running))
+        for slot in list(self.scheduler.running):
+            dropped.append(self._retire(slot))
+        return dropped
+
+    @torch.inference_mode()
+    def step(self) -> list[Segment]:
+        """Admit, decode SYNC_EVERY steps, retire; returns the segments that left the engine.
+
+        A segment leaves with its ``output``, or with ``error`` set when it could not run at all.
+        """
+        left = []
+        admitted = self.scheduler.schedule()
+        if admitted:
+            left.extend(self._prefill(admitted))
+        if not self.scheduler.running:
+            return left
+        for _ in range(SYNC_EVERY):
+            self._decode_step()
+        finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
+        for slot in [slot for slot in self.scheduler.running if finished[slot]]:
+            segment = self._retire(slot)
+            codes_and_hiddens = self.runner.output(slot, lengths[slot])
+            segment.output = SegmentOutput(
+                hiddens=codes_and_hiddens[0],
+                codes=codes_and_hiddens[1],
+                tokens=lengths[slot],
+                ended_by=_reason(ended_by[slot], lengths[slot], segment),
+            )
+            left.append(segment)
+        return left
+
+    def _prefill(self, admitted: list[Segment]) -> list[Segment]:
+        chat = self.model.chat
+        device = self.model.device
+        input_ids, attention_mask, text_mask = chat.tokenizer.encode(
+            [segment.prompt for segment in admitted], chat.config.gpt.num_vq, device=device
+        )
+        lengths = attention_mask.sum(dim=1)
+        too_long = [
+            (row, tokens) for row, tokens in enumerate(lengths.tolist()) if tokens > self.runner.max_prompt_tokens
+        ]
+        rejected = []
+        for row, tokens in too_long:
+            segment = admitted[row]
+            segment.error = PromptTooLong(tokens, self.runner.max_prompt_tokens)
+            self.scheduler.retire(segment.slot)
+            rejected.append(segment)
+        if rejected:
+            keep = [row for row in range(len(admitted)) if row not in dict(too_long)]
+            admitted = [admitted[row] for row in keep]
+            if not admitted:
+                return rejected
+            input_ids, text_mask, lengths = input_ids[keep], text_mask[keep], lengths[keep]
+
+        embeddings = _with_speakers(self.model, admitted, input_ids, chat.embed(input_ids, text_mask))
+        # The tokenizer pads on the left; each slot's prompt starts at its column 0.
+        width = embeddings.shape[1]
+        shifted = (torch.arange(width, device=device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
+        embeddings = embeddings.gather(1, shifted.unsqueeze(-1).expand_as(embeddings))
+        longest = int(lengths.max())
+        embeddings = embeddings[:, :longest]
+
+        slots = [segment.slot for segment in admitted]
+        self.runner.prefill(
+            slots,
+            embeddings,
+            lengths,
+            row_sampling(admitted, device),
+            min_tokens=torch.tensor([segment.pinned_tokens or 0 for segment in admitted], device=device),
+            end_at=torch.tensor([segment.end_at for segment in admitted], device=device),
+        )
+        for slot, tokens in zip(slots, lengths.tolist(), strict=True):
+            self._joined[slot] = (tokens, self.decode_steps)
+        self._deepest_start = self._deepest()
+        return rejected
+
+    def _decode_step(self) -> None:
+        rows = self.row_buckets[bisect.bisect_left(self.row_buckets, self.scheduler.rows_in_use)]
+        columns = self._deepest_start + self.decode_steps
+        kv_length = min(self.runner.context, -(-columns // KV_BUCKET) * KV_BUCKET)
+        self.runner.decode_step(rows, kv_length)
+        self.decode_steps += 1
+
+    def _retire(self, slot: int) -> Segment:
+        del self._joined[slot]
+        self._deepest_start = self._deepest()
+        return self.scheduler.retire(slot)
+
+    def _deepest(self) -> int:
+        # After its prefill a slot has drawn step 0: its next decode step attends prompt + 1 columns,
+        # one more at each step after.
+        return max((tokens + 1 - joined for tokens, joined in self._joined.values()), default=0)
+
+
+def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The left-padded prompt embeddings (rows, length, width), each with its speaker, and their mask."""
+    chat = model.chat
+    input_ids, attention_mask, text_mask = chat.tokenizer.encode(
+        [segment.prompt for segment in segments], chat.config.gpt.num_vq, device=model.device
+    )
+    return _with_speakers(model, segments, input_ids, chat.embed(input_ids, text_mask)), attention_mask
+
+
+def _with_speakers(
+    model: LoadedModel, segments: list[Segment], input_ids: torch.Tensor, embeddings: torch.Tensor
+) -> torch.Tensor:
+    """The embeddings with each segment's speaker in its prompt's speaker slot."""
+    speakers = F.normalize(torch.stack([s.speaker.float() for s in segments]).to(model.device), p=2.0, dim=1)
+    is_speaker_slot = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids).unsqueeze(-1)
+    return torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
+
+
+def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:
+    return RowSampling(
+        temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
+        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
+        top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
+        repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
+        seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),
+    )
+
+
+def _reason(code: int, count: int, segment: Segment) -> str:
+    if code == ENDED_BY_EOS:
+        return "eos"
+    if code == INTERRUPTED:
+        return "interrupted"
+    return "length_rule" if count == segment.pinned_tokens else "token_limit"

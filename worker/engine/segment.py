@@ -1,0 +1,62 @@
+"""One segment of a request's text, as the engine runs it."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from chattts_farm.contract import FarmError, SynthesisRequest
+from worker.quality import SegmentQuality
+
+
+class SegmentStatus(enum.Enum):
+    WAITING = "waiting"  # added, waiting for a free slot
+    RUNNING = "running"  # holds a slot, drawing one step per decode step
+    FINISHED = "finished"  # out of the engine, with its output
+
+
+@dataclass(eq=False)
+class Segment:
+    """One piece of a request's text, spoken by one slot of the engine."""
+
+    owner: int  # which request it belongs to, as its submitter numbers them
+    index: int  # its place in that request's text
+    text: str
+    request: SynthesisRequest  # speed and sampling settings
+    speaker: torch.Tensor  # (gpt width,) raw speaker embedding
+    seed: int
+    expected_tokens: int
+    max_tokens: int
+    # The synthetic model's length rule: end after exactly expected_tokens (EOS blocked before).
+    pinned: bool = False
+    status: SegmentStatus = SegmentStatus.WAITING
+    slot: int | None = None
+    output: SegmentOutput | None = None
+    error: FarmError | None = None  # why it could not run, instead of an output
+    attempt: int = 0  # 0, then 1, 2, ... for each regeneration the quality gate asks for
+    samples: np.ndarray | None = None
+    quality: SegmentQuality | None = None
+
+    @property
+    def pinned_tokens(self) -> int | None:
+        return self.expected_tokens if self.pinned else None
+
+    @property
+    def end_at(self) -> int:
+        """How many tokens the segment draws at most."""
+        return min(self.pinned_tokens or self.max_tokens, self.max_tokens)
+
+    @property
+    def prompt(self) -> str:
+        return f"[Stts][spk_emb][speed_{self.request.speed}]{self.text}[Ptts]"
+
+
+@dataclass
+class SegmentOutput:
+    hiddens: torch.Tensor  # (tokens, gpt width) float32: what the vocoder turns into audio
+    codes: torch.Tensor  # (tokens, codebooks) the audio tokens drawn at those steps
+    tokens: int
+    ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
