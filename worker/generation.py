@@ -1,4 +1,4 @@
-"""Batched audio-token generation and decoding on a loaded ChatTTS model.
+"""Batched audio-token generation on a loaded ChatTTS model.
 
 ChatTTS's own ``GPT.generate`` takes one speaker and one set of sampling settings per call. This loop
 runs rows of different requests together: each row gets its own speaker embedding at prefill, its own
@@ -145,30 +145,3 @@ def _reason(code: int, count: int, segment: Segment) -> str:
         return "interrupted"
     assert code == ENDED_BY_LIMIT, "every segment ends within max_steps"
     return "length_rule" if count == segment.pinned_tokens else "token_limit"
-
-
-@torch.inference_mode()
-def decode(model: LoadedModel, hidden_states: list[torch.Tensor], max_rows_per_pass: int) -> list[np.ndarray]:
-    """Turn each row's hidden states into 24 kHz samples.
-
-    Rows are decoded together only with rows of the same length: the decoder and vocoder are
-    convolutional, so zero padding would colour the end of shorter rows.
-    """
-    chat = model.chat
-    samples: list[np.ndarray | None] = [None] * len(hidden_states)
-    by_length: dict[int, list[int]] = {}
-    for index, states in enumerate(hidden_states):
-        by_length.setdefault(states.shape[0], []).append(index)
-    for length, indices in by_length.items():
-        for start in range(0, len(indices), max_rows_per_pass):
-            chunk = indices[start : start + max_rows_per_pass]
-            if length == 0:
-                for index in chunk:
-                    samples[index] = np.zeros(0, dtype=np.float32)
-                continue
-            batch = torch.stack([hidden_states[i] for i in chunk]).permute(0, 2, 1).contiguous()
-            mel = chat.decoder(batch)
-            audio = chat.vocos.decode(mel).float().cpu().numpy()
-            for row, index in enumerate(chunk):
-                samples[index] = audio[row]
-    return samples

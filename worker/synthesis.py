@@ -31,6 +31,7 @@ from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
 from worker import audio, generation, quality, voices
+from worker.engine.vocoder import Vocoder
 from worker.generation import Segment
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.sampling import segment_seed
@@ -86,6 +87,7 @@ class Synthesizer:
     def __init__(self, model: LoadedModel, settings: Settings):
         self.model = model
         self.settings = settings
+        self.vocoder = Vocoder(model, settings.max_rows_per_pass)
 
     @classmethod
     def load(cls, settings: Settings, *, progress: Callable[[str, int, int], None] | None = None) -> Synthesizer:
@@ -262,7 +264,7 @@ class Synthesizer:
                 tracker.finished(segment)
 
     def _decode_and_assess(self, segments: list[Segment], retried: bool) -> None:
-        decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_rows_per_pass)
+        decoded = self.vocoder.decode([s.output.hiddens for s in segments])
         for segment, samples in zip(segments, decoded, strict=True):
             segment.samples = samples
             segment.quality = quality.assess(

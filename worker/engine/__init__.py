@@ -1,1 +1,1 @@
-"""The GPT's inference engine: fixed-shape decode state that a CUDA graph can replay."""
+"""The inference engine: fixed-shape GPT decode state that a CUDA graph can replay, and the windowed vocoder."""
