@@ -32,11 +32,12 @@ from chattts_farm.contract import (
 from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
-from worker import audio, generation, quality, voices
+from worker import audio, quality, voices
 from worker.engine.engine import Engine
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.segment import SegmentStatus as Status
+from worker.engine.vocoder import Vocoder
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.sampling import segment_seed
 from worker.segmenting import split_segments
@@ -122,6 +123,7 @@ class Synthesizer:
             max_prompt_tokens=max_prompt_tokens(settings),
             max_new_tokens=settings.max_new_tokens,
         )
+        self.vocoder = Vocoder(model, settings.max_rows_per_pass)
         self.in_flight: dict[int, RequestInFlight] = {}
         self._numbers = itertools.count()
 
@@ -317,7 +319,7 @@ class Synthesizer:
 
     def _decode_and_assess(self, segments: list[Segment]) -> None:
         started = time.perf_counter()
-        decoded = generation.decode(self.model, [s.output.hiddens for s in segments], self.settings.max_rows_per_pass)
+        decoded = self.vocoder.decode([s.output.hiddens for s in segments])
         elapsed = time.perf_counter() - started
         for segment, samples in zip(segments, decoded, strict=True):
             segment.samples = samples

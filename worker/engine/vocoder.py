@@ -1,0 +1,128 @@
+"""GPT hidden states to 24 kHz audio: rows of any lengths share batches, each decoded exactly as alone.
+
+ChatTTS's Decoder (a DVAE decoder that reads each hidden state as two mel frames) and Vocos are
+convolutional and pad every layer with zeros, so zero-padding a short row to a long one's length
+changes the short row's end. Instead each row (its hidden states, one frame per GPT step) is cut into
+windows of one fixed length that overlap by the receptive field of both networks: of a window's
+output only the frames that do not see its edges are kept, except at the row's own start and end,
+where the windows are aligned to the row so that the padding there is the padding the row sees
+alone. The windows of all rows then share batches. A row no longer than a window is decoded whole,
+with the rows of exactly its length.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from worker.model import LoadedModel
+
+# A window is this many receptive fields long, so half of it is kept and each frame is decoded about
+# twice. Longer windows waste less, but leave more rows shorter than a window, which batch only with
+# rows of their exact length.
+WINDOW_CONTEXTS = 4
+
+
+@dataclass(frozen=True)
+class Window:
+    """Frames [start, stop) of a row are decoded together; the output of frames [keep_start, keep_stop) is kept."""
+
+    start: int
+    stop: int
+    keep_start: int
+    keep_stop: int
+
+
+def plan_windows(frames: int, size: int, context: int) -> list[Window]:
+    """The windows of a row of ``frames`` frames, in order; their kept ranges cover every frame once.
+
+    Every window is ``size`` frames long, but a row of at most ``size`` frames is one window of its
+    own. A kept frame is at least ``context`` frames from each edge of its window that is not an edge
+    of the row.
+    """
+    if size <= 2 * context:
+        raise ValueError(f"a window of {size} frames keeps nothing with {context} frames of context each side")
+    if frames <= size:
+        return [Window(0, frames, 0, frames)] if frames else []
+    windows = [Window(0, size, 0, size - context)]
+    while windows[-1].keep_stop < frames:
+        keep_start = windows[-1].keep_stop
+        start = keep_start - context
+        if start + size >= frames:
+            windows.append(Window(frames - size, frames, keep_start, frames))
+        else:
+            windows.append(Window(start, start + size, keep_start, start + size - context))
+    return windows
+
+
+class Vocoder:
+    """Decodes rows of hidden states in batches of at most ``max_windows_per_batch`` windows."""
+
+    def __init__(self, model: LoadedModel, max_windows_per_batch: int):
+        chat = model.chat
+        self.decoder = chat.decoder
+        self.vocos = chat.vocos
+        self.max_windows_per_batch = max_windows_per_batch
+        istft = chat.vocos.head.istft
+        # DVAE.forward splits each hidden state's channels into two halves, two mel frames in a row.
+        mel_frames_per_frame = chat.config.gpt.hidden_size // chat.config.decoder.idim
+        self.samples_per_frame = mel_frames_per_frame * istft.hop_length
+        # A sample overlaps the windows of the STFT frames within half a window of it.
+        istft_reach = math.ceil(istft.win_length / 2 / istft.hop_length)
+        mel_reach = _conv_reach([chat.decoder.decoder, chat.decoder.out_conv, chat.vocos.backbone]) + istft_reach
+        self.context_frames = math.ceil(mel_reach / mel_frames_per_frame)
+        self.window_frames = WINDOW_CONTEXTS * self.context_frames
+
+    def plan(self, frames: int) -> list[Window]:
+        return plan_windows(frames, self.window_frames, self.context_frames)
+
+    @torch.inference_mode()
+    def decode(self, hidden_states: list[torch.Tensor]) -> list[np.ndarray]:
+        """Each row's (frames, width) hidden states as float32 samples, equal to ChatTTS decoding the row alone."""
+        plans = [self.plan(states.shape[0]) for states in hidden_states]
+        by_length: dict[int, list[tuple[int, int, Window]]] = {}  # window length -> (row, place in its plan, window)
+        for row, plan in enumerate(plans):
+            for index, window in enumerate(plan):
+                by_length.setdefault(window.stop - window.start, []).append((row, index, window))
+
+        pieces: list[list[np.ndarray | None]] = [[None] * len(plan) for plan in plans]
+        for windows in by_length.values():
+            for first in range(0, len(windows), self.max_windows_per_batch):
+                batch = windows[first : first + self.max_windows_per_batch]
+                audio = self._decode_windows(
+                    [hidden_states[row][window.start : window.stop] for row, _, window in batch]
+                )
+                for (row, index, window), samples in zip(batch, audio, strict=True):
+                    # The ISTFT may give a row fewer samples than its frames' share (ChatTTS's
+                    # centred one gives a hop fewer); so does the row's last window, and the slice
+                    # stops at its end.
+                    keep_from = (window.keep_start - window.start) * self.samples_per_frame
+                    keep_to = (window.keep_stop - window.start) * self.samples_per_frame
+                    pieces[row][index] = samples[keep_from:keep_to]
+        return [np.concatenate(row_pieces) if row_pieces else np.zeros(0, dtype=np.float32) for row_pieces in pieces]
+
+    def _decode_windows(self, windows: list[torch.Tensor]) -> np.ndarray:
+        """Windows of equal length, (frames, width) each, as (windows, samples); as ChatTTS's _decode_to_wavs."""
+        batch = torch.stack(windows).transpose(1, 2).contiguous()  # (windows, width, frames)
+        return self.vocos.decode(self.decoder(batch)).float().cpu().numpy()
+
+
+def _conv_reach(modules: Iterable[nn.Module]) -> int:
+    """How many frames to each side one output frame reads, through every stride-1 Conv1d of the modules.
+
+    Summing is exact for convolutions applied one after the other, as in these ConvNeXt stacks (a
+    residual branch holds one convolution), and an upper bound otherwise.
+    """
+    reach = 0
+    for module in modules:
+        for conv in module.modules():
+            if isinstance(conv, nn.Conv1d):
+                assert conv.stride == (1,), f"{conv} changes the frame rate"
+                (kernel,), (dilation,), (padding,) = conv.kernel_size, conv.dilation, conv.padding
+                reach += max(padding, dilation * (kernel - 1) - padding)
+    return reach
