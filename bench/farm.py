@@ -18,6 +18,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from celery import Celery
@@ -26,31 +28,55 @@ from chattts_farm.contract import TASK_NAME
 from cli.local_services import free_port, start_redis_server
 
 TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
+WORKERS_START_TIMEOUT_S = 600
+
+
+@contextmanager
+def bench_redis(workdir: Path, server: str | None) -> Iterator[str]:
+    """A redis-server of its own without persistence, in ``workdir``: its URL; stopped on exit."""
+    port = free_port()
+    process = start_redis_server(port, workdir, "--save", "", "--appendonly", "no", server=server)
+    try:
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@contextmanager
+def running_workers(client: Celery, placement: list[str], settings: dict[str, str], log: Path) -> Iterator[None]:
+    """`chattts-farm worker PLACEMENT` (``--cpu N`` or ``--gpus 0,1``) with ``settings`` (CHATTTS_FARM_*
+    variables) added to the environment, logging to ``log``, once every worker answers ``client``'s ping;
+    stopped on exit, warm (each worker finishes its batch)."""
+    workers = int(placement[1]) if placement[0] == "--cpu" else len(placement[1].split(","))
+    with log.open("w") as handle:
+        supervisor = subprocess.Popen(
+            [sys.executable, "-m", "cli", "worker", *placement],
+            env={**os.environ, **settings},
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + WORKERS_START_TIMEOUT_S
+        while len(client.control.ping(timeout=1.0)) < workers:
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not start; see {log}")
+        yield
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        supervisor.wait(timeout=300)
 
 
 def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, max_rows_per_pass: int, log: Path) -> dict:
-    environment = {
-        **os.environ,
+    settings = {
         "CHATTTS_FARM_REDIS_URL": redis_url,
         "CHATTTS_FARM_MODEL": arguments.model,
         "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max_jobs_in_flight),
         "CHATTTS_FARM_MAX_ROWS_PER_PASS": str(max_rows_per_pass),
     }
     placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
-    with log.open("w") as handle:
-        supervisor = subprocess.Popen(
-            [sys.executable, "-m", "cli", "worker", *placement],
-            env=environment,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-        )
     client = Celery(broker=redis_url, backend=redis_url)
-    workers = arguments.cpu or len(arguments.gpus.split(","))
-    try:
-        deadline = time.monotonic() + 600
-        while len(client.control.ping(timeout=1.0)) < workers:
-            if supervisor.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"workers did not start; see {log}")
+    with running_workers(client, placement, settings, log):
         # Warm-up: one batch's worth, so the measured run meets warm kernels.
         for result in [
             client.send_task(TASK_NAME, kwargs={"text": TEXT, "voice": i}) for i in range(max_jobs_in_flight)
@@ -62,9 +88,6 @@ def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, max_
         ]
         outputs = [result.get(timeout=3600) for result in results]
         wall = time.perf_counter() - started
-    finally:
-        supervisor.send_signal(signal.SIGTERM)
-        supervisor.wait(timeout=300)
     audio = sum(output["duration_s"] for output in outputs)
     return {
         "max_jobs_in_flight": max_jobs_in_flight,
@@ -99,12 +122,7 @@ def main() -> None:
 
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    redis_port = free_port()
-    redis_process = start_redis_server(
-        redis_port, workdir, "--save", "", "--appendonly", "no", server=arguments.redis_server
-    )
-    redis_url = f"redis://127.0.0.1:{redis_port}/0"
-    try:
+    with bench_redis(workdir, arguments.redis_server) as redis_url:
         rows = [
             run_farm(
                 arguments,
@@ -116,8 +134,6 @@ def main() -> None:
             ),
             run_farm(arguments, redis_url, arguments.unbatched_jobs or arguments.jobs, 1, 1, workdir / "unbatched.log"),
         ]
-    finally:
-        redis_process.terminate()
     model = rows[0]["model"]
     print(
         f"\nmodel {model['source']} on {model['device']} ({model['dtype']}), "

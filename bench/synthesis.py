@@ -1,6 +1,9 @@
 """Benchmark the synthesis core: serial vs batched, against stock ChatTTS, on one model and device.
 
-    python bench/synthesis.py --model synthetic-full --batches 1,8,32,128 --serial 4 --stock 2
+    python -m bench.synthesis --model synthetic-full --batches 1,8,32,128 --serial 4 --stock 2
+
+Run it from the repository root (``bench`` is not an installed package; ``python -m`` puts the root on
+the path, or set ``PYTHONPATH``).
 
 Every request speaks a text the synthetic length rule turns into ``--tokens`` audio tokens, so all
 rows of a batch run the same number of GPT steps (random weights never end on their own; stock
@@ -22,14 +25,11 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
+from bench.workload import stock_infer, text_for_tokens  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import expected_tokens  # noqa: E402
-from worker.model import SAMPLE_RATE  # noqa: E402
 from worker.synthesis import Synthesizer  # noqa: E402
-from worker.voices import embedding_for_seed  # noqa: E402
-
-WORDS = ["farm", "batch", "voice", "speech", "queue", "worker", "model", "token", "audio", "sample", "steady", "clear"]
 
 
 @dataclass
@@ -54,16 +54,6 @@ class Measurement:
     @property
     def gpt_ms_per_step(self) -> float | None:
         return None if self.generate_s is None else 1000 * self.generate_s / self.steps
-
-
-def text_for_tokens(tokens: int, variant: int) -> str:
-    """An English text the length rule reads as (close to) ``tokens`` tokens; variants differ in words."""
-    words = []
-    index = variant
-    while expected_tokens(" ".join(words), 5) < tokens:
-        words.append(WORDS[index % len(WORDS)])
-        index += 1
-    return " ".join(words) + "."
 
 
 def synchronize(device: torch.device) -> None:
@@ -107,23 +97,8 @@ def run_farm_serially(synthesizer: Synthesizer, requests: list[SynthesisRequest]
 
 def run_stock(synthesizer: Synthesizer, count: int, tokens: int) -> tuple[float, None]:
     """Stock ChatTTS: one ``Chat.infer`` call per request, as its own web UI and API run it."""
-    import ChatTTS
-
-    chat = synthesizer.model.chat
-    audio_s = 0.0
-    for i in range(count):
-        params = ChatTTS.Chat.InferCodeParams(
-            spk_emb=embedding_for_seed(chat.speaker, 1000 + i),
-            min_new_token=tokens,
-            max_new_token=tokens,
-            show_tqdm=False,
-            manual_seed=i,
-        )
-        wavs = chat.infer(
-            [text_for_tokens(tokens, i)], skip_refine_text=True, split_text=False, params_infer_code=params
-        )
-        audio_s += len(wavs[0]) / SAMPLE_RATE
-    return audio_s, None
+    requests = [SynthesisRequest(text=text_for_tokens(tokens, i), voice=1000 + i, seed=i) for i in range(count)]
+    return sum(stock_infer(synthesizer.model.chat, request, tokens) for request in requests), None
 
 
 def main() -> None:

@@ -1,0 +1,497 @@
+"""The standard workload, run every way the farm can serve it, side by side in one process on one device.
+
+    python -m bench.standard --model synthetic-full --device cuda --jobs 512 --stock 2 --soak-s 600 \\
+        --json standard.json
+    python -m bench.standard --model synthetic-tiny --device cpu --jobs 6 --stock 1 --soak-s 5 \\
+        --soak-every-s 1 --seconds 1-2
+
+From the repository root (``bench`` is not an installed package; ``python -m`` puts the root on the path).
+
+The workload (:func:`bench.workload.standard_requests`): ``--jobs`` requests, all submitted at once,
+in mixed voices, each one sentence whose speech lasts a duration drawn uniformly from ``--seconds``
+(5-15 s: a mean of 10 s, ~470 tokens) from a fixed seed, with fixed audio seeds. The synthetic
+length rule gives each text its length. 15 s of speech takes ~290 characters, past the default
+``max_segment_chars`` (120): this bench sets it to 400 (engine and workers alike), so every text
+stays one segment. Quality retries are off, as in ``bench/synthesis.py``.
+
+Modes, in this order:
+
+- ``engine, batch 1``: one request of the mean length alone (its RTF, wall over audio, is printed);
+- ``engine alone``: ``Synthesizer.synthesize`` on the whole workload at once, up to ``--rows-per-pass``
+  rows a pass; a job's latency runs from the call to the moment ``on_progress`` reports it done;
+- ``stock ChatTTS, serial``: the first ``--stock`` requests, one ``Chat.infer`` each, on the same
+  loaded model (lengths pinned for random weights); a job's latency runs from the start of the mode;
+- ``engine soak``: ``--soak-s`` seconds of workloads (a new draw each call) through the engine, the
+  GPU memory sampled every ``--soak-every-s`` seconds in a table of its own; latency as in
+  ``engine alone``, from each job's call;
+- ``farm (Redis + Celery)``: after the engine's model is freed, a redis-server and a
+  ``chattts-farm worker`` of their own, every job sent at once by a Celery client (the worker holds
+  them all in flight); a job's latency runs from its submit to its result.
+
+Each mode is warmed up first, untimed, with a workload drawn from another seed. Peak memory is
+``torch.cuda.memory_stats``' peak allocated and reserved (in the workers' process for the farm, as
+its results report them), fragmentation is 1 - peak allocated / peak reserved, and segments is the
+allocator's peak count of segments (``segment.all``); on the CPU there are none ("-"). Prints one
+Markdown table of every mode last, then the soak's table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from worker.cuda import configure_allocator
+
+configure_allocator()
+
+import torch  # noqa: E402 - the allocator setting must come first
+from celery import Celery  # noqa: E402
+from celery.result import ResultSet  # noqa: E402
+
+from bench.farm import bench_redis, running_workers  # noqa: E402
+from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
+from chattts_farm.celery_client import create_celery  # noqa: E402
+from chattts_farm.contract import TASK_NAME, SynthesisRequest  # noqa: E402
+from chattts_farm.settings import Settings  # noqa: E402
+from chattts_farm.speech_length import expected_tokens  # noqa: E402
+from worker.synthesis import Synthesizer  # noqa: E402
+
+WORKLOAD_SEED = 0
+WARM_UP_SEED = 1
+SOAK_SEED = 1000  # the soak's n-th call draws seed SOAK_SEED + n
+FARM_TIMEOUT_S = 3600
+MIB = 2**20
+
+
+@dataclass
+class Memory:
+    allocated_mib: float
+    reserved_mib: float
+    segments: int | None  # the allocator's segments; the farm's results do not report them
+
+    @property
+    def fragmentation(self) -> float:
+        return 1 - self.allocated_mib / self.reserved_mib if self.reserved_mib else 0.0
+
+    @classmethod
+    def of(cls, device: torch.device, which: str) -> Memory | None:
+        """The allocator's ``current`` or ``peak`` figures on ``device``; None off CUDA."""
+        if device.type != "cuda":
+            return None
+        stats = torch.cuda.memory_stats(device)
+        return cls(
+            stats.get(f"allocated_bytes.all.{which}", 0) / MIB,
+            stats.get(f"reserved_bytes.all.{which}", 0) / MIB,
+            stats.get(f"segment.all.{which}", 0),
+        )
+
+    @classmethod
+    def highest(cls, memories: list[Memory | None]) -> Memory | None:
+        known = [m for m in memories if m is not None]
+        if not known:
+            return None
+        segments = [m.segments for m in known if m.segments is not None]
+        return cls(
+            max(m.allocated_mib for m in known),
+            max(m.reserved_mib for m in known),
+            max(segments) if segments else None,
+        )
+
+
+@dataclass
+class ModeResult:
+    mode: str
+    jobs: int
+    done: int
+    audio_s: float
+    wall_s: float
+    latencies_s: list[float] = field(repr=False)  # of the jobs done
+    memory: Memory | None
+
+    @property
+    def audio_per_wall(self) -> float:
+        return self.audio_s / self.wall_s
+
+    def latency(self, fraction: float) -> float | None:
+        return percentile(self.latencies_s, fraction)
+
+    def as_dict(self) -> dict:
+        figures = asdict(self)
+        del figures["latencies_s"]
+        return {
+            **figures,
+            "audio_per_wall": self.audio_per_wall,
+            "rtf": self.wall_s / self.audio_s if self.audio_s else None,
+            "p50_latency_s": self.latency(0.5),
+            "p95_latency_s": self.latency(0.95),
+            "max_latency_s": max(self.latencies_s, default=None),
+            "fragmentation": None if self.memory is None else self.memory.fragmentation,
+        }
+
+
+@dataclass
+class Finished:
+    """One job of a timed run: when it was submitted and done, and its audio seconds (None when it failed)."""
+
+    submitted: float
+    at: float
+    audio_s: float | None
+
+
+@dataclass
+class SoakSample:
+    t_s: float  # since the soak began
+    memory: Memory | None
+    audio_per_wall: float | None  # in the interval since the sample before
+
+
+def progress(message: str) -> None:
+    """A line on stderr as each part begins, so a long run shows where it is."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Linear interpolation between the closest ranks; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def synthesize_timed(synthesizer: Synthesizer, requests: list[SynthesisRequest]) -> tuple[float, list[Finished]]:
+    """One synthesize call: when it began, and each request's end.
+
+    A request ends when ``on_progress`` reports it done (fraction 1.0), or, where the engine reports
+    no request before the call returns, when the call returns.
+    """
+    done_at: dict[int, float] = {}
+
+    def on_progress(index: int, fraction: float, done: int, total: int) -> None:
+        if fraction >= 1.0:
+            done_at.setdefault(index, time.perf_counter())
+
+    started = time.perf_counter()
+    outcomes = synthesizer.synthesize(requests, on_progress=on_progress)
+    synchronize(synthesizer.model.device)
+    returned = time.perf_counter()
+    return started, [
+        Finished(started, done_at.get(index, returned), None if isinstance(outcome, Exception) else outcome.duration_s)
+        for index, outcome in enumerate(outcomes)
+    ]
+
+
+def mode_result(mode: str, started: float, ended: float, finished: list[Finished], memory: Memory | None) -> ModeResult:
+    done = [f for f in finished if f.audio_s is not None]
+    return ModeResult(
+        mode,
+        jobs=len(finished),
+        done=len(done),
+        audio_s=sum(f.audio_s for f in done),
+        wall_s=ended - started,
+        latencies_s=[f.at - f.submitted for f in done],
+        memory=memory,
+    )
+
+
+def run_engine(synthesizer: Synthesizer, mode: str, requests: list[SynthesisRequest]) -> ModeResult:
+    """The workload in one synthesize call (which resets the peak memory figures itself)."""
+    started, finished = synthesize_timed(synthesizer, requests)
+    return mode_result(mode, started, time.perf_counter(), finished, Memory.of(synthesizer.model.device, "peak"))
+
+
+def run_stock(synthesizer: Synthesizer, requests: list[SynthesisRequest]) -> ModeResult:
+    """Stock ChatTTS serving the requests one after another, all of them waiting from the start."""
+    model = synthesizer.model
+
+    def pinned(request: SynthesisRequest) -> int | None:
+        return expected_tokens(request.text, request.speed) if model.is_synthetic else None
+
+    stock_infer(model.chat, requests[0], pinned(requests[0]))  # its own warm-up
+    synchronize(model.device)
+    if model.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(model.device)
+    started = time.perf_counter()
+    finished = []
+    for request in requests:
+        audio_s = stock_infer(model.chat, request, pinned(request))
+        synchronize(model.device)
+        finished.append(Finished(started, time.perf_counter(), audio_s))
+    return mode_result("stock ChatTTS, serial", started, time.perf_counter(), finished, Memory.of(model.device, "peak"))
+
+
+class MemorySampler:
+    """Samples the allocator's current figures every ``every_s`` seconds from a thread, while in use."""
+
+    def __init__(self, device: torch.device, every_s: float):
+        self.device = device
+        self.every_s = every_s
+        self.samples: list[tuple[float, Memory | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-sampler", daemon=True)
+
+    def __enter__(self) -> MemorySampler:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exception) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self._sample()
+
+    def _sample(self) -> None:
+        self.samples.append((time.perf_counter(), Memory.of(self.device, "current")))
+
+
+def run_soak(
+    synthesizer: Synthesizer, jobs: int, seconds: tuple[float, float], soak_s: float, every_s: float
+) -> tuple[ModeResult, list[SoakSample]]:
+    """Workloads through the engine, one call after another, for ``soak_s`` seconds (the last call ends)."""
+    device = synthesizer.model.device
+    finished: list[Finished] = []
+    peaks: list[Memory | None] = []
+    with MemorySampler(device, every_s) as sampler:
+        started = sampler.samples[0][0]
+        call = 0
+        while time.perf_counter() - started < soak_s:
+            requests = standard_requests(jobs, seed=SOAK_SEED + call, seconds=seconds)
+            finished.extend(synthesize_timed(synthesizer, requests)[1])
+            peaks.append(Memory.of(device, "peak"))  # of this call: each call resets the peaks
+            call += 1
+    result = mode_result("engine soak", started, sampler.samples[-1][0], finished, Memory.highest(peaks))
+    series = [SoakSample(0.0, sampler.samples[0][1], None)]
+    for (before, _), (at, memory) in zip(sampler.samples, sampler.samples[1:], strict=False):
+        audio_s = sum(f.audio_s for f in finished if f.audio_s is not None and before < f.at <= at)
+        series.append(SoakSample(at - started, memory, audio_s / (at - before) if at > before else None))
+    return result, series
+
+
+def run_farm(
+    arguments: argparse.Namespace,
+    device: torch.device,
+    warm_up: list[SynthesisRequest],
+    requests: list[SynthesisRequest],
+) -> ModeResult:
+    """The workload through Redis and a `chattts-farm worker` of its own on the same device."""
+    placement = ["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"]
+    workdir = Path(arguments.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    with bench_redis(workdir, arguments.redis_server) as redis_url:
+        client = create_celery(Settings.from_env(redis_url=redis_url))
+        settings = {
+            "CHATTTS_FARM_REDIS_URL": redis_url,
+            "CHATTTS_FARM_MODEL": arguments.model,
+            "CHATTTS_FARM_DEVICE": device.type,  # the supervisor pins each worker to its GPU
+            "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max(len(requests), len(warm_up))),
+            "CHATTTS_FARM_MAX_ROWS_PER_PASS": str(arguments.rows_per_pass),
+            "CHATTTS_FARM_MAX_SEGMENT_CHARS": str(STANDARD_SEGMENT_CHARS),
+            "CHATTTS_FARM_QUALITY_RETRIES": "0",
+        }
+        progress(f"farm: starting a worker ({' '.join(placement)}); its log: {workdir / 'standard-worker.log'}")
+        with running_workers(client, placement, settings, workdir / "standard-worker.log"):
+            progress("farm: warming up")
+            through_farm(client, warm_up)
+            progress("farm: the workload")
+            return through_farm(client, requests)
+
+
+def gpu_number(device: torch.device) -> str:
+    """The number `chattts-farm worker --gpus` knows this process's CUDA device by (nvidia-smi's)."""
+    index = device.index or 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return visible.split(",")[index].strip() if visible else str(index)
+
+
+def through_farm(client: Celery, requests: list[SynthesisRequest]) -> ModeResult:
+    """Send every request at once, then take each result as it comes."""
+    submitted: dict[str, float] = {}
+    results = []
+    started = time.perf_counter()
+    for request in requests:
+        result = client.send_task(TASK_NAME, kwargs=request.as_arguments())
+        submitted[result.id] = time.perf_counter()
+        results.append(result)
+    finished: list[Finished] = []
+    memories: list[Memory | None] = []
+
+    def on_result(task_id: str, value) -> None:
+        if not isinstance(value, dict):  # a failed job: its exception
+            finished.append(Finished(submitted[task_id], time.perf_counter(), None))
+            return
+        finished.append(Finished(submitted[task_id], time.perf_counter(), value["duration_s"]))
+        memory = value["memory"]
+        if memory:
+            memories.append(Memory(memory["peak_allocated_mb"], memory["peak_reserved_mb"], None))
+
+    ResultSet(results).join_native(timeout=FARM_TIMEOUT_S, callback=on_result, propagate=False)
+    return mode_result("farm (Redis + Celery)", started, time.perf_counter(), finished, Memory.highest(memories))
+
+
+def seconds_range(text: str) -> tuple[float, float]:
+    low, _, high = text.partition("-")
+    bounds = (float(low), float(high or low))
+    if not 0 < bounds[0] <= bounds[1]:
+        raise argparse.ArgumentTypeError(f"{text!r}: want LOW-HIGH seconds, 0 < LOW <= HIGH")
+    return bounds
+
+
+def cell(value: float | int | None, digits: int) -> str:
+    if value is None:
+        return "-"
+    return str(value) if isinstance(value, int) else f"{value:.{digits}f}"
+
+
+def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
+    print(
+        "| mode | jobs | done | audio s | wall s | audio-s/s | p50 latency s | p95 latency s "
+        "| peak alloc MiB | peak reserved MiB | fragmentation | segments |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        m = r.memory
+        cells = (
+            r.mode,
+            r.jobs,
+            r.done,
+            cell(r.audio_s, 1),
+            cell(r.wall_s, 2),
+            cell(r.audio_per_wall, 1),
+            cell(r.latency(0.5), 2),
+            cell(r.latency(0.95), 2),
+            cell(m and m.allocated_mib, 0),
+            cell(m and m.reserved_mib, 0),
+            cell(m and m.fragmentation, 3),
+            cell(m and m.segments, 0),
+        )
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+    for r in results:
+        if r.mode == "engine, batch 1" and r.audio_s:
+            print(f"\nbatch 1: RTF {r.wall_s / r.audio_s:.3f} (wall s over audio s)")
+    if soak:
+        print(
+            "\nsoak: the allocator's current figures at each sample; audio-s/s of the jobs done since the one before\n"
+        )
+        print("| t s | allocated MiB | reserved MiB | fragmentation | segments | audio-s/s |")
+        print("|---:|---:|---:|---:|---:|---:|")
+        for s in soak:
+            m = s.memory
+            cells = (
+                cell(s.t_s, 1),
+                cell(m and m.allocated_mib, 0),
+                cell(m and m.reserved_mib, 0),
+                cell(m and m.fragmentation, 3),
+                cell(m and m.segments, 0),
+                cell(s.audio_per_wall, 1),
+            )
+            print("| " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="synthetic-full")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--jobs", type=int, default=512, help="Jobs of the workload, all submitted at once.")
+    parser.add_argument("--rows-per-pass", type=int, default=512, help="Most rows one GPT pass runs.")
+    parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
+    parser.add_argument("--stock", type=int, default=2, help="Jobs through stock ChatTTS, serially.")
+    parser.add_argument("--skip-stock", action="store_true")
+    parser.add_argument("--skip-farm", action="store_true")
+    parser.add_argument("--soak-s", type=float, default=0, help="Seconds of soak through the engine (0: none).")
+    parser.add_argument("--soak-every-s", type=float, default=30, help="Seconds between the soak's samples.")
+    parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
+    parser.add_argument("--workdir", default="var/bench", help="Where Redis and the worker log go.")
+    parser.add_argument("--json", help="Also write every figure to this file.")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+
+    settings = Settings.from_env(
+        model=arguments.model,
+        device=arguments.device,
+        max_rows_per_pass=arguments.rows_per_pass,
+        max_segment_chars=STANDARD_SEGMENT_CHARS,
+        quality_retries=0,
+    )
+    progress(f"loading {arguments.model}")
+    synthesizer = Synthesizer.load(settings)
+    info = synthesizer.model.info
+    device = synthesizer.model.device
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    seconds = arguments.seconds
+    workload = standard_requests(arguments.jobs, seed=WORKLOAD_SEED, seconds=seconds)
+    warm_up = standard_requests(arguments.jobs, seed=WARM_UP_SEED, seconds=seconds)
+    mean = (seconds[0] + seconds[1]) / 2
+    alone = standard_requests(1, seed=WORKLOAD_SEED, seconds=(mean, mean))
+
+    results: list[ModeResult] = []
+    soak: list[SoakSample] = []
+    progress("engine: warming up")
+    synthesize_timed(synthesizer, warm_up)
+    synthesize_timed(synthesizer, alone)
+    progress("engine: batch 1")
+    results.append(run_engine(synthesizer, "engine, batch 1", alone))
+    progress("engine: the workload")
+    results.append(run_engine(synthesizer, "engine alone", workload))
+    if arguments.stock and not arguments.skip_stock:
+        progress("stock ChatTTS")
+        results.append(run_stock(synthesizer, workload[: arguments.stock]))
+    if arguments.soak_s > 0:
+        progress(f"engine: soak for {arguments.soak_s:g} s")
+        soak_result, soak = run_soak(synthesizer, arguments.jobs, seconds, arguments.soak_s, arguments.soak_every_s)
+        results.append(soak_result)
+    # The workers load a model of their own on the same device: free this one first.
+    del synthesizer
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        progress(f"engine freed: {torch.cuda.memory_reserved(device) / MIB:.0f} MiB still reserved here")
+    if not arguments.skip_farm:
+        results.append(run_farm(arguments, device, warm_up, workload))
+
+    print(
+        f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
+        f"GPT dtype {info.dtype}, torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s "
+        f"of speech, {sum(expected_tokens(r.text, r.speed) for r in workload) / max(len(workload), 1):.0f} "
+        f"tokens a job on average, up to {arguments.rows_per_pass} rows a pass\n"
+    )
+    print_tables(results, soak)
+    if arguments.json:
+        with open(arguments.json, "w") as handle:
+            json.dump(
+                {
+                    "model": info.as_dict(),
+                    "gpu": gpu,
+                    "torch": torch.__version__,
+                    "arguments": {k: v for k, v in vars(arguments).items() if k != "json"},
+                    "results": [r.as_dict() for r in results],
+                    "soak": [asdict(s) for s in soak],
+                },
+                handle,
+                indent=2,
+            )
+
+
+if __name__ == "__main__":
+    main()
