@@ -3,11 +3,15 @@
 import os
 from pathlib import Path
 
-import pytest
+# One math thread per process: the test process and the worker processes it starts share a small
+# machine, and torch's threads (one per core each) fighting over it make tiny models 10-100x slower.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from chattts_farm.settings import Settings
-from cli.local_services import free_port, start_redis_server
-from tests.support import Workers
+import pytest  # noqa: E402
+
+from chattts_farm.settings import Settings  # noqa: E402
+from cli.local_services import free_port, start_redis_server  # noqa: E402
+from tests.support import Workers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
