@@ -78,6 +78,12 @@ class Settings:
         minimum=0,
         role="worker",
     )
+    kv_dtype: str = _setting(
+        "model",
+        "the KV cache's dtype: `model` (the GPT's own: bf16 on CUDA) or `fp8` (e4m3, half the memory)",
+        choices=("model", "fp8"),
+        role="worker",
+    )
     max_rows_per_pass: int = _setting(
         64,
         "most segments one prefill, refine-text or vocoder pass takes",

@@ -122,6 +122,7 @@ class Synthesizer:
             max_admissions=settings.max_rows_per_pass,
             max_prompt_tokens=max_prompt_tokens(settings),
             max_new_tokens=settings.max_new_tokens,
+            kv_dtype=kv_dtype(settings),
         )
         self.vocoder = Vocoder(model, settings.max_rows_per_pass)
         self.in_flight: dict[int, RequestInFlight] = {}
@@ -407,6 +408,11 @@ def max_prompt_tokens(settings: Settings) -> int:
     return max(settings.max_segment_chars, 384) + 16
 
 
+def kv_dtype(settings: Settings) -> torch.dtype | None:
+    """The KV cache's dtype when it is not the model's own."""
+    return torch.float8_e4m3fn if settings.kv_dtype == "fp8" else None
+
+
 def engine_slots(model: LoadedModel, settings: Settings) -> int:
     """How many segments the engine runs at once: the setting, or what the free GPU memory holds."""
     if settings.max_running_rows:
@@ -418,7 +424,7 @@ def engine_slots(model: LoadedModel, settings: Settings) -> int:
         model,
         max_prompt_tokens=max_prompt_tokens(settings),
         max_new_tokens=settings.max_new_tokens,
-        kv_bytes=torch.finfo(model.chat.gpt.gpt.dtype).bits // 8,
+        kv_bytes=torch.finfo(kv_dtype(settings) or model.chat.gpt.gpt.dtype).bits // 8,
     )
     budget = free * GPU_MEMORY_SHARE - GPU_WORKSPACE_BYTES
     slots = max(1, min(MAX_AUTO_RUNNING_ROWS, int(budget // per_slot)))

@@ -278,3 +278,16 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
     assert len(engine.runner.graphs) > 1
+
+
+def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    engine = new_engine(synthesizer.model, 8, kv_dtype=torch.float8_e4m3fn)
+    assert engine.runner.keys.element_size() == 1
+    outputs = run(engine, mixed_segments())
+    for output, reference in zip(outputs, expected, strict=True):
+        drawn = min(output.tokens, reference.tokens)
+        assert drawn > 0
+        # Rounding the cache to 8 bits moves the hidden states a little, and now and then a token.
+        assert (output.codes[:drawn] == reference.codes[:drawn]).float().mean() > 0.9
+        torch.testing.assert_close(output.hiddens[:drawn], reference.hiddens[:drawn], atol=2e-2, rtol=0)

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+from worker.engine import attention
 from worker.model import LoadedModel
 from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 
@@ -63,6 +64,9 @@ class ModelRunner:
         self.code_embeddings = chat.embed.emb_code
         self.device = model.device
         self.use_graphs = capture_graphs and model.device.type == "cuda"
+        # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
+        # and the step's width stops mattering; elsewhere it attends over a masked common width.
+        self.reads_own_columns = model.device.type == "cuda" and attention.available()
         config = self.llama.config
         self.slots = slots
         self.max_prompt_tokens = max_prompt_tokens
@@ -162,6 +166,8 @@ class ModelRunner:
 
     def decode_step(self, rows: int, kv_length: int) -> None:
         """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` cache columns."""
+        if self.reads_own_columns:
+            kv_length = self.context
         if not self.use_graphs:
             self._decode(rows, kv_length)
             return
@@ -222,6 +228,10 @@ class ModelRunner:
         def attend(layer: int, query, key, value):
             self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
             self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
+            if self.reads_own_columns:
+                return attention.decode_attention(
+                    query, self.keys[layer, :rows], self.values[layer, :rows], column + 1, self._scale
+                )
             keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
             values = self.values[layer, :rows, :, :kv_length].to(query.dtype)
             return F.scaled_dot_product_attention(
