@@ -56,6 +56,7 @@ class Segment:
 @dataclass
 class SegmentOutput:
     hiddens: torch.Tensor  # (tokens, gpt width) float32: what the decoder turns into audio
+    codes: torch.Tensor  # (tokens, num_vq) long: the audio tokens drawn at the same steps
     tokens: int
     ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
 
@@ -108,7 +109,12 @@ def generate(
 
     lengths, ended_by = runner.lengths.tolist(), runner.ended_by.tolist()
     return [
-        SegmentOutput(hiddens=runner.hiddens[row, :count].clone(), tokens=count, ended_by=_reason(code, count, segment))
+        SegmentOutput(
+            hiddens=runner.hiddens[row, :count].clone(),
+            codes=runner.codes[row, :count].clone(),
+            tokens=count,
+            ended_by=_reason(code, count, segment),
+        )
         for row, (segment, count, code) in enumerate(zip(segments, lengths, ended_by, strict=True))
     ]
 
@@ -120,9 +126,10 @@ def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Te
     prompts = [f"[Stts][spk_emb][speed_{segment.request.speed}]{segment.text}[Ptts]" for segment in segments]
     input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=model.device)
     embeddings = chat.embed(input_ids, text_mask)
-    speakers = F.normalize(
-        torch.stack([segment.speaker.float() for segment in segments]).to(model.device), p=2.0, dim=1
-    )
+    # As ChatTTS's Speaker.apply: an embedding string decodes to float16, normalised as such on the CPU.
+    speakers = torch.stack(
+        [F.normalize(segment.speaker.cpu().half(), p=2.0, dim=0, eps=1e-12) for segment in segments]
+    ).to(model.device)
     is_speaker_slot = input_ids[..., 0].eq(chat.tokenizer.spk_emb_ids).unsqueeze(-1)
     embeddings = torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
     return embeddings, attention_mask
@@ -131,7 +138,7 @@ def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Te
 def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:
     return RowSampling(
         temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
-        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
+        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device, dtype=torch.float64),
         top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
         repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
         seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),

@@ -10,14 +10,13 @@ import inspect
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 from transformers.cache_utils import DynamicCache
 
 from worker import generation
 from worker.engine import runner
 from worker.generation import SYNC_EVERY, Segment, SegmentOutput
-from worker.sampling import RowSampling, sample
+from worker.sampling import sample
 
 
 @torch.inference_mode()
@@ -30,20 +29,8 @@ def eager_reference(model, segments, stop_after=None):
     llama = chat.gpt.gpt
     stop_after = stop_after or {}
 
-    prompts = [f"[Stts][spk_emb][speed_{segment.request.speed}]{segment.text}[Ptts]" for segment in segments]
-    input_ids, attention_mask, text_mask = chat.tokenizer.encode(prompts, num_vq, device=device)
-    embeddings = chat.embed(input_ids, text_mask)
-    speakers = F.normalize(torch.stack([segment.speaker.float() for segment in segments]).to(device), p=2.0, dim=1)
-    is_speaker_slot = input_ids[..., 0].eq(chat.tokenizer.spk_emb_ids).unsqueeze(-1)
-    embeddings = torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
-
-    sampling = RowSampling(
-        temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
-        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
-        top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
-        repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
-        seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),
-    )
+    embeddings, attention_mask = generation.embed_prompts(model, segments)
+    sampling = generation.row_sampling(segments, device)
     min_tokens = torch.tensor([segment.pinned_tokens or 0 for segment in segments], device=device)
     ends = [min(segment.pinned_tokens or segment.max_tokens, segment.max_tokens) for segment in segments]
     end_at = torch.tensor(ends, device=device)
@@ -94,7 +81,12 @@ def eager_reference(model, segments, stop_after=None):
                 else:
                     count = step + 1
                     ended_by = "length_rule" if count == segments[index].pinned_tokens else "token_limit"
-                outputs[index] = SegmentOutput(hiddens=hiddens[index, :count].clone(), tokens=count, ended_by=ended_by)
+                outputs[index] = SegmentOutput(
+                    hiddens=hiddens[index, :count].clone(),
+                    codes=history[index, :count].clone(),
+                    tokens=count,
+                    ended_by=ended_by,
+                )
             keep = (~done).nonzero().flatten()
             if keep.numel() == 0:
                 break
@@ -153,6 +145,7 @@ def mixed_segments(make_request):
 def assert_same_outputs(outputs, expected):
     for row, (output, reference) in enumerate(zip(outputs, expected, strict=True)):
         assert (output.tokens, output.ended_by) == (reference.tokens, reference.ended_by), row
+        assert torch.equal(output.codes, reference.codes), row
         torch.testing.assert_close(output.hiddens, reference.hiddens, atol=1e-4, rtol=1e-4)
 
 

@@ -37,8 +37,9 @@ class DecodeRunner:
     ``prefill`` runs the prompts and draws step 0; each ``decode_step`` draws the next step for every
     row. A row finishes when it draws EOS (its output excludes that step) or reaches ``end_at``
     tokens; ``interrupt`` finishes rows from the host. ``lengths[row]`` is the number of hidden states
-    of a finished row, ``ended_by[row]`` why it finished. On CUDA each decode step is a CUDA graph
-    replay, unless ``capture_graphs`` is false (to measure the same step eagerly).
+    (and of codes, the tokens drawn with them) of a finished row, ``ended_by[row]`` why it finished. On
+    CUDA each decode step is a CUDA graph replay, unless ``capture_graphs`` is false (to measure the same
+    step eagerly).
     """
 
     def __init__(
@@ -85,6 +86,7 @@ class DecodeRunner:
             (rows, REPETITION_WINDOW, chat.config.gpt.num_vq), NO_TOKEN, dtype=torch.long, device=self.device
         )
         self.hiddens = torch.zeros(rows, max_steps, config.hidden_size, dtype=torch.float32, device=self.device)
+        self.codes = torch.zeros(rows, max_steps, chat.config.gpt.num_vq, dtype=torch.long, device=self.device)
         self.finished = torch.zeros(rows, dtype=torch.bool, device=self.device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.ended_by = torch.full((rows,), STILL_RUNNING, dtype=torch.long, device=self.device)
@@ -198,6 +200,7 @@ class DecodeRunner:
         logits = torch.einsum("bh,qvh->bqv", hidden, self.head_weights)
         tokens = sample(logits, self.recent, self.sampling, step, self.eos_token, self.min_tokens > step)
         self.recent.index_copy_(1, (step % REPETITION_WINDOW).view(1), tokens.unsqueeze(1))
+        self.codes.index_copy_(1, step.view(1), tokens.unsqueeze(1))
         self.tokens.copy_(tokens)
 
         ended_by_eos = tokens.eq(self.eos_token).any(dim=1) & ~self.finished
