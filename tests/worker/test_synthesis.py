@@ -81,12 +81,12 @@ def test_without_an_audio_seed_one_is_drawn_and_reported_so_the_audio_can_be_rep
     assert drawn.audio == replayed.audio
 
 
-def test_each_request_of_a_mixed_batch_sounds_as_it_does_alone_under_greedy_sampling(synthesizer, make_request):
+def test_each_request_of_a_mixed_batch_sounds_as_it_does_alone_with_its_audio_seed(synthesizer, make_request):
     requests = [
-        make_request("Hello world.", voice=1, top_k=1, speed=5),
-        make_request("A longer sentence, spoken by another voice entirely.", voice=2, top_k=1, speed=3),
-        make_request("你好，世界。", voice=3, top_k=1, temperature=0.7, top_p=0.5),
-        make_request("Short.", voice=4, top_k=1, speed=8, repetition_penalty=1.2),
+        make_request("Hello world.", voice=1, top_k=1, speed=5, seed=11),
+        make_request("A longer sentence, spoken by another voice entirely.", voice=2, top_k=1, speed=3, seed=12),
+        make_request("你好，世界。", voice=3, top_k=1, temperature=0.7, top_p=0.5, seed=13),
+        make_request("Short.", voice=4, top_k=1, speed=8, repetition_penalty=1.2, seed=14),
     ]
     together = synthesizer.synthesize(requests)
     assert all(result.batch_size == 4 for result in together)

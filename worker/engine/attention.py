@@ -19,7 +19,7 @@ BLOCK_COLUMNS = 64
 
 
 @functools.cache
-def available() -> bool:
+def triton_available() -> bool:
     try:
         import triton  # noqa: F401
     except ImportError:

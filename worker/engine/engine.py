@@ -197,7 +197,9 @@ def _with_speakers(
     model: LoadedModel, segments: list[Segment], input_ids: torch.Tensor, embeddings: torch.Tensor
 ) -> torch.Tensor:
     """The embeddings with each segment's speaker in its prompt's speaker slot."""
-    speakers = F.normalize(torch.stack([s.speaker.float() for s in segments]).to(model.device), p=2.0, dim=1)
+    # As ChatTTS's Speaker.apply: an embedding string decodes to float16, normalised as such on the CPU.
+    speakers = torch.stack([F.normalize(s.speaker.cpu().half(), p=2.0, dim=0, eps=1e-12) for s in segments])
+    speakers = speakers.to(model.device)
     is_speaker_slot = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids).unsqueeze(-1)
     return torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
 
@@ -205,7 +207,7 @@ def _with_speakers(
 def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:
     return RowSampling(
         temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
-        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device),
+        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device, dtype=torch.float64),
         top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
         repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
         seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from worker.engine import attention
+from worker.engine.attention import decode_attention, triton_available
 from worker.model import LoadedModel
 from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 
@@ -66,7 +66,7 @@ class ModelRunner:
         self.use_graphs = capture_graphs and model.device.type == "cuda"
         # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
         # and the step's width stops mattering; elsewhere it attends over a masked common width.
-        self.reads_own_columns = model.device.type == "cuda" and attention.available()
+        self.reads_own_columns = model.device.type == "cuda" and triton_available()
         config = self.llama.config
         self.slots = slots
         self.max_prompt_tokens = max_prompt_tokens
@@ -107,7 +107,7 @@ class ModelRunner:
         self.end_at = per_slot(1, torch.long)
         self.sampling = RowSampling(
             temperature=per_slot(1.0, torch.float32),
-            top_p=per_slot(1.0, torch.float32),
+            top_p=per_slot(1.0, torch.float64),
             top_k=per_slot(1, torch.long),
             repetition_penalty=per_slot(1.0, torch.float32),
             seed=per_slot(0, torch.long),
@@ -229,7 +229,7 @@ class ModelRunner:
             self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
             self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
             if self.reads_own_columns:
-                return attention.decode_attention(
+                return decode_attention(
                     query, self.keys[layer, :rows], self.values[layer, :rows], column + 1, self._scale
                 )
             keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
@@ -267,7 +267,7 @@ class ModelRunner:
         logits = torch.einsum("bh,qvh->bqv", hidden, self.head_weights)
         sampling = RowSampling(*(getattr(self.sampling, name)[slots] for name in self.sampling.__dataclass_fields__))
         recent = self.recent[slots]
-        tokens = sample(logits, recent, sampling, step.view(-1, 1, 1), self.eos_token, self.min_tokens[slots] > step)
+        tokens = sample(logits, recent, sampling, step, self.eos_token, self.min_tokens[slots] > step)
         self.codes[slots, step] = tokens.to(self.codes.dtype)
         self.recent[slots, step % REPETITION_WINDOW] = tokens
         self.tokens[slots] = tokens
