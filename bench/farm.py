@@ -4,8 +4,8 @@
     python bench/farm.py --model synthetic-full --gpus 0 --jobs 256 --jobs-in-flight 128
 
 Starts its own redis-server (from PATH, or --redis-server) and `chattts-farm worker` twice: once with
-batching (--jobs-in-flight jobs per batch, max_rows_per_pass rows per GPT pass) and once with MAX_JOBS_IN_FLIGHT=1 and
-MAX_ROWS_PER_PASS=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
+batching (--jobs-in-flight jobs held, --slots engine slots) and once with MAX_JOBS_IN_FLIGHT=1 and
+MAX_RUNNING_ROWS=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
 Markdown table of jobs per second and audio seconds per wall second.
 """
 
@@ -67,12 +67,12 @@ def running_workers(client: Celery, placement: list[str], settings: dict[str, st
         supervisor.wait(timeout=300)
 
 
-def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, max_rows_per_pass: int, log: Path) -> dict:
+def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, slots: int, log: Path) -> dict:
     settings = {
         "CHATTTS_FARM_REDIS_URL": redis_url,
         "CHATTTS_FARM_MODEL": arguments.model,
         "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max_jobs_in_flight),
-        "CHATTTS_FARM_MAX_ROWS_PER_PASS": str(max_rows_per_pass),
+        "CHATTTS_FARM_MAX_RUNNING_ROWS": str(slots),
     }
     placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
     client = Celery(broker=redis_url, backend=redis_url)
@@ -91,7 +91,7 @@ def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, max_
     audio = sum(output["duration_s"] for output in outputs)
     return {
         "max_jobs_in_flight": max_jobs_in_flight,
-        "max_rows_per_pass": max_rows_per_pass,
+        "slots": slots,
         "jobs": len(outputs),
         "wall_s": wall,
         "jobs_per_s": len(outputs) / wall,
@@ -115,7 +115,7 @@ def main() -> None:
         help="Jobs for the run without batching (default: --jobs); it is the slow one.",
     )
     parser.add_argument("--jobs-in-flight", type=int, default=16)
-    parser.add_argument("--rows-per-pass", type=int, default=64, help="Rows per GPT pass when batching.")
+    parser.add_argument("--slots", type=int, default=64, help="Engine slots when batching.")
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
@@ -129,7 +129,7 @@ def main() -> None:
                 redis_url,
                 arguments.jobs,
                 arguments.jobs_in_flight,
-                arguments.rows_per_pass,
+                arguments.slots,
                 workdir / "batched.log",
             ),
             run_farm(arguments, redis_url, arguments.unbatched_jobs or arguments.jobs, 1, 1, workdir / "unbatched.log"),
@@ -142,7 +142,7 @@ def main() -> None:
     columns = (
         "mode",
         "jobs in flight",
-        "rows per pass",
+        "slots",
         "jobs",
         "wall s",
         "jobs/s",
@@ -156,7 +156,7 @@ def main() -> None:
         cells = (
             mode,
             row["max_jobs_in_flight"],
-            row["max_rows_per_pass"],
+            row["slots"],
             row["jobs"],
             f"{row['wall_s']:.2f}",
             f"{row['jobs_per_s']:.2f}",

@@ -17,16 +17,18 @@ stays one segment. Quality retries are off, as in ``bench/synthesis.py``.
 Modes, in this order:
 
 - ``engine, batch 1``: one request of the mean length alone (its RTF, wall over audio, is printed);
-- ``engine alone``: ``Synthesizer.synthesize`` on the whole workload at once, up to ``--rows-per-pass``
-  rows a pass; a job's latency runs from the call to the moment ``on_progress`` reports it done;
+- ``engine alone``: ``Synthesizer.synthesize`` on the whole workload at once: ``--slots`` segments run
+  (the rest wait for a free slot); a job's latency runs from the call to the moment ``on_progress``
+  reports it done;
 - ``stock ChatTTS, serial``: the first ``--stock`` requests, one ``Chat.infer`` each, on the same
   loaded model (lengths pinned for random weights); a job's latency runs from the start of the mode;
 - ``engine soak``: ``--soak-s`` seconds of workloads (a new draw each call) through the engine, the
   GPU memory sampled every ``--soak-every-s`` seconds in a table of its own; latency as in
   ``engine alone``, from each job's call;
 - ``farm (Redis + Celery)``: after the engine's model is freed, a redis-server and a
-  ``chattts-farm worker`` of their own, every job sent at once by a Celery client (the worker holds
-  them all in flight); a job's latency runs from its submit to its result.
+  ``chattts-farm worker`` of their own with the same slots, every job sent at once by a Celery client
+  (the worker holds ``--jobs-in-flight`` of them; the rest wait in Redis); a job's latency runs from
+  its submit to its result.
 
 Each mode is warmed up first, untimed, with a workload drawn from another seed. Peak memory is
 ``torch.cuda.memory_stats``' peak allocated and reserved (in the workers' process for the farm, as
@@ -68,6 +70,8 @@ from worker.synthesis import Synthesizer  # noqa: E402
 
 WORKLOAD_SEED = 0
 WARM_UP_SEED = 1
+# The warm-ups capture the graphs and fill the allocator; a part of the workload is enough.
+WARM_UP_JOBS = 256
 SOAK_SEED = 1000  # the soak's n-th call draws seed SOAK_SEED + n
 FARM_TIMEOUT_S = 3600
 MIB = 2**20
@@ -304,8 +308,9 @@ def run_farm(
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_MODEL": arguments.model,
             "CHATTTS_FARM_DEVICE": device.type,  # the supervisor pins each worker to its GPU
-            "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max(len(requests), len(warm_up))),
-            "CHATTTS_FARM_MAX_ROWS_PER_PASS": str(arguments.rows_per_pass),
+            "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
+            "CHATTTS_FARM_MAX_RUNNING_ROWS": str(arguments.slots),
+            "CHATTTS_FARM_KV_DTYPE": arguments.kv_dtype,
             "CHATTTS_FARM_MAX_SEGMENT_CHARS": str(STANDARD_SEGMENT_CHARS),
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
         }
@@ -413,7 +418,9 @@ def main() -> None:
     parser.add_argument("--model", default="synthetic-full")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--jobs", type=int, default=512, help="Jobs of the workload, all submitted at once.")
-    parser.add_argument("--rows-per-pass", type=int, default=512, help="Most rows one GPT pass runs.")
+    parser.add_argument("--slots", type=int, default=512, help="Segments the engine runs at once.")
+    parser.add_argument("--jobs-in-flight", type=int, default=768, help="Jobs the farm's worker holds at once.")
+    parser.add_argument("--kv-dtype", default="model", choices=("model", "fp8"), help="The KV cache's dtype.")
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
     parser.add_argument("--stock", type=int, default=2, help="Jobs through stock ChatTTS, serially.")
     parser.add_argument("--skip-stock", action="store_true")
@@ -430,7 +437,8 @@ def main() -> None:
     settings = Settings.from_env(
         model=arguments.model,
         device=arguments.device,
-        max_rows_per_pass=arguments.rows_per_pass,
+        max_running_rows=arguments.slots,
+        kv_dtype=arguments.kv_dtype,
         max_segment_chars=STANDARD_SEGMENT_CHARS,
         quality_retries=0,
     )
@@ -441,7 +449,7 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     seconds = arguments.seconds
     workload = standard_requests(arguments.jobs, seed=WORKLOAD_SEED, seconds=seconds)
-    warm_up = standard_requests(arguments.jobs, seed=WARM_UP_SEED, seconds=seconds)
+    warm_up = standard_requests(min(arguments.jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds)
     mean = (seconds[0] + seconds[1]) / 2
     alone = standard_requests(1, seed=WORKLOAD_SEED, seconds=(mean, mean))
 
@@ -474,7 +482,7 @@ def main() -> None:
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
         f"GPT dtype {info.dtype}, torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s "
         f"of speech, {sum(expected_tokens(r.text, r.speed) for r in workload) / max(len(workload), 1):.0f} "
-        f"tokens a job on average, up to {arguments.rows_per_pass} rows a pass\n"
+        f"tokens a job on average, {arguments.slots} slots, KV cache {arguments.kv_dtype}\n"
     )
     print_tables(results, soak)
     if arguments.json:

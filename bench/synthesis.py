@@ -116,7 +116,11 @@ def main() -> None:
 
     batches = [int(b) for b in arguments.batches.split(",") if b]
     settings = Settings.from_env(
-        model=arguments.model, device=arguments.device, max_rows_per_pass=max(batches + [1]), quality_retries=0
+        model=arguments.model,
+        device=arguments.device,
+        max_rows_per_pass=max(batches + [1]),
+        max_running_rows=max(batches + [1]),
+        quality_retries=0,
     )
     synthesizer = Synthesizer.load(settings)
     info = synthesizer.model.info

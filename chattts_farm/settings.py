@@ -102,8 +102,9 @@ class Settings:
 
     # Workers: jobs.
     max_jobs_in_flight: int = _setting(
-        32,
-        "jobs a worker process holds at once; those waiting when the GPU frees up are synthesised together",
+        512,
+        "jobs a worker process holds at once (a thread each; it takes another from Redis only as one ends): "
+        "about the engine's slots keeps a GPU full without hoarding the queue",
         minimum=1,
         renamed_from="BATCH_JOBS",
         role="worker",

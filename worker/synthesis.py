@@ -12,12 +12,14 @@ bad request gets its own error; the others go on.
 
 from __future__ import annotations
 
+import copy
+import functools
 import itertools
 import logging
 import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
@@ -61,8 +63,11 @@ CancelledCheck = Callable[[], Collection[int]]
 
 @dataclass
 class SynthesisResult:
+    """One request's audio and its description. The audio is encoded when ``audio`` is first read, by
+    whoever reads it: a worker's job thread, not the thread that drives the GPU."""
+
     request_id: str
-    audio: bytes = field(repr=False)
+    samples: np.ndarray = field(repr=False)  # float32 at sample_rate
     format: str
     mime_type: str
     sample_rate: int
@@ -77,11 +82,16 @@ class SynthesisResult:
     model: dict
     memory: dict
 
+    @functools.cached_property
+    def audio(self) -> bytes:
+        started = time.perf_counter()
+        encoded = audio.encode(self.samples, self.sample_rate, self.format)
+        self.timings["encode_s"] = round(time.perf_counter() - started, 4)
+        return encoded
+
     def summary(self) -> dict:
-        """Everything but the audio bytes, JSON-able."""
-        summary = asdict(self)
-        del summary["audio"]
-        return summary
+        """Everything but the audio, JSON-able (encode_s is there once the audio has been read)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "samples"}
 
 
 @dataclass(eq=False)
@@ -346,7 +356,6 @@ class Synthesizer:
             entry.shared_with = max(entry.shared_with, len(self.in_flight))
 
     def _finish(self, entry: RequestInFlight) -> SynthesisResult:
-        encode_started = time.perf_counter()
         pause = np.zeros(int(self.settings.segment_pause_s * SAMPLE_RATE), dtype=np.float32)
         pieces: list[np.ndarray] = []
         for segment in entry.segments:
@@ -354,17 +363,15 @@ class Synthesizer:
                 pieces.append(pause)
             pieces.append(np.nan_to_num(segment.samples.astype(np.float32)))
         samples = np.concatenate(pieces)
-        encoded = audio.encode(samples, SAMPLE_RATE, entry.request.format)
         flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
         timings = {
             "text_s": entry.text_s,
             "generate_s": entry.generated_at - entry.started - entry.text_s - entry.decode_s,
             "decode_s": entry.decode_s,
-            "encode_s": time.perf_counter() - encode_started,
         }
         return SynthesisResult(
             request_id=entry.request.request_id,
-            audio=encoded,
+            samples=samples,
             format=entry.request.format,
             mime_type=MIME_TYPES[entry.request.format],
             sample_rate=SAMPLE_RATE,

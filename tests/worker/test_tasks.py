@@ -202,6 +202,28 @@ def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers):
     assert client.send_task("chattts.health", queue="cpu1").get(timeout=60)["pid"] != victim["pid"]
 
 
+def test_a_burst_goes_to_the_worker_with_free_slots_and_no_worker_hoards_jobs(workers):
+    """Each worker takes a job only when it can hold it (bounded prefetch): the least-loaded one gets the next."""
+    client = workers.client
+    busy = client.send_task("chattts.health", queue="cpu0").get(timeout=30)["worker"]
+    # Fill every job slot of cpu0 (MAX_JOBS_IN_FLIGHT is 4 in the tests) with long jobs of its own queue.
+    long_jobs = [
+        client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1200], "voice": i}, queue="cpu0") for i in range(4)
+    ]
+    deadline = time.monotonic() + 60
+    while sum(job.state == PROGRESS_STATE for job in long_jobs) < 4:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    burst = [client.send_task(TASK_NAME, kwargs={"text": f"Burst job {i}."}, queue="tts") for i in range(8)]
+    burst_outputs = [job.get(timeout=120) for job in burst]
+    long_outputs = [job.get(timeout=300) for job in long_jobs]
+
+    first_free_slot_on_busy = min(output["finished_at"] for output in long_outputs)
+    on_busy = [output for output in burst_outputs if output["worker"] == busy]
+    assert all(output["started_at"] >= first_free_slot_on_busy for output in on_busy)
+    assert len(on_busy) < len(burst_outputs)
+
+
 def test_health_reports_the_model_and_the_device(workers):
     report = workers.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
     assert report["model"] == "synthetic" and report["model_info"]["device"] == "cpu"
