@@ -63,11 +63,13 @@ CancelledCheck = Callable[[], Collection[int]]
 
 @dataclass
 class SynthesisResult:
-    """One request's audio and its description. The audio is encoded when ``audio`` is first read, by
-    whoever reads it: a worker's job thread, not the thread that drives the GPU."""
+    """One request's audio and its description. The segments' audio is joined when ``samples`` is first
+    read and encoded when ``audio`` is, by whoever reads them: a worker's job thread, not the thread
+    that drives the GPU."""
 
     request_id: str
-    samples: np.ndarray = field(repr=False)  # float32 at sample_rate
+    pieces: list[np.ndarray] = field(repr=False)  # the segments' samples, float32 at sample_rate
+    pause_samples: int  # the silence between two segments
     format: str
     mime_type: str
     sample_rate: int
@@ -83,6 +85,16 @@ class SynthesisResult:
     memory: dict
 
     @functools.cached_property
+    def samples(self) -> np.ndarray:
+        pause = np.zeros(self.pause_samples, dtype=np.float32)
+        joined: list[np.ndarray] = []
+        for piece in self.pieces:
+            if joined:
+                joined.append(pause)
+            joined.append(np.nan_to_num(piece.astype(np.float32, copy=False)))
+        return np.concatenate(joined)
+
+    @functools.cached_property
     def audio(self) -> bytes:
         started = time.perf_counter()
         encoded = audio.encode(self.samples, self.sample_rate, self.format)
@@ -91,7 +103,8 @@ class SynthesisResult:
 
     def summary(self) -> dict:
         """Everything but the audio, JSON-able (encode_s is there once the audio has been read)."""
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name != "samples"}
+        unsaid = {"pieces", "pause_samples"}
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in unsaid}
 
 
 @dataclass(eq=False)
@@ -356,13 +369,9 @@ class Synthesizer:
             entry.shared_with = max(entry.shared_with, len(self.in_flight))
 
     def _finish(self, entry: RequestInFlight) -> SynthesisResult:
-        pause = np.zeros(int(self.settings.segment_pause_s * SAMPLE_RATE), dtype=np.float32)
-        pieces: list[np.ndarray] = []
-        for segment in entry.segments:
-            if pieces:
-                pieces.append(pause)
-            pieces.append(np.nan_to_num(segment.samples.astype(np.float32)))
-        samples = np.concatenate(pieces)
+        pause_samples = int(self.settings.segment_pause_s * SAMPLE_RATE)
+        pieces = [segment.samples for segment in entry.segments]
+        total_samples = sum(piece.size for piece in pieces) + pause_samples * (len(pieces) - 1)
         flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
         timings = {
             "text_s": entry.text_s,
@@ -371,11 +380,12 @@ class Synthesizer:
         }
         return SynthesisResult(
             request_id=entry.request.request_id,
-            samples=samples,
+            pieces=pieces,
+            pause_samples=pause_samples,
             format=entry.request.format,
             mime_type=MIME_TYPES[entry.request.format],
             sample_rate=SAMPLE_RATE,
-            duration_s=round(samples.size / SAMPLE_RATE, 3),
+            duration_s=round(total_samples / SAMPLE_RATE, 3),
             tokens=sum(s.output.tokens for s in entry.segments),
             segments=len(entry.segments),
             seed=entry.seed,
