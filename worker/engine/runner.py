@@ -183,7 +183,11 @@ class ModelRunner:
             self._decode(rows, kv_length)
         torch.cuda.current_stream(self.device).wait_stream(self.capture_stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.graph_pool, stream=self.capture_stream):
+        # Thread-local: a worker's other threads (its heartbeat asks the GPU for free memory) may
+        # call CUDA while this thread captures; in the default global mode that breaks the capture.
+        with torch.cuda.graph(
+            graph, pool=self.graph_pool, stream=self.capture_stream, capture_error_mode="thread_local"
+        ):
             self._decode(rows, kv_length)
         self.graphs[(rows, kv_length)] = graph
 
