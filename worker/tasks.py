@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
+import redis
 from celery.concurrency import get_implementation
 from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_shutting_down
@@ -27,8 +29,30 @@ from worker.celery_app import app, settings
 
 logger = logging.getLogger(__name__)
 
-# A running job reports its progress this often (the contract promises at least once a second).
+# Running jobs report their progress this often (the contract promises at least once a second).
 PROGRESS_EVERY_S = 0.5
+
+# A job's progress never overwrites its final state: the job may finish between the reporter's look
+# at the jobs in flight and its write.
+_SET_UNLESS_FINISHED = """
+local current = redis.call('GET', KEYS[1])
+if current then
+  local ok, stored = pcall(cjson.decode, current)
+  if ok and (stored['status'] == 'SUCCESS' or stored['status'] == 'FAILURE' or stored['status'] == 'REVOKED') then
+    return 0
+  end
+end
+if ARGV[2] == '0' then
+  redis.call('SET', KEYS[1], ARGV[1])
+else
+  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
+end
+return 1
+"""
+
+# The jobs this process holds: job id -> (its handle, its Celery request), for the progress reporter.
+_held: dict[str, tuple] = {}
+_held_lock = threading.Lock()
 
 
 @worker_init.connect
@@ -40,6 +64,7 @@ def _start_runtime(sender, **_) -> None:
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
     runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked)
+    threading.Thread(target=_report_progress, name="progress-reporter", daemon=True).start()
 
 
 @worker_shutting_down.connect
@@ -54,9 +79,13 @@ def synthesize(self, **arguments) -> dict:
     job_id = self.request.id
     request = SynthesisRequest.from_arguments(arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id)
     handle = held.batcher.submit(request)
-    while not handle.finished.wait(PROGRESS_EVERY_S):
-        if handle.started_at is not None:
-            self.update_state(state=PROGRESS_STATE, meta=handle.progress)
+    with _held_lock:
+        _held[job_id] = (handle, self.request)
+    try:
+        handle.finished.wait()  # the batcher always finishes a handle (or its watchdog ends the process)
+    finally:
+        with _held_lock:
+            del _held[job_id]
     outcome = handle.outcome
     if isinstance(outcome, JobCancelled):
         self.backend.mark_as_revoked(job_id, reason="revoked", request=self.request)
@@ -77,6 +106,35 @@ def synthesize(self, **arguments) -> dict:
         "started_at": handle.started_wall,
         "finished_at": time.time(),
     }
+
+
+def _report_progress() -> None:
+    """Write the progress of every running job of this process, in one pipeline every PROGRESS_EVERY_S.
+
+    One thread and one round trip for all of them: a thread per job waking to report its own made the
+    worker's many job threads fight the engine's thread for the GIL.
+    """
+    backend = app.backend
+    set_unless_finished = backend.client.register_script(_SET_UNLESS_FINISHED)
+    expires = str(int(backend.expires or 0))
+    while True:
+        time.sleep(PROGRESS_EVERY_S)
+        with _held_lock:
+            running = [(job_id, held) for job_id, held in _held.items() if held[0].started_at is not None]
+        if not running:
+            continue
+        pipeline = backend.client.pipeline(transaction=False)
+        for job_id, (handle, request) in running:
+            meta = backend._get_result_meta(
+                result=handle.progress, state=PROGRESS_STATE, traceback=None, request=request
+            )
+            set_unless_finished(
+                keys=[backend.get_key_for_task(job_id)], args=[backend.encode(meta), expires], client=pipeline
+            )
+        try:
+            pipeline.execute()
+        except redis.RedisError as error:
+            logger.warning("progress of %d job(s) not reported: %s", len(running), error)
 
 
 @app.task(name=HEALTH_TASK_NAME)
