@@ -114,7 +114,8 @@ class Settings:
     )
     task_time_limit_s: int = _setting(
         900,
-        "a batch running longer ends its worker process (it is restarted and its jobs delivered again)",
+        "one engine step (or isolating a failed one) running longer ends its worker process "
+        "(it is restarted and its jobs delivered again)",
         minimum=1,
         role="worker",
     )

@@ -81,11 +81,17 @@ class Batcher:
         return handle
 
     def _serve(self) -> None:
-        while True:
-            self._add_arrivals(wait=not self._in_flight)
-            self._stop_revoked_and_timed_out()
-            if self._in_flight:
-                self._step()
+        try:
+            while True:
+                self._add_arrivals(wait=not self._in_flight)
+                self._stop_revoked_and_timed_out()
+                if self._in_flight:
+                    self._step()
+        except BaseException:
+            # Job threads wait on this thread without a timeout: without it the process must go, so
+            # that its supervisor starts a fresh one and Redis hands the unacknowledged jobs out again.
+            logger.critical("the batcher failed: exiting so the supervisor restarts this worker", exc_info=True)
+            os._exit(70)
 
     def _add_arrivals(self, wait: bool) -> None:
         """Add the jobs that arrived to the synthesizer; with nothing in flight, wait for one first."""
