@@ -78,9 +78,21 @@ def synthesize(self, **arguments) -> dict:
     held = runtime.current()
     job_id = self.request.id
     request = SynthesisRequest.from_arguments(arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id)
-    handle = held.batcher.submit(request)
+    if self.backend.get_task_meta(job_id).get("status") == "SUCCESS":
+        # Delivered again after it succeeded (its acknowledgement was lost with a broker connection).
+        logger.warning("job %s is delivered again but has succeeded already: not running it twice", job_id)
+        raise Ignore()
     with _held_lock:
-        _held[job_id] = (handle, self.request)
+        running_here = _held.get(job_id)
+        if running_here is None:
+            handle = held.batcher.submit(request)
+            _held[job_id] = (handle, self.request)
+    if running_here is not None:
+        # Delivered again while it runs here: a broker reconnection hands unacknowledged messages
+        # out again. The running one answers; this delivery only waits for it, to be acknowledged.
+        logger.warning("job %s is delivered again while it runs here: not running it twice", job_id)
+        running_here[0].finished.wait()
+        raise Ignore()
     try:
         handle.finished.wait()  # the batcher always finishes a handle (or its watchdog ends the process)
     finally:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 
 import pytest
 import redis
@@ -222,6 +223,26 @@ def test_a_burst_goes_to_the_worker_with_free_slots_and_no_worker_hoards_jobs(wo
     on_busy = [output for output in burst_outputs if output["worker"] == busy]
     assert all(output["started_at"] >= first_free_slot_on_busy for output in on_busy)
     assert len(on_busy) < len(burst_outputs)
+
+
+def test_a_job_delivered_again_runs_once(workers):
+    """A broker reconnection hands unacknowledged jobs out again: a job runs once however often it comes."""
+    client = workers.client
+    job_id = str(uuid.uuid4())
+    first = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    wait_for_state(first, {PROGRESS_STATE})
+    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    first.get(timeout=120)
+    deadline = time.monotonic() + 30
+    while f"job {job_id} is delivered again while it runs here" not in workers.log():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    while f"job {job_id} is delivered again but has succeeded already" not in workers.log():
+        assert time.monotonic() < deadline + 30
+        time.sleep(0.1)
+    assert len(re.findall(rf"chattts\.synthesize\[{job_id}\] succeeded", workers.log())) == 1
+    assert first.get(timeout=10)["job_id"] == job_id
 
 
 def test_health_reports_the_model_and_the_device(workers):
