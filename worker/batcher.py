@@ -105,8 +105,9 @@ class Batcher:
                 break
         live = []
         for handle in arrived:
-            if self.is_revoked(handle.request.request_id):
-                handle.finish(self._stopped(handle, timed_out=False))
+            stopped = self._why_stopped(handle, time.monotonic())
+            if stopped is not None:
+                handle.finish(stopped)
             else:
                 live.append(handle)
         if not live:
@@ -146,11 +147,11 @@ class Batcher:
         """A stopped job ends now, not when its batch mates do: its segments leave the engine."""
         now = time.monotonic()
         for number, (handle, _) in list(self._in_flight.items()):
-            timed_out = now - handle.started_at > self.soft_limit_s
-            if timed_out or self.is_revoked(handle.request.request_id):
+            stopped = self._why_stopped(handle, now)
+            if stopped is not None:
                 self.synthesizer.cancel(number)
                 del self._in_flight[number]
-                handle.finish(self._stopped(handle, timed_out))
+                handle.finish(stopped)
 
     def _call(self, call, arriving: list[JobHandle] = ()):
         """Run one synthesizer call under the watchdog; when it fails, finish every job in isolation."""
@@ -204,18 +205,21 @@ class Batcher:
         now = time.monotonic()
         stopped = set()
         for index, handle in enumerate(handles):
-            timed_out = now - handle.started_at > self.soft_limit_s
-            if timed_out or self.is_revoked(handle.request.request_id):
+            why = self._why_stopped(handle, now)
+            if why is not None:
                 stopped.add(index)
                 if not handle.finished.is_set():
-                    handle.finish(self._stopped(handle, timed_out))
+                    handle.finish(why)
         return stopped
 
-    def _stopped(self, handle: JobHandle, timed_out: bool) -> JobCancelled | JobTimeout:
+    def _why_stopped(self, handle: JobHandle, now: float) -> JobCancelled | JobTimeout | None:
+        """Why a job must stop now (past the soft time limit once started, or revoked), or None."""
         job_id = handle.request.request_id
-        if timed_out:
+        if handle.started_at is not None and now - handle.started_at > self.soft_limit_s:
             return JobTimeout(f"job {job_id} ran past the soft time limit of {self.soft_limit_s:.0f} s and was stopped")
-        return JobCancelled(f"job {job_id} was revoked")
+        if self.is_revoked(job_id):
+            return JobCancelled(f"job {job_id} was revoked")
+        return None
 
     def _watch(self) -> None:
         """End the process when one synthesizer call hangs past the hard limit: its supervisor starts

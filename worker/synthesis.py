@@ -246,7 +246,7 @@ class Synthesizer:
                 continue
             if not segment.quality.ok and segment.attempt < self.settings.quality_retries:
                 self._regenerate(entry, segment)
-            elif all(s.quality is not None and s.status is Status.FINISHED for s in entry.segments):
+            elif entry.segments_done == len(entry.segments):
                 entry.generated_at = now
                 del self.in_flight[entry.number]
                 finished.append((entry, self._finish(entry)))

@@ -112,14 +112,6 @@ TEXTS = [
     "Speech, batched.",
     "Tokens, voices and seeds all differ between these rows of one pass.",
 ]
-TEXTS = [
-    "Hello.",
-    "The farm reads long documents aloud without cutting them off, one segment at a time.",
-    "Short one here.",
-    "A middle sized sentence about queues and workers.",
-    "Speech, batched.",
-    "Tokens, voices and seeds all differ between these rows of one pass.",
-]
 
 
 @pytest.fixture

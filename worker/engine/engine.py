@@ -111,10 +111,10 @@ class Engine:
         finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
         for slot in [slot for slot in self.scheduler.running if finished[slot]]:
             segment = self._retire(slot)
-            codes_and_hiddens = self.runner.output(slot, lengths[slot])
+            hiddens, codes = self.runner.output(slot, lengths[slot])
             segment.output = SegmentOutput(
-                hiddens=codes_and_hiddens[0],
-                codes=codes_and_hiddens[1],
+                hiddens=hiddens,
+                codes=codes,
                 tokens=lengths[slot],
                 ended_by=_reason(ended_by[slot], lengths[slot], segment),
             )
@@ -122,29 +122,25 @@ class Engine:
         return left
 
     def _prefill(self, admitted: list[Segment]) -> list[Segment]:
-        chat = self.model.chat
         device = self.model.device
-        input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-            [segment.prompt for segment in admitted], chat.config.gpt.num_vq, device=device
-        )
+        input_ids, attention_mask, text_mask = _encode_prompts(self.model, admitted)
         lengths = attention_mask.sum(dim=1)
-        too_long = [
-            (row, tokens) for row, tokens in enumerate(lengths.tolist()) if tokens > self.runner.max_prompt_tokens
-        ]
-        rejected = []
-        for row, tokens in too_long:
-            segment = admitted[row]
-            segment.error = PromptTooLong(tokens, self.runner.max_prompt_tokens)
-            self.scheduler.retire(segment.slot)
-            rejected.append(segment)
+        limit = self.runner.max_prompt_tokens
+        keep, rejected = [], []
+        for row, (segment, tokens) in enumerate(zip(admitted, lengths.tolist(), strict=True)):
+            if tokens > limit:
+                segment.error = PromptTooLong(tokens, limit)
+                self.scheduler.retire(segment.slot)
+                rejected.append(segment)
+            else:
+                keep.append(row)
         if rejected:
-            keep = [row for row in range(len(admitted)) if row not in dict(too_long)]
             admitted = [admitted[row] for row in keep]
             if not admitted:
                 return rejected
             input_ids, text_mask, lengths = input_ids[keep], text_mask[keep], lengths[keep]
 
-        embeddings = _with_speakers(self.model, admitted, input_ids, chat.embed(input_ids, text_mask))
+        embeddings = _with_speakers(self.model, admitted, input_ids, self.model.chat.embed(input_ids, text_mask))
         # The tokenizer pads on the left; each slot's prompt starts at its column 0.
         width = embeddings.shape[1]
         shifted = (torch.arange(width, device=device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
@@ -186,11 +182,14 @@ class Engine:
 
 def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded prompt embeddings (rows, length, width), each with its speaker, and their mask."""
+    input_ids, attention_mask, text_mask = _encode_prompts(model, segments)
+    return _with_speakers(model, segments, input_ids, model.chat.embed(input_ids, text_mask)), attention_mask
+
+
+def _encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The segments' prompts as ChatTTS's tokenizer gives them: left-padded ids, attention mask, text mask."""
     chat = model.chat
-    input_ids, attention_mask, text_mask = chat.tokenizer.encode(
-        [segment.prompt for segment in segments], chat.config.gpt.num_vq, device=model.device
-    )
-    return _with_speakers(model, segments, input_ids, chat.embed(input_ids, text_mask)), attention_mask
+    return chat.tokenizer.encode([segment.prompt for segment in segments], chat.config.gpt.num_vq, device=model.device)
 
 
 def _with_speakers(
