@@ -34,7 +34,8 @@ from chattts_farm.contract import (
 from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
-from worker import audio, quality, voices
+from worker import audio, voices
+from worker.decoding import BackgroundDecoder, Decoded
 from worker.engine.engine import Engine
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
@@ -54,6 +55,9 @@ CPU_RUNNING_ROWS = 64
 GPU_MEMORY_SHARE = 0.85
 GPU_WORKSPACE_BYTES = 6 * 2**30
 MAX_AUTO_RUNNING_ROWS = 512
+# With nothing for the engine to run, a step waits at most this long for the vocoder: short enough
+# that a request arriving meanwhile starts at once.
+DECODER_WAIT_S = 0.02
 
 # on_progress(request index, fraction 0..1, segments done, segments in all)
 ProgressCallback = Callable[[int, float, int, int], None]
@@ -130,9 +134,10 @@ class RequestInFlight:
 class Synthesizer:
     """Requests in, results out, on one model: ``add`` requests, call ``step`` until they come out.
 
-    Each step runs the engine one step (segments of any request join and leave its running batch),
-    decodes the segments that came out, sends those the quality gate flags back with another seed,
-    and finishes every request whose segments are all done. ``synthesize`` does all of it for a
+    Each step runs the engine one step (segments of any request join and leave its running batch)
+    and hands the segments that came out to the vocoder's thread (:mod:`worker.decoding`); of those
+    it has decoded, it sends the ones the quality gate flags back with another seed, and finishes
+    every request whose segments are all done. ``synthesize`` does all of it for a
     list of requests.
     """
 
@@ -148,6 +153,7 @@ class Synthesizer:
             kv_dtype=kv_dtype(settings),
         )
         self.vocoder = Vocoder(model, settings.max_rows_per_pass)
+        self.decoder = BackgroundDecoder(self.vocoder, model.device)
         self.in_flight: dict[int, RequestInFlight] = {}
         self._numbers = itertools.count()
 
@@ -224,26 +230,50 @@ class Synthesizer:
         return added
 
     def step(self) -> list[tuple[RequestInFlight, SynthesisResult | FarmError]]:
-        """Run the engine one step; returns the requests that finished in it, with their outcomes."""
+        """Run the engine one step and take back what the vocoder decoded meanwhile; returns the
+        requests that finished, with their outcomes.
+
+        With nothing left for the engine, waits a little for the vocoder instead of spinning.
+        """
         finished: list[tuple[RequestInFlight, SynthesisResult | FarmError]] = []
-        out_of_engine = []
+        if self.engine.has_work:
+            finished.extend(self._run_engine())
+        for decoded in self.decoder.collect(wait_s=0.0 if self.engine.has_work else DECODER_WAIT_S):
+            finished.extend(self._take_decoded(decoded))
+        return finished
+
+    def _run_engine(self) -> list[tuple[RequestInFlight, FarmError]]:
+        failed, out_of_engine = [], []
         for segment in self.engine.step():
             entry = self.in_flight.get(segment.owner)
             if entry is None:  # cancelled meanwhile
                 continue
             if segment.error is not None:
                 self.cancel(entry.number)
-                finished.append((entry, segment.error))
+                failed.append((entry, segment.error))
             else:
                 out_of_engine.append(segment)
-        if not out_of_engine:
-            return finished
-        self._decode_and_assess(out_of_engine)
+        if out_of_engine:
+            self.decoder.submit(out_of_engine)
+        return failed
+
+    def _take_decoded(self, decoded: Decoded) -> list[tuple[RequestInFlight, SynthesisResult]]:
+        """Give the decoded segments their audio; regenerate the flagged ones, finish complete requests."""
+        owners = {segment.owner for segment in decoded.segments} & self.in_flight.keys()
+        if decoded.error is not None:
+            if owners:  # else every request it served has gone (cancelled or abandoned)
+                raise decoded.error
+            return []
+        finished = []
         now = time.perf_counter()
-        for segment in out_of_engine:
+        for segment, samples, assessed in zip(decoded.segments, decoded.samples, decoded.qualities, strict=True):
             entry = self.in_flight.get(segment.owner)
             if entry is None:
                 continue
+            entry.decode_s += decoded.seconds / len(decoded.segments)
+            segment.samples, segment.quality = samples, assessed
+            segment.quality.retried = segment.attempt > 0
+            segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
             if not segment.quality.ok and segment.attempt < self.settings.quality_retries:
                 self._regenerate(entry, segment)
             elif entry.segments_done == len(entry.segments):
@@ -340,21 +370,6 @@ class Synthesizer:
                         segment.text = text
                         segment.expected_tokens = expected_tokens(text, segment.request.speed)
                 refined.destroy()
-
-    def _decode_and_assess(self, segments: list[Segment]) -> None:
-        started = time.perf_counter()
-        decoded = self.vocoder.decode([s.output.hiddens for s in segments])
-        elapsed = time.perf_counter() - started
-        for segment, samples in zip(segments, decoded, strict=True):
-            segment.samples = samples
-            segment.quality = quality.assess(
-                samples, segment.output.tokens, segment.expected_tokens, segment.output.ended_by
-            )
-            segment.quality.retried = segment.attempt > 0
-            segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
-            entry = self.in_flight.get(segment.owner)
-            if entry is not None:
-                entry.decode_s += elapsed / len(segments)
 
     def _regenerate(self, entry: RequestInFlight, segment: Segment) -> None:
         """Send a segment the quality gate flagged back to the engine with another seed."""

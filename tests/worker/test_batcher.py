@@ -70,6 +70,22 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(cor
     assert len(calls) <= 2 * 3  # bounded: at most log2(n) levels of splitting
 
 
+def test_a_job_whose_audio_fails_to_decode_fails_alone_and_its_batch_mates_complete(core, monkeypatch):
+    real_decode = core.decoder._decode
+
+    def decode(written, segments):
+        if any("POISON" in segment.text for segment in segments):
+            raise RuntimeError("vocoder crash")
+        return real_decode(written, segments)
+
+    monkeypatch.setattr(core.decoder, "_decode", decode)
+    batcher = started_batcher(core)
+    handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
+    outcomes = outcomes_of(handles)
+    assert isinstance(outcomes[2], SynthesisFailed) and "vocoder crash" in str(outcomes[2])
+    assert all(not isinstance(o, Exception) and o.duration_s > 0 for i, o in enumerate(outcomes) if i != 2)
+
+
 def test_an_out_of_memory_step_is_split_until_it_fits_and_every_job_completes(core, monkeypatch):
     failing_engine(
         core,

@@ -1,0 +1,78 @@
+"""The vocoder's thread: segments the engine finished come back decoded and assessed, in batches."""
+
+import pytest
+import torch
+
+from worker import quality
+from worker.decoding import BackgroundDecoder
+
+
+@pytest.fixture
+def finished_segments(tiny_settings, synthesizer, make_request):
+    """Segments of two requests as the engine hands them over: with their output, not yet decoded."""
+    from worker.synthesis import Synthesizer
+
+    core = Synthesizer(synthesizer.model, tiny_settings)
+    entries = core.add([make_request("One short line."), make_request("A second, longer line of text to speak.")])
+    segments = []
+    while core.engine.has_work:
+        segments.extend(core.engine.step())
+    assert {segment.owner for segment in segments} == {entry.number for entry in entries}
+    return segments
+
+
+def collect_all(decoder, timeout_s=60):
+    batches = []
+    while decoder.pending:
+        batches.extend(decoder.collect(wait_s=timeout_s))
+    return batches
+
+
+def test_segments_handed_over_together_come_back_as_one_batch_equal_to_the_vocoder_alone(
+    synthesizer, finished_segments
+):
+    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
+    decoder.submit(finished_segments)
+    (batch,) = collect_all(decoder)
+    assert batch.error is None and batch.segments == finished_segments and batch.seconds > 0
+    expected = synthesizer.vocoder.decode([segment.output.hiddens for segment in finished_segments])
+    for samples, alone, segment, assessed in zip(
+        batch.samples, expected, finished_segments, batch.qualities, strict=True
+    ):
+        assert (samples == alone).all()
+        output = segment.output
+        assert assessed == quality.assess(alone, output.tokens, segment.expected_tokens, output.ended_by)
+    assert decoder.pending == 0
+
+
+def test_results_become_part_of_a_segment_only_when_the_engine_thread_takes_them(synthesizer, finished_segments):
+    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
+    decoder.submit(finished_segments)
+    collect_all(decoder)
+    assert all(segment.samples is None and segment.quality is None for segment in finished_segments)
+
+
+def test_a_failed_batch_comes_back_with_its_error_and_the_thread_serves_the_next(synthesizer, finished_segments):
+    class BrokenOnce:
+        def __init__(self):
+            self.calls = 0
+
+        def decode(self, hiddens):
+            self.calls += 1
+            if self.calls == 1:
+                raise RuntimeError("vocoder crash")
+            return synthesizer.vocoder.decode(hiddens)
+
+    decoder = BackgroundDecoder(BrokenOnce(), torch.device("cpu"))
+    decoder.submit(finished_segments)
+    (failed,) = collect_all(decoder)
+    assert isinstance(failed.error, RuntimeError) and failed.segments == finished_segments and not failed.samples
+    decoder.submit(finished_segments)
+    (decoded,) = collect_all(decoder)
+    assert decoded.error is None and len(decoded.samples) == len(finished_segments)
+
+
+def test_collect_without_waiting_returns_at_once_and_with_nothing_pending_never_waits(synthesizer):
+    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
+    assert decoder.collect() == []
+    assert decoder.collect(wait_s=30) == []  # nothing pending: returns at once, not after 30 s
