@@ -297,9 +297,14 @@ def run_farm(
     device: torch.device,
     warm_up: list[SynthesisRequest],
     requests: list[SynthesisRequest],
+    gpus: str | None = None,
 ) -> ModeResult:
-    """The workload through Redis and a `chattts-farm worker` of its own on the same device."""
-    placement = ["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"]
+    """The workload through Redis and a `chattts-farm worker` of its own: on ``gpus`` (nvidia-smi's
+    numbers, comma-separated) when given, else on the engine's device."""
+    if gpus is not None:
+        placement = ["--gpus", gpus]
+    else:
+        placement = ["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"]
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with bench_redis(workdir, arguments.redis_server) as redis_url:
@@ -319,7 +324,10 @@ def run_farm(
             progress("farm: warming up")
             through_farm(client, warm_up)
             progress("farm: the workload")
-            return through_farm(client, requests)
+            result = through_farm(client, requests)
+    if gpus is not None:
+        result.mode += f", GPUs {gpus}"
+    return result
 
 
 def gpu_number(device: torch.device) -> str:
@@ -425,6 +433,12 @@ def main() -> None:
     parser.add_argument("--stock", type=int, default=2, help="Jobs through stock ChatTTS, serially.")
     parser.add_argument("--skip-stock", action="store_true")
     parser.add_argument("--skip-farm", action="store_true")
+    parser.add_argument(
+        "--farm-gpus",
+        action="append",
+        help="GPUs of a farm run, as `chattts-farm worker --gpus` takes them (0,1); repeat for several runs. "
+        "Default: one run on the engine's GPU.",
+    )
     parser.add_argument("--soak-s", type=float, default=0, help="Seconds of soak through the engine (0: none).")
     parser.add_argument("--soak-every-s", type=float, default=30, help="Seconds between the soak's samples.")
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
@@ -476,7 +490,8 @@ def main() -> None:
         torch.cuda.empty_cache()
         progress(f"engine freed: {torch.cuda.memory_reserved(device) / MIB:.0f} MiB still reserved here")
     if not arguments.skip_farm:
-        results.append(run_farm(arguments, device, warm_up, workload))
+        for gpus in arguments.farm_gpus or [None]:
+            results.append(run_farm(arguments, device, warm_up, workload, gpus))
 
     print(
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
