@@ -17,6 +17,8 @@ _CODECS = {
     "mp3": ("MP3", "MPEG_LAYER_III"),
 }
 assert set(_CODECS) == set(MIME_TYPES), "every contract format needs an encoder"
+# Streamed chunks: headerless samples, as in the WAV.
+_CODECS["pcm"] = ("RAW", "PCM_16")
 
 
 def encode(samples: np.ndarray, sample_rate: int, audio_format: str) -> bytes:
@@ -26,6 +28,11 @@ def encode(samples: np.ndarray, sample_rate: int, audio_format: str) -> bytes:
     clipped = np.clip(np.nan_to_num(samples.astype(np.float32)), -1.0, 1.0)
     soundfile.write(buffer, clipped, sample_rate, format=container, subtype=codec)
     return buffer.getvalue()
+
+
+def pcm16(samples: np.ndarray, sample_rate: int) -> bytes:
+    """Raw little-endian 16-bit samples, converted exactly as :func:`encode` converts them for a WAV."""
+    return encode(samples, sample_rate, "pcm")
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:

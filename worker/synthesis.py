@@ -35,7 +35,7 @@ from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
 from worker import audio, voices
-from worker.decoding import BackgroundDecoder, Decoded
+from worker.decoding import BackgroundDecoder, Decoded, Piece, assess
 from worker.engine.engine import Engine
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
@@ -44,6 +44,7 @@ from worker.engine.vocoder import Vocoder
 from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.sampling import segment_seed
 from worker.segmenting import split_segments
+from worker.streaming import Deliver, RequestStream
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,7 @@ class RequestInFlight:
     decode_s: float = 0.0
     generated_at: float | None = None
     shared_with: int = 1  # the most requests in flight together while this one was
+    stream: RequestStream | None = None  # how its audio goes out as it is drawn, when it streams
 
     @property
     def segments_done(self) -> int:
@@ -209,16 +211,32 @@ class Synthesizer:
                         on_progress(index, *self.progress(self.in_flight[number]))
         return outcomes
 
-    def add(self, requests: Sequence[SynthesisRequest]) -> list[RequestInFlight | FarmError]:
-        """Prepare requests (split, normalise, refine) and queue their segments in the engine."""
+    def add(
+        self, requests: Sequence[SynthesisRequest], on_audio: Sequence[Deliver | None] | None = None
+    ) -> list[RequestInFlight | FarmError]:
+        """Prepare requests (split, normalise, refine) and queue their segments in the engine.
+
+        A request given an ``on_audio`` callback streams: the callback gets its audio, in order, as
+        the engine draws it (see :mod:`worker.streaming`); the result holds the same audio whole.
+        """
         started = time.perf_counter()
         added: list[RequestInFlight | FarmError] = []
-        for request in requests:
+        for request, deliver in zip(requests, on_audio or [None] * len(requests), strict=True):
             try:
-                added.append(self._prepare(next(self._numbers), request))
+                entry = self._prepare(next(self._numbers), request)
             except InvalidRequest as error:
                 logger.info("request %s refused: %s", request.request_id, error)
                 added.append(error)
+                continue
+            if deliver is not None:
+                entry.stream = RequestStream(
+                    entry.segments,
+                    deliver=deliver,
+                    pause_samples=int(self.settings.segment_pause_s * SAMPLE_RATE),
+                    frames_per_second=SAMPLE_RATE / self.vocoder.samples_per_frame,
+                    context_frames=self.vocoder.context_frames,
+                )
+            added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, RequestInFlight)]
         self._refine(prepared)
         text_s = time.perf_counter() - started
@@ -243,7 +261,7 @@ class Synthesizer:
         return finished
 
     def _run_engine(self) -> list[tuple[RequestInFlight, FarmError]]:
-        failed, out_of_engine = [], []
+        failed, pieces = [], []
         for segment in self.engine.step():
             entry = self.in_flight.get(segment.owner)
             if entry is None:  # cancelled meanwhile
@@ -252,29 +270,56 @@ class Synthesizer:
                 self.cancel(entry.number)
                 failed.append((entry, segment.error))
             else:
-                out_of_engine.append(segment)
-        if out_of_engine:
-            self.decoder.submit(out_of_engine)
+                pieces.append(entry.stream.last_piece(segment) if entry.stream else Piece.whole(segment))
+        if any(entry.stream for entry in self.in_flight.values()):
+            pieces.extend(self._cut_streams())
+        if pieces:
+            self.decoder.submit(pieces)
         return failed
 
+    def _cut_streams(self) -> list[Piece]:
+        """The next pieces of the running segments of streaming requests."""
+        pieces = []
+        for segment in self.engine.running_segments:
+            entry = self.in_flight.get(segment.owner)
+            if entry is None or entry.stream is None:
+                continue
+            piece = entry.stream.cut(
+                segment,
+                self.engine.tokens_drawn(segment),
+                lambda start, stop, segment=segment: self.engine.hidden_states(segment, start, stop),
+            )
+            if piece is not None:
+                pieces.append(piece)
+        return pieces
+
     def _take_decoded(self, decoded: Decoded) -> list[tuple[RequestInFlight, SynthesisResult]]:
-        """Give the decoded segments their audio; regenerate the flagged ones, finish complete requests."""
-        owners = {segment.owner for segment in decoded.segments} & self.in_flight.keys()
+        """Give the decoded pieces to their segments (and streams); regenerate the segments the quality
+        gate flags, finish complete requests."""
+        owners = {piece.segment.owner for piece in decoded.pieces} & self.in_flight.keys()
         if decoded.error is not None:
             if owners:  # else every request it served has gone (cancelled or abandoned)
                 raise decoded.error
             return []
         finished = []
         now = time.perf_counter()
-        for segment, samples, assessed in zip(decoded.segments, decoded.samples, decoded.qualities, strict=True):
+        for piece, samples, assessed in zip(decoded.pieces, decoded.samples, decoded.qualities, strict=True):
+            segment = piece.segment
             entry = self.in_flight.get(segment.owner)
             if entry is None:
                 continue
-            entry.decode_s += decoded.seconds / len(decoded.segments)
+            entry.decode_s += decoded.seconds / len(decoded.pieces)
+            if entry.stream is not None:
+                entry.stream.take(piece, samples)
+                if not piece.last:
+                    continue
+                samples = entry.stream.samples(segment)
+                assessed = assess(segment, samples)
             segment.samples, segment.quality = samples, assessed
             segment.quality.retried = segment.attempt > 0
             segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
-            if not segment.quality.ok and segment.attempt < self.settings.quality_retries:
+            # A streamed segment is never generated again: its audio has gone out.
+            if not segment.quality.ok and segment.attempt < self.settings.quality_retries and entry.stream is None:
                 self._regenerate(entry, segment)
             elif entry.segments_done == len(entry.segments):
                 entry.generated_at = now

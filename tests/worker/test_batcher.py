@@ -73,10 +73,10 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(cor
 def test_a_job_whose_audio_fails_to_decode_fails_alone_and_its_batch_mates_complete(core, monkeypatch):
     real_decode = core.decoder._decode
 
-    def decode(written, segments):
-        if any("POISON" in segment.text for segment in segments):
+    def decode(written, pieces):
+        if any("POISON" in piece.segment.text for piece in pieces):
             raise RuntimeError("vocoder crash")
-        return real_decode(written, segments)
+        return real_decode(written, pieces)
 
     monkeypatch.setattr(core.decoder, "_decode", decode)
     batcher = started_batcher(core)

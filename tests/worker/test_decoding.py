@@ -1,10 +1,10 @@
-"""The vocoder's thread: segments the engine finished come back decoded and assessed, in batches."""
+"""The vocoder's thread: pieces of segments the engine drew come back decoded (and assessed), in batches."""
 
 import pytest
 import torch
 
 from worker import quality
-from worker.decoding import BackgroundDecoder
+from worker.decoding import BackgroundDecoder, Piece
 
 
 @pytest.fixture
@@ -28,13 +28,14 @@ def collect_all(decoder, timeout_s=60):
     return batches
 
 
-def test_segments_handed_over_together_come_back_as_one_batch_equal_to_the_vocoder_alone(
+def test_whole_segments_handed_over_together_come_back_as_one_batch_equal_to_the_vocoder_alone(
     synthesizer, finished_segments
 ):
     decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
-    decoder.submit(finished_segments)
+    pieces = [Piece.whole(segment) for segment in finished_segments]
+    decoder.submit(pieces)
     (batch,) = collect_all(decoder)
-    assert batch.error is None and batch.segments == finished_segments and batch.seconds > 0
+    assert batch.error is None and batch.pieces == pieces and batch.seconds > 0
     expected = synthesizer.vocoder.decode([segment.output.hiddens for segment in finished_segments])
     for samples, alone, segment, assessed in zip(
         batch.samples, expected, finished_segments, batch.qualities, strict=True
@@ -45,15 +46,32 @@ def test_segments_handed_over_together_come_back_as_one_batch_equal_to_the_vocod
     assert decoder.pending == 0
 
 
+def test_a_piece_of_a_row_decodes_its_kept_frames_as_the_whole_row_does(synthesizer, finished_segments):
+    vocoder = synthesizer.vocoder
+    segment = max(finished_segments, key=lambda s: s.output.hiddens.shape[0])
+    hiddens, context, per_frame = segment.output.hiddens, vocoder.context_frames, vocoder.samples_per_frame
+    keep_from, keep_to = context + 3, hiddens.shape[0] - context
+    start, stop = keep_from - context, keep_to + context
+    decoder = BackgroundDecoder(vocoder, torch.device("cpu"))
+    decoder.submit([Piece(segment, hiddens[start:stop], start, keep_from, keep_to, last=False, assess=False)])
+    (batch,) = collect_all(decoder)
+    whole = vocoder.decode([hiddens])[0]
+    assert batch.qualities == [None]
+    assert batch.samples[0].shape == ((keep_to - keep_from) * per_frame,)
+    assert abs(batch.samples[0] - whole[keep_from * per_frame : keep_to * per_frame]).max() < 1e-4
+
+
 def test_results_become_part_of_a_segment_only_when_the_engine_thread_takes_them(synthesizer, finished_segments):
     decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
-    decoder.submit(finished_segments)
+    decoder.submit([Piece.whole(segment) for segment in finished_segments])
     collect_all(decoder)
     assert all(segment.samples is None and segment.quality is None for segment in finished_segments)
 
 
 def test_a_failed_batch_comes_back_with_its_error_and_the_thread_serves_the_next(synthesizer, finished_segments):
     class BrokenOnce:
+        samples_per_frame = synthesizer.vocoder.samples_per_frame
+
         def __init__(self):
             self.calls = 0
 
@@ -64,10 +82,11 @@ def test_a_failed_batch_comes_back_with_its_error_and_the_thread_serves_the_next
             return synthesizer.vocoder.decode(hiddens)
 
     decoder = BackgroundDecoder(BrokenOnce(), torch.device("cpu"))
-    decoder.submit(finished_segments)
+    pieces = [Piece.whole(segment) for segment in finished_segments]
+    decoder.submit(pieces)
     (failed,) = collect_all(decoder)
-    assert isinstance(failed.error, RuntimeError) and failed.segments == finished_segments and not failed.samples
-    decoder.submit(finished_segments)
+    assert isinstance(failed.error, RuntimeError) and failed.pieces == pieces and not failed.samples
+    decoder.submit(pieces)
     (decoded,) = collect_all(decoder)
     assert decoded.error is None and len(decoded.samples) == len(finished_segments)
 

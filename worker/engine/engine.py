@@ -78,6 +78,14 @@ class Engine:
             return 0
         return 1 + self.decode_steps - self._joined[segment.slot][1]
 
+    @property
+    def running_segments(self) -> list[Segment]:
+        return list(self.scheduler.running.values())
+
+    def hidden_states(self, segment: Segment, start: int, stop: int) -> torch.Tensor:
+        """A copy of a running segment's hidden states of steps [start, stop) (drawn ones: see tokens_drawn)."""
+        return self.runner.hiddens[segment.slot, start:stop].clone()
+
     def cancel(self, should_stop: Callable[[Segment], bool]) -> list[Segment]:
         """Stop matching segments: waiting ones leave now (returned); running ones end at the next step."""
         running = [slot for slot, segment in self.scheduler.running.items() if should_stop(segment)]

@@ -1,0 +1,126 @@
+"""Streaming: a request's audio goes out in order while the engine draws it, and joined it is the audio
+the request has unstreamed."""
+
+import numpy as np
+import pytest
+import torch
+
+from chattts_farm.contract import SynthesisRequest
+from worker.engine.segment import Segment
+from worker.streaming import RequestStream
+from worker.synthesis import Synthesizer
+
+LONG_TEXT = (
+    "The farm streams its audio while it speaks. Every segment starts as soon as the engine has it. "
+    "A later segment waits for the ones before it, then follows a short pause. "
+    "Joined, the chunks are the audio the job has when it is not streamed."
+)
+
+
+@pytest.fixture
+def core(tiny_settings, synthesizer):
+    return Synthesizer(synthesizer.model, tiny_settings)
+
+
+def run(core, requests, on_audio):
+    """Drive the synthesizer as the batcher does; returns the outcomes by request id and, for each
+    delivery, (request id, how many steps had run, samples)."""
+    steps = 0
+    outcomes = {}
+    added = core.add(requests, on_audio)
+    assert all(not isinstance(entry, Exception) for entry in added)
+    while core.in_flight:
+        for entry, outcome in core.step():
+            outcomes[entry.request.request_id] = (outcome, steps)
+        steps += 1
+    return outcomes
+
+
+def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(core, make_request):
+    request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=7).__dict__, "request_id": "streamed"})
+    chunks = []
+    (streamed, _) = run(core, [request], [chunks.append])["streamed"]
+    assert streamed.segments > 1
+    joined = np.concatenate(chunks)
+    # The result holds exactly the audio that went out...
+    assert np.array_equal(joined, streamed.samples)
+    # ...which is the audio of the same request unstreamed, up to float rounding.
+    plain = core.synthesize([make_request(LONG_TEXT, seed=7)])[0]
+    assert joined.shape == plain.samples.shape
+    assert np.abs(joined - plain.samples).max() < 1e-4
+
+
+def test_the_first_chunk_is_small_and_goes_out_long_before_the_request_ends(core, make_request):
+    request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=3).__dict__, "request_id": "streamed"})
+    deliveries = []
+    steps = {"now": 0}
+    real_step = core.step
+
+    def counted_step():
+        steps["now"] += 1
+        return real_step()
+
+    core.step = counted_step
+    (result, _) = run(core, [request], [lambda samples: deliveries.append((steps["now"], samples.size))])["streamed"]
+    first_at, first_size = deliveries[0]
+    assert first_at < steps["now"] / 3
+    assert first_size <= 0.5 * result.sample_rate
+    assert max(size for _, size in deliveries) > first_size  # later chunks are larger
+
+
+def test_a_streamed_and_a_plain_request_share_the_engine_and_each_gets_its_own_audio(core, make_request):
+    streamed = SynthesisRequest(**{**make_request(LONG_TEXT, seed=1).__dict__, "request_id": "streamed"})
+    plain = SynthesisRequest(**{**make_request("Only the result, please.", seed=2).__dict__, "request_id": "plain"})
+    chunks = []
+    outcomes = run(core, [streamed, plain], [chunks.append, None])
+    assert np.array_equal(np.concatenate(chunks), outcomes["streamed"][0].samples)
+    alone = core.synthesize([make_request("Only the result, please.", seed=2)])[0]
+    assert outcomes["plain"][0].samples.shape == alone.samples.shape
+    assert np.abs(outcomes["plain"][0].samples - alone.samples).max() < 1e-4
+
+
+def segments_of(count):
+    return [
+        Segment(owner=0, index=i, text="x", request=None, speaker=None, seed=0, expected_tokens=1, max_tokens=1)
+        for i in range(count)
+    ]
+
+
+class PieceOf:
+    def __init__(self, segment, last):
+        self.segment, self.last = segment, last
+
+
+def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
+    delivered = []
+    segments = segments_of(3)
+    stream = RequestStream(
+        segments, deliver=delivered.append, pause_samples=2, frames_per_second=50.0, context_frames=4
+    )
+    audio = {name: np.full(3, value, dtype=np.float32) for value, name in enumerate("abcdef", start=1)}
+    stream.take(PieceOf(segments[1], last=False), audio["c"])  # segment 1 is drawn first: held back
+    stream.take(PieceOf(segments[2], last=True), audio["e"])
+    assert delivered == []
+    stream.take(PieceOf(segments[0], last=False), audio["a"])
+    stream.take(PieceOf(segments[0], last=True), audio["b"])
+    stream.take(PieceOf(segments[1], last=True), audio["d"])
+    pause = np.zeros(2, dtype=np.float32)
+    expected = [audio["a"], audio["b"], pause, audio["c"], audio["d"], pause, audio["e"]]
+    assert len(delivered) == len(expected)
+    assert all(np.array_equal(got, want) for got, want in zip(delivered, expected, strict=True))
+    assert np.array_equal(stream.samples(segments[1]), np.concatenate([audio["c"], audio["d"]]))
+
+
+def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
+    segment = segments_of(1)[0]
+    stream = RequestStream([segment], deliver=print, pause_samples=0, frames_per_second=40.0, context_frames=5)
+    assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
+    cuts = []
+    for drawn in range(1, 400):
+        piece = stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1))
+        if piece is not None:
+            assert piece.keep_to == drawn - 5  # the newest 5 frames may still change
+            assert piece.start == max(0, piece.keep_from - 5) and piece.hiddens.shape[0] == drawn - piece.start
+            cuts.append((piece.keep_from, piece.keep_to))
+    assert [stop - start for start, stop in cuts] == [10, 20, 40, 80, 80, 80, 80]
+    assert all(earlier[1] == later[0] for earlier, later in zip(cuts, cuts[1:], strict=False))
