@@ -9,6 +9,7 @@ synthesizer, and hands each thread its own result or error as soon as its job is
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import queue
@@ -17,7 +18,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from chattts_farm.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
+from worker.streaming import Deliver
 from worker.synthesis import PROGRESS_INTERVAL_S, RequestInFlight, SynthesisResult, Synthesizer
 
 logger = logging.getLogger(__name__)
@@ -34,10 +38,29 @@ class JobHandle:
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | Exception | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
+    on_audio: Deliver | None = None  # for a job that streams: gets its audio, in order, as it is drawn
+    _sent: int = 0  # samples given to on_audio
+    _position: int = 0  # samples the current attempt has produced
 
     def finish(self, outcome: SynthesisResult | Exception) -> None:
         self.outcome = outcome
         self.finished.set()
+
+    @property
+    def deliver(self) -> Deliver | None:
+        """What the synthesizer streams this job's audio to."""
+        return None if self.on_audio is None else self._deliver
+
+    def restart_stream(self) -> None:
+        """The job runs again (in isolation, with the seed it had): what went out already is not sent twice."""
+        self._position = 0
+
+    def _deliver(self, samples: np.ndarray) -> None:
+        fresh = samples[max(0, self._sent - self._position) :]
+        self._position += samples.size
+        if fresh.size:
+            self._sent += fresh.size
+            self.on_audio(fresh)
 
 
 @dataclass
@@ -75,8 +98,8 @@ class Batcher:
         self._thread.start()
         self._watchdog.start()
 
-    def submit(self, request: SynthesisRequest) -> JobHandle:
-        handle = JobHandle(request)
+    def submit(self, request: SynthesisRequest, on_audio: Deliver | None = None) -> JobHandle:
+        handle = JobHandle(request, on_audio=on_audio)
         self._arrived.put(handle)
         return handle
 
@@ -116,11 +139,16 @@ class Batcher:
         for handle in live:
             handle.started_at, handle.started_wall = now, wall
         logger.info("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
-        added = self._call(lambda: self.synthesizer.add([handle.request for handle in live]), arriving=live)
+        added = self._call(
+            lambda: self.synthesizer.add([handle.request for handle in live], [handle.deliver for handle in live]),
+            arriving=live,
+        )
         if added is None:
             return
         for handle, entry in zip(live, added, strict=True):
             if isinstance(entry, RequestInFlight):
+                # Pinned, so that a run in isolation after a failed step makes the same audio.
+                handle.request = dataclasses.replace(handle.request, seed=entry.seed)
                 self._in_flight[entry.number] = (handle, entry)
             else:
                 handle.finish(entry)
@@ -181,9 +209,13 @@ class Batcher:
         if not live:
             return
         self._busy_since = time.monotonic()
+        for handle in live:
+            handle.restart_stream()
         try:
             outcomes = self.synthesizer.synthesize(
-                [handle.request for handle in live], cancelled=lambda: self._stopped_among(live)
+                [handle.request for handle in live],
+                cancelled=lambda: self._stopped_among(live),
+                on_audio=[handle.deliver for handle in live],
             )
         except Exception as error:  # noqa: BLE001 - split below
             self.synthesizer.abandon()

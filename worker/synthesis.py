@@ -182,12 +182,14 @@ class Synthesizer:
         *,
         on_progress: ProgressCallback | None = None,
         cancelled: CancelledCheck | None = None,
+        on_audio: Sequence[Deliver | None] | None = None,
     ) -> list[SynthesisResult | FarmError]:
-        """Synthesise all requests together; each gets a result or its own error, in order."""
+        """Synthesise all requests together; each gets a result or its own error, in order (streaming
+        to its ``on_audio`` callback, as ``add`` does)."""
         self._reset_memory_stats()
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
         index_of: dict[int, int] = {}
-        for index, added in enumerate(self.add(requests)):
+        for index, added in enumerate(self.add(requests, on_audio)):
             if isinstance(added, RequestInFlight):
                 index_of[added.number] = index
             else:

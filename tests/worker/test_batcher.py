@@ -7,6 +7,7 @@ out-of-memory error cannot be produced on demand by the real model on a CPU.
 import dataclasses
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -68,6 +69,28 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(cor
     assert isinstance(outcomes[2], SynthesisFailed) and "segfault-like crash" in str(outcomes[2])
     assert all(not isinstance(o, Exception) and o.duration_s > 0 for i, o in enumerate(outcomes) if i != 2)
     assert len(calls) <= 2 * 3  # bounded: at most log2(n) levels of splitting
+
+
+def test_a_streaming_job_whose_step_fails_streams_on_from_where_it_was_without_repeating_audio(core, monkeypatch):
+    chunks = []
+    failed = []
+
+    def fails(segments):
+        if chunks and not failed:  # once, after the stream has begun
+            failed.append(True)
+            return RuntimeError("transient crash")
+        return None
+
+    failing_engine(core, monkeypatch, fails)
+    batcher = started_batcher(core)
+    text = " ".join(TEXTS) * 3
+    streamed = batcher.submit(SynthesisRequest(text=text, request_id="streamed"), on_audio=chunks.append)
+    mate = batcher.submit(SynthesisRequest(text="A batch mate.", request_id="mate"))
+    result, mate_result = outcomes_of([streamed, mate])
+    assert failed and not isinstance(result, Exception) and not isinstance(mate_result, Exception)
+    joined = np.concatenate(chunks)
+    assert joined.shape == result.samples.shape  # nothing went out twice, nothing is missing
+    assert np.abs(joined - result.samples).max() < 1e-4
 
 
 def test_a_job_whose_audio_fails_to_decode_fails_alone_and_its_batch_mates_complete(core, monkeypatch):
