@@ -55,12 +55,12 @@ class JobHandle:
         """The job runs again (in isolation, with the seed it had): what went out already is not sent twice."""
         self._position = 0
 
-    def _deliver(self, samples: np.ndarray) -> None:
+    def _deliver(self, segment: int, samples: np.ndarray) -> None:
         fresh = samples[max(0, self._sent - self._position) :]
         self._position += samples.size
         if fresh.size:
             self._sent += fresh.size
-            self.on_audio(fresh)
+            self.on_audio(segment, fresh)
 
 
 @dataclass

@@ -26,8 +26,9 @@ from worker.engine.segment import Segment
 FIRST_CHUNK_S = 0.25
 LARGEST_CHUNK_S = 2.0
 
-# deliver(samples): the next float32 samples of a request's audio, in order
-Deliver = Callable[[np.ndarray], None]
+# deliver(segment index, samples): the next float32 samples of a request's audio, in order, and the
+# segment of its text they belong to (the pause before a segment belongs to it)
+Deliver = Callable[[int, np.ndarray], None]
 
 
 class RequestStream:
@@ -87,14 +88,14 @@ class RequestStream:
             pieces = self._audio[self._next_segment]
             for ready in pieces[self._delivered :]:
                 if ready.size:
-                    self.deliver(ready)
+                    self.deliver(self._next_segment, ready)
             self._delivered = len(pieces)
             if not self._complete[self._next_segment]:
                 return
             self._next_segment += 1
             self._delivered = 0
             if self._next_segment < len(self.segments) and self.pause_samples:
-                self.deliver(np.zeros(self.pause_samples, dtype=np.float32))
+                self.deliver(self._next_segment, np.zeros(self.pause_samples, dtype=np.float32))
 
     def samples(self, segment: Segment) -> np.ndarray:
         """A complete segment's audio: its pieces joined."""

@@ -84,7 +84,9 @@ def test_a_streaming_job_whose_step_fails_streams_on_from_where_it_was_without_r
     failing_engine(core, monkeypatch, fails)
     batcher = started_batcher(core)
     text = " ".join(TEXTS) * 3
-    streamed = batcher.submit(SynthesisRequest(text=text, request_id="streamed"), on_audio=chunks.append)
+    streamed = batcher.submit(
+        SynthesisRequest(text=text, request_id="streamed"), on_audio=lambda segment, samples: chunks.append(samples)
+    )
     mate = batcher.submit(SynthesisRequest(text="A batch mate.", request_id="mate"))
     result, mate_result = outcomes_of([streamed, mate])
     assert failed and not isinstance(result, Exception) and not isinstance(mate_result, Exception)

@@ -39,7 +39,7 @@ def run(core, requests, on_audio):
 def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(core, make_request):
     request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=7).__dict__, "request_id": "streamed"})
     chunks = []
-    (streamed, _) = run(core, [request], [chunks.append])["streamed"]
+    (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append(samples)])["streamed"]
     assert streamed.segments > 1
     joined = np.concatenate(chunks)
     # The result holds exactly the audio that went out...
@@ -61,7 +61,9 @@ def test_the_first_chunk_is_small_and_goes_out_long_before_the_request_ends(core
         return real_step()
 
     core.step = counted_step
-    (result, _) = run(core, [request], [lambda samples: deliveries.append((steps["now"], samples.size))])["streamed"]
+    (result, _) = run(core, [request], [lambda segment, samples: deliveries.append((steps["now"], samples.size))])[
+        "streamed"
+    ]
     first_at, first_size = deliveries[0]
     assert first_at < steps["now"] / 3
     assert first_size <= 0.5 * result.sample_rate
@@ -72,7 +74,7 @@ def test_a_streamed_and_a_plain_request_share_the_engine_and_each_gets_its_own_a
     streamed = SynthesisRequest(**{**make_request(LONG_TEXT, seed=1).__dict__, "request_id": "streamed"})
     plain = SynthesisRequest(**{**make_request("Only the result, please.", seed=2).__dict__, "request_id": "plain"})
     chunks = []
-    outcomes = run(core, [streamed, plain], [chunks.append, None])
+    outcomes = run(core, [streamed, plain], [lambda segment, samples: chunks.append(samples), None])
     assert np.array_equal(np.concatenate(chunks), outcomes["streamed"][0].samples)
     alone = core.synthesize([make_request("Only the result, please.", seed=2)])[0]
     assert outcomes["plain"][0].samples.shape == alone.samples.shape
@@ -95,7 +97,11 @@ def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
     delivered = []
     segments = segments_of(3)
     stream = RequestStream(
-        segments, deliver=delivered.append, pause_samples=2, frames_per_second=50.0, context_frames=4
+        segments,
+        deliver=lambda segment, samples: delivered.append((segment, samples)),
+        pause_samples=2,
+        frames_per_second=50.0,
+        context_frames=4,
     )
     audio = {name: np.full(3, value, dtype=np.float32) for value, name in enumerate("abcdef", start=1)}
     stream.take(PieceOf(segments[1], last=False), audio["c"])  # segment 1 is drawn first: held back
@@ -105,15 +111,25 @@ def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
     stream.take(PieceOf(segments[0], last=True), audio["b"])
     stream.take(PieceOf(segments[1], last=True), audio["d"])
     pause = np.zeros(2, dtype=np.float32)
-    expected = [audio["a"], audio["b"], pause, audio["c"], audio["d"], pause, audio["e"]]
-    assert len(delivered) == len(expected)
-    assert all(np.array_equal(got, want) for got, want in zip(delivered, expected, strict=True))
+    expected = [
+        (0, audio["a"]),
+        (0, audio["b"]),
+        (1, pause),
+        (1, audio["c"]),
+        (1, audio["d"]),
+        (2, pause),
+        (2, audio["e"]),
+    ]
+    assert [segment for segment, _ in delivered] == [segment for segment, _ in expected]
+    assert all(np.array_equal(got, want) for (_, got), (_, want) in zip(delivered, expected, strict=True))
     assert np.array_equal(stream.samples(segments[1]), np.concatenate([audio["c"], audio["d"]]))
 
 
 def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
     segment = segments_of(1)[0]
-    stream = RequestStream([segment], deliver=print, pause_samples=0, frames_per_second=40.0, context_frames=5)
+    stream = RequestStream(
+        [segment], deliver=lambda segment, samples: None, pause_samples=0, frames_per_second=40.0, context_frames=5
+    )
     assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
     cuts = []
     for drawn in range(1, 400):
