@@ -142,6 +142,7 @@ class SynthesisRequest:
     repetition_penalty: float = 1.05
     refine_text: RefineText | None = None
     seed: int | None = None
+    stream: bool = False  # send the audio to the job's Redis stream as it is made (see chattts_farm.streams)
     request_id: str = field(default="", compare=False)
 
     @property
@@ -171,6 +172,7 @@ class SynthesisRequest:
             "laugh",
             "break",
             "seed",
+            "stream",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -199,6 +201,7 @@ class SynthesisRequest:
             repetition_penalty=_number(given("repetition_penalty"), "repetition_penalty", 1.0, 2.0),
             refine_text=levels if refine else None,
             seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
+            stream=_boolean(given("stream"), "stream"),
             request_id=request_id,
         )
 

@@ -6,6 +6,7 @@ and outside tools agree on them. Celery's queues are Redis lists named after the
 from __future__ import annotations
 
 AUDIO_PREFIX = "chattts:audio:"
+STREAM_PREFIX = "chattts:stream:"
 # Each worker keeps its health report (chattts.health's answer) under this prefix + its node name,
 # refreshed every few seconds and expiring when the worker is gone: the ops page and /metrics read it.
 HEARTBEAT_PREFIX = "chattts:worker:"
@@ -23,6 +24,11 @@ DEAD_LETTERS_KEPT = 1000
 def audio(job_id: str) -> str:
     """Where a job's encoded audio waits: one key per job, so a re-run overwrites it."""
     return AUDIO_PREFIX + job_id
+
+
+def stream(job_id: str) -> str:
+    """The Redis stream a streaming job's audio goes to as it is made (see :mod:`chattts_farm.streams`)."""
+    return STREAM_PREFIX + job_id
 
 
 def heartbeat(worker_name: str) -> str:

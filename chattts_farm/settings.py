@@ -66,6 +66,14 @@ class Settings:
     redis_url: str = _setting("redis://localhost:6379/0", "broker, result backend and shared state")
     result_ttl_s: int = _setting(24 * 3600, "how long results and their audio stay in Redis", minimum=60)
     max_text_chars: int = _setting(5000, "longest text one request may carry", minimum=1)
+    stream_ttl_s: int = _setting(
+        3600,
+        "how long a streaming job's chunks stay readable in Redis (its whole audio stays as results do)",
+        minimum=60,
+    )
+    stream_max_entries: int = _setting(
+        4096, "most chunks one job's stream keeps; older ones are trimmed (the whole audio is kept apart)", minimum=16
+    )
 
     # Workers: the model and synthesis.
     device: str = _setting("auto", "`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ...", role="worker")

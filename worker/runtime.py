@@ -21,6 +21,7 @@ from redis.retry import Retry
 from chattts_farm import redis_keys
 from chattts_farm.settings import Settings
 from worker.batcher import Batcher
+from worker.stream_publisher import StreamPublisher
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class WorkerRuntime:
     hostname: str
     batcher: Batcher
     redis: redis.Redis
+    streams: StreamPublisher
 
     def beat(self) -> None:
         """Publish this worker's health to Redis every few seconds, for the ops page and /metrics."""
@@ -131,7 +133,8 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
         is_revoked=is_revoked,
     )
     batcher.start()
-    _runtime = WorkerRuntime(settings, hostname, batcher, client)
+    publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
+    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher)
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
     return _runtime

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -77,7 +78,14 @@ def _bound_the_shutdown(**_) -> None:
 def synthesize(self, **arguments) -> dict:
     held = runtime.current()
     job_id = self.request.id
-    request = SynthesisRequest.from_arguments(arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id)
+    try:
+        request = SynthesisRequest.from_arguments(
+            arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id
+        )
+    except InvalidRequest as error:
+        if arguments.get("stream") is True:  # its reader waits on the stream
+            held.streams.failed(job_id, error)
+        raise
     if self.backend.get_task_meta(job_id).get("status") == "SUCCESS":
         # Delivered again after it succeeded (its acknowledgement was lost with a broker connection).
         logger.warning("job %s is delivered again but has succeeded already: not running it twice", job_id)
@@ -85,7 +93,8 @@ def synthesize(self, **arguments) -> dict:
     with _held_lock:
         running_here = _held.get(job_id)
         if running_here is None:
-            handle = held.batcher.submit(request)
+            on_audio = functools.partial(held.streams.audio, job_id) if request.stream else None
+            handle = held.batcher.submit(request, on_audio=on_audio)
             _held[job_id] = (handle, self.request)
     if running_here is not None:
         # Delivered again while it runs here: a broker reconnection hands unacknowledged messages
@@ -99,6 +108,8 @@ def synthesize(self, **arguments) -> dict:
         with _held_lock:
             del _held[job_id]
     outcome = handle.outcome
+    if isinstance(outcome, FarmError) and request.stream:
+        held.streams.failed(job_id, outcome)
     if isinstance(outcome, JobCancelled):
         self.backend.mark_as_revoked(job_id, reason="revoked", request=self.request)
         raise Ignore()
@@ -108,7 +119,7 @@ def synthesize(self, **arguments) -> dict:
     held.redis.set(key, outcome.audio, ex=held.settings.result_ttl_s)
     summary = outcome.summary()
     logger.info("job %s done: %.2f s of audio in a batch of %d", job_id, outcome.duration_s, outcome.batch_size)
-    return {
+    result = {
         **summary,
         "job_id": job_id,
         "audio_key": key,
@@ -118,6 +129,9 @@ def synthesize(self, **arguments) -> dict:
         "started_at": handle.started_wall,
         "finished_at": time.time(),
     }
+    if request.stream:
+        held.streams.end(job_id, result)
+    return result
 
 
 def _report_progress() -> None:

@@ -10,6 +10,7 @@ import textwrap
 import time
 import uuid
 
+import numpy as np
 import pytest
 import redis
 
@@ -21,8 +22,10 @@ from chattts_farm.contract import (
     RESULT_FIELDS,
     TASK_NAME,
     InvalidRequest,
+    JobCancelled,
 )
 from chattts_farm.redis_keys import audio as audio_key
+from chattts_farm.streams import stream_audio
 from tests.edge_texts import EDGE_TEXTS
 from tests.voice_bombs import voice_bomb
 from worker.audio import decode
@@ -164,6 +167,47 @@ def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(workers):
     finished_mate = mate.get(timeout=60)
     assert finished_mate["segments"] > 1 and finished_mate["batch_size"] == 2
     assert redis.Redis.from_url(workers.redis_url).get(audio_key(running.id)) is None
+
+
+def test_a_streaming_job_sends_its_audio_in_order_while_it_runs_and_joined_it_is_the_stored_audio(workers):
+    result = workers.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "stream": True, "voice": 7})
+    chunks = stream_audio(result.id, redis_url=workers.redis_url, timeout_s=120)
+    received, states = [], []
+    for chunk in chunks:
+        received.append(chunk)
+        states.append(result.backend.get_task_meta(result.id)["status"])
+    summary = chunks.summary
+    assert states[0] != "SUCCESS", "the first chunk came only once the job was done"
+    assert [chunk.seq for chunk in received] == list(range(len(received))) and len(received) > 3
+    assert [chunk.segment for chunk in received] == sorted(chunk.segment for chunk in received)
+    assert received[-1].segment == summary["segments"] - 1 > 0
+    stored, rate = decode(redis.Redis.from_url(workers.redis_url).get(summary["audio_key"]))
+    streamed = np.frombuffer(b"".join(chunk.pcm for chunk in received), dtype="<i2")
+    assert rate == received[0].sample_rate == summary["sample_rate"]
+    # The stored WAV holds the very same 16-bit samples.
+    assert np.array_equal(streamed, np.round(stored * 32768).astype(np.int16))
+    assert summary == result.get(timeout=30)
+
+
+def test_a_streaming_job_with_a_bad_argument_ends_its_stream_with_the_error_naming_the_field(workers):
+    result = workers.client.send_task(
+        TASK_NAME, kwargs={"text": "Fine text.", "voice": "no such voice", "stream": True}
+    )
+    with pytest.raises(InvalidRequest) as caught:
+        list(stream_audio(result.id, redis_url=workers.redis_url, timeout_s=60))
+    assert caught.value.field == "voice"
+    with pytest.raises(InvalidRequest):
+        result.get(timeout=30)
+
+
+def test_a_revoked_streaming_job_ends_its_stream_as_cancelled(workers):
+    result = workers.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT, "stream": True}, queue="cpu1")
+    chunks = iter(stream_audio(result.id, redis_url=workers.redis_url, timeout_s=120))
+    next(chunks)
+    result.revoke()
+    with pytest.raises(JobCancelled):
+        for _ in chunks:
+            pass
 
 
 def test_revoking_a_queued_job_means_it_never_runs(workers):

@@ -1,0 +1,72 @@
+"""Writes the audio of this worker's streaming jobs to their Redis streams (see chattts_farm.streams).
+
+The engine's thread only queues float samples here: one thread turns them into 16-bit PCM and writes
+every job's new chunks in one pipeline, so many streams cost one round trip, and a job's entries keep
+the order they were queued in (its audio, then its end or error).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+import numpy as np
+import redis
+
+from chattts_farm import streams
+from chattts_farm.contract import FarmError
+from worker import audio
+from worker.model import SAMPLE_RATE
+
+logger = logging.getLogger(__name__)
+
+
+class StreamPublisher:
+    def __init__(self, client: redis.Redis, *, ttl_s: int, max_entries: int):
+        self.client = client
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._queue: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._next_seq: dict[str, int] = {}  # job id -> seq of its next entry (the writer's thread only)
+        threading.Thread(target=self._serve, name="stream-publisher", daemon=True).start()
+
+    def audio(self, job_id: str, segment: int, samples: np.ndarray) -> None:
+        self._queue.put((job_id, (segment, samples)))
+
+    def end(self, job_id: str, summary: dict) -> None:
+        self._queue.put((job_id, summary))
+
+    def failed(self, job_id: str, error: FarmError) -> None:
+        self._queue.put((job_id, error))
+
+    def _serve(self) -> None:
+        while True:
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            by_job: dict[str, list[streams.StreamEntry]] = {}
+            for job_id, item in items:
+                by_job.setdefault(job_id, []).append(self._entry(job_id, item))
+            pipeline = self.client.pipeline(transaction=False)
+            for job_id, entries in by_job.items():
+                streams.append(pipeline, job_id, entries, ttl_s=self.ttl_s, max_entries=self.max_entries)
+            try:
+                pipeline.execute()
+            except redis.RedisError as error:
+                # The whole audio is stored with the result: a reader can still fetch it.
+                logger.warning("%d stream entries of %d job(s) not written: %s", len(items), len(by_job), error)
+
+    def _entry(self, job_id: str, item: object) -> streams.StreamEntry:
+        seq = self._next_seq.get(job_id, 0)
+        if isinstance(item, tuple):
+            segment, samples = item
+            self._next_seq[job_id] = seq + 1
+            return streams.AudioChunk(seq, segment, SAMPLE_RATE, audio.pcm16(samples, SAMPLE_RATE))
+        self._next_seq.pop(job_id, None)  # the job's last entry
+        if isinstance(item, FarmError):
+            return streams.StreamFailed.of(seq, item)
+        return streams.StreamEnd(seq, item)
