@@ -11,6 +11,8 @@ from pathlib import Path
 import requests
 from celery import Celery
 
+from cli.local_services import free_port
+
 WEB_START_TIMEOUT_S = 120
 CLI = str(Path(sys.executable).parent / "chattts-farm")
 
@@ -140,3 +142,18 @@ def wait_until(check, timeout: float, what: str) -> None:
             pass
         time.sleep(0.25)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def serve_web(workers, data_dir, database, **settings):
+    """Start `chattts-farm web` (gunicorn) with its own fresh database; yields its base URL and env."""
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": workers.redis_url,
+        "CHATTTS_FARM_DATA_DIR": str(data_dir),
+        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}",
+        "CHATTTS_FARM_MODEL": "synthetic-tiny",
+        **settings,
+    }
+    web = Web.start(free_port(), environment, "--workers", "1")
+    yield web.url, environment
+    web.stop()

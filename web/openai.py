@@ -1,23 +1,26 @@
 """``POST /v1/audio/speech``: the OpenAI text-to-speech API, served by the farm.
 
-It records and enqueues an ordinary job, waits for it (see :mod:`web.waiting`: a bounded number of
-waits per key, and a client that hangs up leaves its job to run on as any other), and answers with the
-audio bytes.
+It records and enqueues an ordinary job and holds the request while the job runs (see
+:mod:`web.waiting`: a bounded number of waits per key, and a client that hangs up leaves its job to
+run on as any other). ``pcm`` and ``wav`` are sent as they are made (the job streams: see
+:mod:`web.streaming`); the other formats once the job is done. ``stream_format: "sse"`` sends the
+same bytes as OpenAI's ``speech.audio.delta`` events (base64), then ``speech.audio.done``.
 """
 
 from __future__ import annotations
 
-import io
+import base64
+import json
 import math
-import wave
+from collections.abc import Callable, Iterator
 
 from flask import Blueprint, Response, current_app
 
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
-from web import jobs, voices
+from web import jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
-from web.models import JobStatus, Voice
+from web.models import Job, JobStatus, Voice
 from web.waiting import WaitSlot
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -31,6 +34,9 @@ FORMATS = {
     "pcm": ("wav", "audio/pcm"),
 }
 UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
+# Formats sent as they are made: 16-bit PCM, raw or behind one WAV header.
+LIVE_FORMATS = ("pcm", "wav")
+STREAM_FORMATS = ("audio", "sse")
 WAIT_TIMEOUT_S = 600
 
 
@@ -57,7 +63,11 @@ def speech():
     text = body.get("input")
     if not isinstance(text, str):
         raise ApiError(400, "input is required: the text to speak", "input")
+    stream_format = body.get("stream_format", "audio")
+    if not isinstance(stream_format, str) or stream_format not in STREAM_FORMATS:
+        raise ApiError(400, f"stream_format must be one of {', '.join(STREAM_FORMATS)}", "stream_format")
     farm_format, mime_type = FORMATS[response_format]
+    live = response_format in LIVE_FORMATS
     voice = _voice(body.get("voice"))
     settings = current_app.config["SETTINGS"]
     try:
@@ -67,6 +77,7 @@ def speech():
                 "voice": voice.spk_emb if isinstance(voice, Voice) else voice,
                 "format": farm_format,
                 "speed": chattts_speed(speed),
+                "stream": live,
             },
             max_text_chars=settings.max_text_chars,
         )
@@ -78,16 +89,60 @@ def speech():
             "input" if error.field == "text" else error.field,
         ) from None
     # The slot is taken before the job exists: a refused request leaves nothing behind to retry into a twin.
-    with WaitSlot.take() as slot:
-        job = slot.wait_for(jobs.submit(synthesis, voice if isinstance(voice, Voice) else None), WAIT_TIMEOUT_S)
+    slot = WaitSlot.take()
+    try:
+        job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
+        if live:
+            # 502 when the job fails before its first audio: the request was valid, the worker failed it.
+            audio = streaming.open_audio(job, failed_status=502)
+            header = streaming.wav_header(audio.sample_rate) if response_format == "wav" else b""
+            chunks = _with_header(header, audio.pcm())
+            summary = lambda: audio.summary  # noqa: E731 - read once the chunks have all gone out
+        else:
+            done = slot.wait_for(job, WAIT_TIMEOUT_S)
+            chunks, result = iter([_whole_audio(done)]), done.result
+            summary = lambda: result  # noqa: E731
+            slot.release()
+    except BaseException:
+        slot.release()
+        raise
+    job_id = job.id
+    if stream_format == "sse":
+        body_chunks = _sse(chunks, text, summary)
+        mime_type = "text/event-stream"
+    else:
+        body_chunks = chunks
+    if live:
+        body_chunks = slot.held_while(body_chunks)
+    return Response(body_chunks, mimetype=mime_type, headers={"X-Job-Id": job_id, "Cache-Control": "no-store"})
+
+
+def _whole_audio(job: Job) -> bytes:
     if job.status != JobStatus.DONE:
         # 502: the request was valid; the worker behind this endpoint failed it (or it was cancelled).
         raise ApiError(502, f"job {job.id} {job.status}: {job.error}")
-    data = jobs.audio(job)
-    if response_format == "pcm":
-        with wave.open(io.BytesIO(data)) as wav:
-            data = wav.readframes(wav.getnframes())
-    return Response(data, mimetype=mime_type, headers={"X-Job-Id": job.id})
+    return jobs.audio(job)
+
+
+def _with_header(header: bytes, pcm: Iterator[bytes]) -> Iterator[bytes]:
+    if header:
+        yield header
+    yield from pcm
+
+
+def _sse(chunks: Iterator[bytes], text: str, summary: Callable[[], dict | None]) -> Iterator[str]:
+    """OpenAI's speech events: one ``speech.audio.delta`` per chunk (base64), then ``speech.audio.done``."""
+    for data in chunks:
+        if data:
+            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    tokens = (summary() or {}).get("tokens", 0)
+    # The web has no text tokenizer: the input is counted in characters.
+    usage = {"input_tokens": len(text), "output_tokens": tokens, "total_tokens": len(text) + tokens}
+    yield _event({"type": "speech.audio.done", "usage": usage})
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
 
 
 def _voice(value: object) -> Voice | int | str:

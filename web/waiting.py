@@ -22,6 +22,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 
 from celery import states
 from celery.backends.base import Backend
@@ -69,6 +70,9 @@ class WaitSlot:
         self.slot_id = slot_id
         self.lease_s = lease_s
         self.renew_at = time.monotonic() + lease_s / 3
+        # Kept: a streamed answer holds its slot after its request's context has gone.
+        self.redis = backends.current().redis
+        self.released = False
 
     @classmethod
     def take(cls, lease_s: float = SLOT_LEASE_S) -> WaitSlot:
@@ -95,13 +99,29 @@ class WaitSlot:
         return self
 
     def __exit__(self, *_exception) -> None:
-        backends.current().redis.zrem(self.key, self.slot_id)
+        self.release()
+
+    def release(self) -> None:
+        """Give the slot back (once, however often called)."""
+        if not self.released:
+            self.released = True
+            self.redis.zrem(self.key, self.slot_id)
+
+    def held_while(self, chunks: Iterator[bytes | str]) -> Iterator[bytes | str]:
+        """The chunks of a streamed answer, the slot kept while they go out and given back when they
+        end, or when the client hangs up (the server closes the iterator)."""
+        try:
+            for chunk in chunks:
+                self.keep()
+                yield chunk
+        finally:
+            self.release()
 
     def keep(self) -> None:
         """Renew the lease, a few times a lease, while the request still waits."""
         if time.monotonic() < self.renew_at:
             return
-        pipeline = backends.current().redis.pipeline()
+        pipeline = self.redis.pipeline()
         pipeline.zadd(self.key, {self.slot_id: time.time() + self.lease_s})
         pipeline.expire(self.key, math.ceil(self.lease_s))
         pipeline.execute()
@@ -117,7 +137,7 @@ class WaitSlot:
         db.session.close()
         connection = request.environ.get("gunicorn.socket")
         deadline = time.monotonic() + timeout_s
-        watcher = _watcher()
+        watcher = job_watcher()
         finished = watcher.watch(job_id)
         try:
             while not finished.wait(min(CHECK_CLIENT_S, max(0.0, deadline - time.monotonic()))):
@@ -125,7 +145,7 @@ class WaitSlot:
                     raise ApiError(
                         504, f"job {job_id} did not finish in {timeout_s} s; it goes on: GET /api/jobs/{job_id}"
                     )
-                if _hung_up(connection):
+                if hung_up(connection):
                     logger.info("job %s: the client hung up while waiting; the job goes on", job_id)
                     raise ApiError(CLIENT_CLOSED, f"the client hung up; job {job_id} goes on: GET /api/jobs/{job_id}")
                 self.keep()
@@ -178,12 +198,12 @@ class _JobWatcher:
                 finished.set()
 
 
-def _watcher() -> _JobWatcher:
+def job_watcher() -> _JobWatcher:
     # setdefault: two requests arriving together in a fresh process must share one watcher.
     return current_app.extensions.setdefault("job_watcher", _JobWatcher(backends.current().celery.backend))
 
 
-def _hung_up(connection: socket.socket | None) -> bool:
+def hung_up(connection: socket.socket | None) -> bool:
     """Whether the client has closed its connection; it sends nothing while it waits for its answer, so a
     peek finds nothing there, where a closed connection reads as end of file, or as a reset."""
     if connection is None:  # not served by gunicorn (Flask's test client): nothing to watch

@@ -2,7 +2,9 @@
 
 The engine's thread only queues float samples here: one thread turns them into 16-bit PCM and writes
 every job's new chunks in one pipeline, so many streams cost one round trip, and a job's entries keep
-the order they were queued in (its audio, then its end or error).
+the order they were queued in (its audio, then its end or error). A job's last entry is written
+before its task returns (``end`` and ``failed`` wait for it): a reader that sees the job finished
+in Celery has its whole stream.
 """
 
 from __future__ import annotations
@@ -21,24 +23,33 @@ from worker.model import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 
+# A task waits at most this long for its last stream entry to be written (Redis away: it goes on).
+LAST_ENTRY_WAIT_S = 10
+
 
 class StreamPublisher:
     def __init__(self, client: redis.Redis, *, ttl_s: int, max_entries: int):
         self.client = client
         self.ttl_s = ttl_s
         self.max_entries = max_entries
-        self._queue: queue.SimpleQueue[tuple[str, object]] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[str, object, threading.Event | None]] = queue.SimpleQueue()
         self._next_seq: dict[str, int] = {}  # job id -> seq of its next entry (the writer's thread only)
         threading.Thread(target=self._serve, name="stream-publisher", daemon=True).start()
 
     def audio(self, job_id: str, segment: int, samples: np.ndarray) -> None:
-        self._queue.put((job_id, (segment, samples)))
+        self._queue.put((job_id, (segment, samples), None))
 
     def end(self, job_id: str, summary: dict) -> None:
-        self._queue.put((job_id, summary))
+        self._last(job_id, summary)
 
     def failed(self, job_id: str, error: FarmError) -> None:
-        self._queue.put((job_id, error))
+        self._last(job_id, error)
+
+    def _last(self, job_id: str, item: object) -> None:
+        written = threading.Event()
+        self._queue.put((job_id, item, written))
+        if not written.wait(LAST_ENTRY_WAIT_S):
+            logger.warning("the last stream entry of job %s was not written within %g s", job_id, LAST_ENTRY_WAIT_S)
 
     def _serve(self) -> None:
         while True:
@@ -49,7 +60,7 @@ class StreamPublisher:
                 except queue.Empty:
                     break
             by_job: dict[str, list[streams.StreamEntry]] = {}
-            for job_id, item in items:
+            for job_id, item, _ in items:
                 by_job.setdefault(job_id, []).append(self._entry(job_id, item))
             pipeline = self.client.pipeline(transaction=False)
             for job_id, entries in by_job.items():
@@ -59,6 +70,9 @@ class StreamPublisher:
             except redis.RedisError as error:
                 # The whole audio is stored with the result: a reader can still fetch it.
                 logger.warning("%d stream entries of %d job(s) not written: %s", len(items), len(by_job), error)
+            for _, _, written in items:
+                if written is not None:
+                    written.set()
 
     def _entry(self, job_id: str, item: object) -> streams.StreamEntry:
         seq = self._next_seq.get(job_id, 0)

@@ -1,6 +1,5 @@
 """The pages in a real headless Chromium (Debian's), against the real web server and workers."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -9,8 +8,7 @@ import time
 import pytest
 import requests
 
-from cli.local_services import free_port
-from tests.support import CLI, Web
+from tests.support import CLI, serve_web
 
 LONG_TEXT = " ".join(
     f"This is sentence {word} of a text long enough to watch." for word in "abcdefghijklmnopqrstuvwxyz" * 3
@@ -24,21 +22,6 @@ CHROMIUM_FLAGS = [
     "--disable-background-networking",
     "--disable-component-update",
 ]
-
-
-def serve_web(workers, data_dir, database, **settings):
-    """Start `chattts-farm web` (gunicorn) with its own fresh database; yields its base URL and env."""
-    environment = {
-        **os.environ,
-        "CHATTTS_FARM_REDIS_URL": workers.redis_url,
-        "CHATTTS_FARM_DATA_DIR": str(data_dir),
-        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{database}",
-        "CHATTTS_FARM_MODEL": "synthetic-tiny",
-        **settings,
-    }
-    web = Web.start(free_port(), environment, "--workers", "1")
-    yield web.url, environment
-    web.stop()
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Response, current_app, request, url_for
 
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
-from web import jobs, voices
+from web import jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
 from web.json_body import json_object
@@ -91,6 +91,7 @@ def create_job():
         "status": job.status,
         "status_url": url_for("api.get_job", job_id=job.id),
         "audio_url": url_for("api.job_audio", job_id=job.id),
+        "stream_url": url_for("api.job_stream", job_id=job.id),
     }
     return body, 202, {"Location": body["status_url"]}
 
@@ -125,6 +126,27 @@ def job_audio(job_id: str):
         headers={
             "Content-Disposition": f'attachment; filename="chattts-{job.id}.{job.format}"',
         },
+    )
+
+
+@bp.get("/jobs/<job_id>/stream")
+def job_stream(job_id: str):
+    """The job's audio as it is made (16-bit mono: ``format=wav``, the default, or raw ``pcm``)."""
+    stream_format = request.args.get("format", "wav")
+    if stream_format not in streaming.STREAM_FORMATS:
+        raise ApiError(400, f"format must be one of {', '.join(streaming.STREAM_FORMATS)}", "format")
+    audio = streaming.open_audio(visible_job(job_id), failed_status=409)
+    header = streaming.wav_header(audio.sample_rate) if stream_format == "wav" else b""
+
+    def body():
+        if header:
+            yield header
+        yield from audio.pcm()
+
+    return Response(
+        body(),
+        mimetype="audio/wav" if stream_format == "wav" else "audio/pcm",
+        headers={"X-Sample-Rate": str(audio.sample_rate), "X-Job-Id": audio.job_id, "Cache-Control": "no-store"},
     )
 
 

@@ -110,6 +110,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "laugh": {"type": "integer", "minimum": 0, "maximum": 2},
             "break": {"type": "integer", "minimum": 0, "maximum": 7},
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
+            "stream": {"type": "boolean"},
         },
     }
     voice_fields = {
@@ -176,6 +177,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                                     "status": {"type": "string"},
                                     "status_url": {"type": "string"},
                                     "audio_url": {"type": "string"},
+                                    "stream_url": {"type": "string"},
                                 },
                             },
                             "accepted",
@@ -217,6 +219,22 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "content": {f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")},
                         },
                         **_errors(404, 409, 410, 503),
+                    },
+                },
+            },
+            "/api/jobs/{job_id}/stream": {
+                "get": {
+                    "summary": "A job's audio as it is made: 16-bit mono WAV (one header) or raw PCM",
+                    "parameters": [
+                        *job_id,
+                        {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["wav", "pcm"]}},
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the audio, sent as it is made",
+                            "content": {"audio/wav": {}, "audio/pcm": {}},
+                        },
+                        **_errors(400, 404, 409, 410, 503, 504),
                     },
                 },
             },

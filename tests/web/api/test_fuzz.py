@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from chattts_farm.contract import MAX_SEED
 from tests.web.access.support import bearer
-from web import create_app, openai, voices
+from web import create_app, openai, streaming, voices
 from web.access import api_keys
 from web.api.openapi import openapi_description
 
@@ -137,6 +137,8 @@ class Operation:
             return 503  # a seed's embedding comes from a worker
         if (self.method, self.path) == ("get", "/api/jobs/{job_id}/audio"):
             return 409  # the job stays queued
+        if (self.method, self.path) == ("get", "/api/jobs/{job_id}/stream"):
+            return 504  # it waits for the job's audio: here for no time at all
         return None
 
 
@@ -219,6 +221,7 @@ def api(tiny_settings, redis_url, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         # No worker will answer: waiting for one would only slow the fuzzer down.
         patch.setattr(openai, "WAIT_TIMEOUT_S", 0)
+        patch.setattr(streaming, "IDLE_TIMEOUT_S", 0)
         patch.setattr(voices, "EMBEDDING_TIMEOUT_S", 0.1)
         yield Api(client, operations)
     redis.Redis.from_url(fuzz_url).flushdb()
