@@ -38,6 +38,24 @@ UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available t
 LIVE_FORMATS = ("pcm", "wav")
 STREAM_FORMATS = ("audio", "sse")
 WAIT_TIMEOUT_S = 600
+# OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
+# default. A seed draws a speaker embedding from a generator seeded with it (worker/voices.py), so
+# distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
+# evenly over the seed range, 390 million apart, clear of the small seeds people type and of the default
+# 2222. A catalog voice of the same name wins (see _voice): that is how an operator gives a name another voice.
+OPENAI_VOICE_SEEDS = {
+    "alloy": 390_000_000,
+    "ash": 780_000_000,
+    "ballad": 1_170_000_000,
+    "coral": 1_560_000_000,
+    "echo": 1_950_000_000,
+    "fable": 2_340_000_000,
+    "nova": 2_730_000_000,
+    "onyx": 3_120_000_000,
+    "sage": 3_510_000_000,
+    "shimmer": 3_900_000_000,
+    "verse": 4_290_000_000,
+}
 
 
 def chattts_speed(openai_speed: float) -> int:
@@ -146,10 +164,19 @@ def _event(payload: dict) -> str:
 
 
 def _voice(value: object) -> Voice | int | str:
-    """A catalog voice name, a seed or an embedding string."""
+    """A catalog voice name, a seed or an embedding string, else one of OpenAI's voice names (so a catalog
+    voice named like one is spoken instead of its default seed)."""
     if value is None:
-        raise ApiError(400, "voice is required: a catalog voice name or a seed", "voice")
+        raise ApiError(400, "voice is required: an OpenAI voice name, a catalog voice name or a seed", "voice")
     voice = voices.resolve(value)
     if voice is None:
-        raise ApiError(400, f"voice {value.strip()!r} is neither a catalog voice name nor a seed", "voice")
+        # resolve answers None only for text that names no catalog voice.
+        voice = OPENAI_VOICE_SEEDS.get(value)
+    if voice is None:
+        raise ApiError(
+            400,
+            f"voice {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
+            " a catalog voice name nor a seed",
+            "voice",
+        )
     return voice

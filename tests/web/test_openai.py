@@ -5,9 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from web.openai import chattts_speed
+from web.openai import OPENAI_VOICE_SEEDS, chattts_speed
 from web.waiting import WaitSlot
 from worker.audio import decode
+
+# The voices OpenAI's API reference lists for /v1/audio/speech, as its SDK's examples send them.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 
 
 @pytest.mark.parametrize(
@@ -32,6 +35,30 @@ def test_pcm_is_raw_16_bit_samples(client, workers):
     assert samples.size > 12_000 and np.abs(samples).max() > 0
 
 
+@pytest.mark.parametrize("name", OPENAI_VOICES)
+def test_each_openai_voice_name_speaks_its_own_fixed_seed(client, workers, name):
+    answer = client.post("/v1/audio/speech", json={"input": "Hello.", "voice": name, "response_format": "wav"})
+    assert answer.status_code == 200
+    job = client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()
+    assert job["voice"] == {"catalog_id": None, "seed": OPENAI_VOICE_SEEDS[name]}
+
+
+def test_the_openai_voices_are_distinct_seeds():
+    assert len(set(OPENAI_VOICE_SEEDS.values())) == len(OPENAI_VOICE_SEEDS)
+
+
+def test_a_catalog_voice_named_like_an_openai_voice_is_spoken_instead_of_its_seed(client, workers):
+    nova = client.post("/api/voices", json={"name": "nova", "seed": 7}).get_json()
+    answer = client.post("/v1/audio/speech", json={"input": "Hello.", "voice": "nova", "response_format": "wav"})
+    assert answer.status_code == 200
+    assert client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()["voice"]["catalog_id"] == nova["id"]
+
+
+def test_openai_voice_names_are_no_voices_to_the_job_api(client):
+    answer = client.post("/api/jobs", json={"text": "Hi.", "voice": "alloy"})
+    assert answer.status_code == 422 and answer.get_json()["field"] == "voice"
+
+
 def test_speed_maps_onto_chattts_levels():
     assert [chattts_speed(s) for s in (0.25, 0.5, 1.0, 2.0, 4.0)] == [1, 3, 5, 7, 9]
 
@@ -44,7 +71,8 @@ def test_speed_maps_onto_chattts_levels():
         ({"input": "Hi.", "voice": 1, "speed": 5}, 400, "speed"),
         ({"input": "", "voice": 1}, 400, "input"),
         ({"voice": 1}, 400, "input"),
-        ({"input": "Hi.", "voice": "alloy"}, 400, "voice"),
+        ({"input": "Hi.", "voice": "nobody"}, 400, "voice"),
+        ({"input": "Hi.", "voice": "Alloy"}, 400, "voice"),  # OpenAI's names are lower-case, as its API takes them
         ({"input": "Hi."}, 400, "voice"),
     ],
 )

@@ -13,6 +13,7 @@ from chattts_farm.contract import FORMATS, MAX_SEED
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
 from web.models import JobStatus
+from web.openai import OPENAI_VOICE_SEEDS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
@@ -48,6 +49,13 @@ _BEARER = {
 _VOICE_ARG = {
     "description": "A catalog voice name, an integer seed, or a ChatTTS speaker-embedding string.",
     "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
+}
+_SPEECH_VOICE = {
+    **_VOICE_ARG,
+    "description": (
+        f"An OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}: each a fixed seed, unless a catalog voice has "
+        "its name), a catalog voice name, an integer seed, or a ChatTTS speaker-embedding string."
+    ),
 }
 
 
@@ -365,7 +373,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                                     "properties": {
                                         "model": {"type": "string"},
                                         "input": text,
-                                        "voice": _VOICE_ARG,
+                                        "voice": _SPEECH_VOICE,
                                         "response_format": {
                                             "type": "string",
                                             "enum": ["mp3", "opus", "flac", "wav", "pcm"],
