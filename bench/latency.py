@@ -1,0 +1,159 @@
+"""First-chunk latency of streaming jobs through Redis and Celery, at several numbers of clients at once.
+
+    python -m bench.latency --model synthetic-full --gpus 0 --clients 1,8,64,256
+    python -m bench.latency --model synthetic-tiny --cpu 1 --clients 1,4 --seconds 2
+
+Starts its own redis-server and `chattts-farm worker`, then for each number of clients submits that
+many streaming jobs at once (each a text of --seconds of speech, voices mixed) and reads each job's
+stream with ``chattts_farm.streams.stream_audio`` on a thread of its own, as a plain Celery + Redis
+caller does. Per level it prints first-chunk latency from submit (p50 / p95 / p99), underruns (a
+chunk arriving after the audio delivered before it would have finished playing, playback starting at
+the first chunk), and the audio-s per wall-s of the level. The web's path (``/api/jobs/<id>/stream``)
+adds one gunicorn hop and is not measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.farm import bench_redis, running_workers
+from bench.workload import standard_requests
+from chattts_farm.celery_client import create_celery
+from chattts_farm.contract import TASK_NAME
+from chattts_farm.settings import Settings
+from chattts_farm.streams import stream_audio
+
+WORKLOAD_SEED = 7
+BYTES_PER_SAMPLE = 2
+
+
+@dataclass
+class Listener:
+    """One client: when it submitted, and when each chunk came with how much audio it carried."""
+
+    submitted: float
+    arrivals: list[tuple[float, float]] = field(default_factory=list)  # (perf_counter, audio seconds)
+    error: str | None = None
+
+    @property
+    def first_chunk_s(self) -> float | None:
+        return self.arrivals[0][0] - self.submitted if self.arrivals else None
+
+    @property
+    def underruns(self) -> int:
+        """Chunks that came after everything delivered before them had played (from the first chunk on)."""
+        count, played_until = 0, None
+        for at, seconds in self.arrivals:
+            if played_until is None:
+                played_until = at
+            elif at > played_until:
+                count += 1
+                played_until = at
+            played_until += seconds
+        return count
+
+    @property
+    def audio_s(self) -> float:
+        return sum(seconds for _, seconds in self.arrivals)
+
+
+def listen(client_url: str, job_id: str, listener: Listener) -> None:
+    try:
+        for chunk in stream_audio(job_id, redis_url=client_url, timeout_s=600):
+            listener.arrivals.append((time.perf_counter(), len(chunk.pcm) / BYTES_PER_SAMPLE / chunk.sample_rate))
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        listener.error = repr(error)
+
+
+def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
+    requests = standard_requests(clients, seed=WORKLOAD_SEED + clients, seconds=(seconds, seconds))
+    listeners, threads = [], []
+    started = time.perf_counter()
+    for request in requests:
+        listener = Listener(time.perf_counter())
+        sent = celery.send_task(TASK_NAME, kwargs={**request.as_arguments(), "stream": True})
+        thread = threading.Thread(target=listen, args=(redis_url, sent.id, listener), daemon=True)
+        thread.start()
+        listeners.append(listener)
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - started
+    firsts = sorted(listener.first_chunk_s for listener in listeners if listener.first_chunk_s is not None)
+    return {
+        "clients": clients,
+        "failed": sum(listener.error is not None for listener in listeners),
+        "p50_ms": percentile(firsts, 50) * 1000,
+        "p95_ms": percentile(firsts, 95) * 1000,
+        "p99_ms": percentile(firsts, 99) * 1000,
+        "underruns": sum(listener.underruns for listener in listeners),
+        "streams_with_underruns": sum(listener.underruns > 0 for listener in listeners),
+        "audio_s": sum(listener.audio_s for listener in listeners),
+        "wall_s": wall,
+    }
+
+
+def run_plain(celery, clients: int, seconds: float) -> float:
+    """Audio-s per wall-s of the same level not streamed: the throughput streaming is measured against."""
+    requests = standard_requests(clients, seed=WORKLOAD_SEED + clients, seconds=(seconds, seconds))
+    started = time.perf_counter()
+    sent = [celery.send_task(TASK_NAME, kwargs=request.as_arguments()) for request in requests]
+    audio_s = sum(result.get(timeout=600)["duration_s"] for result in sent)
+    return audio_s / (time.perf_counter() - started)
+
+
+def percentile(values: list[float], rank: float) -> float:
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, round(rank / 100 * (len(values) - 1)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="synthetic-tiny")
+    parser.add_argument("--cpu", type=int, default=0, help="CPU workers (default: GPU workers).")
+    parser.add_argument("--gpus", default="0")
+    parser.add_argument("--clients", default="1,8,64,256", help="Numbers of clients at once, comma-separated.")
+    parser.add_argument("--seconds", type=float, default=10.0, help="Speech per job.")
+    parser.add_argument("--jobs-in-flight", type=int, default=512)
+    parser.add_argument("--slots", type=int, default=0, help="Engine slots (0: from free memory).")
+    parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
+    parser.add_argument("--workdir", default="var/bench")
+    arguments = parser.parse_args()
+
+    workdir = Path(arguments.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
+    with bench_redis(workdir, arguments.redis_server) as redis_url:
+        celery = create_celery(Settings.from_env(redis_url=redis_url))
+        settings = {
+            "CHATTTS_FARM_REDIS_URL": redis_url,
+            "CHATTTS_FARM_MODEL": arguments.model,
+            "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
+            "CHATTTS_FARM_MAX_RUNNING_ROWS": str(arguments.slots),
+            "CHATTTS_FARM_QUALITY_RETRIES": "0",
+        }
+        with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
+            run_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
+            rows = [run_level(celery, redis_url, int(n), arguments.seconds) for n in arguments.clients.split(",")]
+            plain = run_plain(celery, rows[-1]["clients"], arguments.seconds)
+    print(
+        f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
+        f"streaming through Redis + Celery (chattts_farm.streams.stream_audio), all of a level submitted at once\n"
+    )
+    print("| clients | failed | first chunk p50 ms | p95 ms | p99 ms | underruns (streams) | audio-s/s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for row in rows:
+        print(
+            f"| {row['clients']} | {row['failed']} | {row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} "
+            f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['audio_s'] / row['wall_s']:.1f} |"
+        )
+    print(f"| {rows[-1]['clients']}, not streamed | | | | | | {plain:.1f} |")
+
+
+if __name__ == "__main__":
+    main()
