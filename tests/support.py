@@ -157,3 +157,31 @@ def serve_web(workers, data_dir, database, **settings):
     web = Web.start(free_port(), environment, "--workers", "1")
     yield web.url, environment
     web.stop()
+
+
+def run_bench(module: str, *arguments: str, data_dir: Path, timeout_s: float = 600) -> subprocess.CompletedProcess:
+    """Run ``python -m bench.<module> ARGUMENTS`` from the repository root; it must succeed."""
+    finished = subprocess.run(
+        [sys.executable, "-m", f"bench.{module}", *arguments],
+        cwd=Path(__file__).resolve().parents[1],
+        # One CPU thread: on a small shared machine torch's spinning threads made the tiny model's
+        # steps 10-30x slower under load.
+        env={**os.environ, "CHATTTS_FARM_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    return finished
+
+
+def markdown_table(lines: list[str], header_start: str) -> list[dict[str, str]]:
+    """The rows of the Markdown table whose header line starts with ``header_start``, as dicts."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    columns = [cell.strip() for cell in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|")), strict=True)))
+    return rows

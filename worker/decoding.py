@@ -25,6 +25,7 @@ import torch
 from worker import quality
 from worker.engine.segment import Segment
 from worker.engine.vocoder import Vocoder
+from worker.queues import take_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -102,12 +103,7 @@ class BackgroundDecoder:
 
     def _serve(self) -> None:
         while True:
-            handed = [self._todo.get()]
-            while True:
-                try:
-                    handed.append(self._todo.get_nowait())
-                except queue.Empty:
-                    break
+            handed = take_waiting(self._todo)
             pieces = [piece for batch, _ in handed for piece in batch]
             started = time.perf_counter()
             try:

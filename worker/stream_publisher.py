@@ -20,6 +20,7 @@ from chattts_farm import streams
 from chattts_farm.contract import FarmError
 from worker import audio
 from worker.model import SAMPLE_RATE
+from worker.queues import take_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -53,12 +54,7 @@ class StreamPublisher:
 
     def _serve(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            items = take_waiting(self._queue)
             by_job: dict[str, list[streams.StreamEntry]] = {}
             for job_id, item, _ in items:
                 by_job.setdefault(job_id, []).append(self._entry(job_id, item))

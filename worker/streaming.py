@@ -3,7 +3,7 @@
 After every engine step each running segment of a streaming request is cut: once enough of its newest
 frames are *stable* (the vocoder's receptive field to their right has been drawn, so more frames can
 no longer change their audio), those frames go to the vocoder as a :class:`~worker.decoding.Piece`
-with the context to their left. Decoded pieces come back in the order they were cut and are delivered
+with the context on either side. Decoded pieces come back in the order they were cut and are delivered
 in the text's order: a later segment's audio waits for the segments before it, then follows the
 pause between them. Joined, a request's delivered audio is the audio it would have had unstreamed, up
 to float rounding: each piece decodes exactly the frames its kept ones see.
@@ -56,21 +56,28 @@ class RequestStream:
         self._next_segment = 0  # the segment whose audio goes out now
         self._delivered = 0  # of its pieces
 
-    def cut(self, segment: Segment, drawn: int, hidden_states: Callable[[int, int], torch.Tensor]) -> Piece | None:
-        """The next piece of a running segment that has drawn ``drawn`` frames, once it is large enough.
+    def cut(self, segment: Segment, drawn: int, hidden_states: Callable[[int, int], torch.Tensor]) -> list[Piece]:
+        """The next pieces of a running segment that has drawn ``drawn`` frames: as many as its stable
+        frames fill. A piece's size is set by its place in the row, so the pieces of many streams have
+        few lengths between them and share the vocoder's batches.
 
         ``hidden_states(start, stop)`` copies the segment's hidden states of frames [start, stop).
         """
         index = segment.index
         stable = drawn - self.context_frames
-        wanted = min(self.first_chunk_frames << self._cuts[index], self.largest_chunk_frames)
-        if stable - self._cut_to[index] < wanted:
-            return None
-        keep_from = self._cut_to[index]
-        start = max(0, keep_from - self.context_frames)
-        self._cut_to[index] = stable
-        self._cuts[index] += 1
-        return Piece(segment, hidden_states(start, drawn), start, keep_from, stable, last=False, assess=False)
+        pieces = []
+        while True:
+            keep_from = self._cut_to[index]
+            keep_to = keep_from + min(self.first_chunk_frames << self._cuts[index], self.largest_chunk_frames)
+            if keep_to > stable:
+                return pieces
+            start = max(0, keep_from - self.context_frames)
+            stop = keep_to + self.context_frames
+            pieces.append(
+                Piece(segment, hidden_states(start, stop), start, keep_from, keep_to, last=False, assess=False)
+            )
+            self._cut_to[index] = keep_to
+            self._cuts[index] += 1
 
     def last_piece(self, segment: Segment) -> Piece:
         """What is left of a segment the engine finished: the frames not yet cut, to its end."""

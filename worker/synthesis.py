@@ -286,13 +286,13 @@ class Synthesizer:
             entry = self.in_flight.get(segment.owner)
             if entry is None or entry.stream is None:
                 continue
-            piece = entry.stream.cut(
-                segment,
-                self.engine.tokens_drawn(segment),
-                lambda start, stop, segment=segment: self.engine.hidden_states(segment, start, stop),
+            pieces.extend(
+                entry.stream.cut(
+                    segment,
+                    self.engine.tokens_drawn(segment),
+                    lambda start, stop, segment=segment: self.engine.hidden_states(segment, start, stop),
+                )
             )
-            if piece is not None:
-                pieces.append(piece)
         return pieces
 
     def _take_decoded(self, decoded: Decoded) -> list[tuple[RequestInFlight, SynthesisResult]]:

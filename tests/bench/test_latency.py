@@ -1,31 +1,14 @@
 """bench/latency.py in a tiny form: every level's streams end, with their first chunks and no failure."""
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-from tests.bench.test_standard import markdown_table
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import markdown_table, run_bench
 
 
 def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, data_dir, tmp_path):
-    finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "bench.latency",
-            *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "2"),
-            *("--workdir", str(tmp_path)),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "CHATTTS_FARM_DATA_DIR": str(data_dir), "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
+    finished = run_bench(
+        "latency",
+        *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "2", "--workdir", str(tmp_path)),
+        data_dir=data_dir,
     )
-    assert finished.returncode == 0, finished.stderr[-3000:]
     rows = markdown_table(finished.stdout.splitlines(), "| clients |")
     assert [row["clients"] for row in rows] == ["1", "3", "3, not streamed"]
     for row in rows[:2]:
