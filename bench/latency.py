@@ -26,6 +26,7 @@ from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import TASK_NAME
 from chattts_farm.settings import Settings
 from chattts_farm.streams import stream_audio
+from worker.model import SAMPLE_RATE
 
 WORKLOAD_SEED = 7
 BYTES_PER_SAMPLE = 2
@@ -70,10 +71,10 @@ def listen(client_url: str, job_id: str, listener: Listener) -> None:
 
 
 def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
-    requests = standard_requests(clients, seed=WORKLOAD_SEED + clients, seconds=(seconds, seconds))
+    """A level through Redis and Celery."""
     listeners, threads = [], []
     started = time.perf_counter()
-    for request in requests:
+    for request in level_requests(clients, seconds):
         listener = Listener(time.perf_counter())
         sent = celery.send_task(TASK_NAME, kwargs={**request.as_arguments(), "stream": True})
         thread = threading.Thread(target=listen, args=(redis_url, sent.id, listener), daemon=True)
@@ -82,9 +83,31 @@ def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
         threads.append(thread)
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - started
+    return level_row("farm", clients, listeners, time.perf_counter() - started)
+
+
+def run_engine_level(synthesizer, clients: int, seconds: float) -> dict:
+    """A level through the synthesizer in this process: what the engine gives before any transport."""
+    started = time.perf_counter()
+    listeners = [Listener(started) for _ in range(clients)]
+
+    def on_audio(listener: Listener):
+        return lambda segment, samples: listener.arrivals.append((time.perf_counter(), samples.size / SAMPLE_RATE))
+
+    synthesizer.add(level_requests(clients, seconds), [on_audio(listener) for listener in listeners])
+    while synthesizer.in_flight:
+        synthesizer.step()
+    return level_row("engine", clients, listeners, time.perf_counter() - started)
+
+
+def level_requests(clients: int, seconds: float) -> list:
+    return standard_requests(clients, seed=WORKLOAD_SEED + clients, seconds=(seconds, seconds))
+
+
+def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -> dict:
     firsts = sorted(listener.first_chunk_s for listener in listeners if listener.first_chunk_s is not None)
     return {
+        "path": path,
         "clients": clients,
         "failed": sum(listener.error is not None for listener in listeners),
         "p50_ms": percentile(firsts, 50) * 1000,
@@ -99,11 +122,34 @@ def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
 
 def run_plain(celery, clients: int, seconds: float) -> float:
     """Audio-s per wall-s of the same level not streamed: the throughput streaming is measured against."""
-    requests = standard_requests(clients, seed=WORKLOAD_SEED + clients, seconds=(seconds, seconds))
     started = time.perf_counter()
-    sent = [celery.send_task(TASK_NAME, kwargs=request.as_arguments()) for request in requests]
+    sent = [celery.send_task(TASK_NAME, kwargs=request.as_arguments()) for request in level_requests(clients, seconds)]
     audio_s = sum(result.get(timeout=600)["duration_s"] for result in sent)
     return audio_s / (time.perf_counter() - started)
+
+
+def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[dict]:
+    """Every level through a synthesizer loaded here, which is freed before the workers load theirs."""
+    import gc
+
+    import torch
+
+    from worker.synthesis import Synthesizer
+
+    settings = Settings.from_env(
+        model=arguments.model,
+        device="cpu" if arguments.cpu else "cuda",
+        max_running_rows=arguments.slots,
+        quality_retries=0,
+    )
+    synthesizer = Synthesizer.load(settings)
+    run_engine_level(synthesizer, 4, arguments.seconds)  # warm-up, as the farm's
+    rows = [run_engine_level(synthesizer, clients, arguments.seconds) for clients in levels]
+    del synthesizer
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return rows
 
 
 def percentile(values: list[float], rank: float) -> float:
@@ -121,6 +167,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="Speech per job.")
     parser.add_argument("--jobs-in-flight", type=int, default=512)
     parser.add_argument("--slots", type=int, default=0, help="Engine slots (0: from free memory).")
+    parser.add_argument(
+        "--engine", action="store_true", help="Also run the levels through the synthesizer in this process first."
+    )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
@@ -128,6 +177,8 @@ def main() -> None:
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
+    levels = [int(n) for n in arguments.clients.split(",")]
+    rows = run_engine_levels(arguments, levels) if arguments.engine else []
     with bench_redis(workdir, arguments.redis_server) as redis_url:
         celery = create_celery(Settings.from_env(redis_url=redis_url))
         settings = {
@@ -139,20 +190,21 @@ def main() -> None:
         }
         with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
             run_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
-            rows = [run_level(celery, redis_url, int(n), arguments.seconds) for n in arguments.clients.split(",")]
-            plain = run_plain(celery, rows[-1]["clients"], arguments.seconds)
+            rows += [run_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
+            plain = run_plain(celery, levels[-1], arguments.seconds)
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
         f"streaming through Redis + Celery (chattts_farm.streams.stream_audio), all of a level submitted at once\n"
     )
-    print("| clients | failed | first chunk p50 ms | p95 ms | p99 ms | underruns (streams) | audio-s/s |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
+    print("| path | clients | failed | first chunk p50 ms | p95 ms | p99 ms | underruns (streams) | audio-s/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(
-            f"| {row['clients']} | {row['failed']} | {row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} "
+            f"| {row['path']} | {row['clients']} | {row['failed']} "
+            f"| {row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} "
             f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['audio_s'] / row['wall_s']:.1f} |"
         )
-    print(f"| {rows[-1]['clients']}, not streamed | | | | | | {plain:.1f} |")
+    print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} |")
 
 
 if __name__ == "__main__":

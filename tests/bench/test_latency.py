@@ -7,11 +7,13 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
     finished = run_bench(
         "latency",
         *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "2", "--workdir", str(tmp_path)),
+        "--engine",
         data_dir=data_dir,
     )
     rows = markdown_table(finished.stdout.splitlines(), "| clients |")
-    assert [row["clients"] for row in rows] == ["1", "3", "3, not streamed"]
-    for row in rows[:2]:
+    paths = [(row["path"], row["clients"]) for row in rows]
+    assert paths == [("engine", "1"), ("engine", "3"), ("farm", "1"), ("farm", "3"), ("farm, not streamed", "3")]
+    for row in rows[:4]:
         assert row["failed"] == "0"
         assert 0 < float(row["first chunk p50 ms"]) <= float(row["p95 ms"]) <= float(row["p99 ms"])
     assert all(float(row["audio-s/s"]) > 0 for row in rows)
