@@ -1,11 +1,11 @@
-"""The vocoder beside the engine: hidden states the engine drew are decoded on a thread of their own.
+"""The vocoder beside the engine: what the engine drew becomes audio on a CUDA stream of its own.
 
-The engine's thread only launches work (CUDA graphs, a prefill) and waits for one small copy every
-few steps; the vocoder's convolutions and the quality gate's checks would stop it for as long as they
-run. Here they run on their own thread and, on a GPU, their own CUDA stream, so the GPU decodes the
-next steps while the last ones become audio. The engine's thread hands over :class:`Piece` s with
-``submit`` and takes the results back with ``collect``; it alone touches the segments' fields, so a
-result becomes part of its segment only when collected.
+The engine's thread hands over :class:`Piece` s with ``submit``, which launches their decoding on the
+vocoder's stream and returns at once; the GPU runs it between and beside the next decode steps, and
+``collect`` takes back, in order, the pieces whose audio has landed in host memory, with the
+quality gate's view of the whole rows. All of it runs on the engine's thread: a thread of its own
+for the vocoder competed with the engine's thread for the GIL, and under load lost (its audio came
+only when the engine ran dry).
 
 A piece is a finished segment's whole row, or, for a segment that streams, the frames drawn since its
 last piece with the context around them that makes their audio what the whole row's would be.
@@ -13,9 +13,7 @@ last piece with the context around them that makes their audio what the whole ro
 
 from __future__ import annotations
 
-import logging
-import queue
-import threading
+import collections
 import time
 from dataclasses import dataclass
 
@@ -24,10 +22,7 @@ import torch
 
 from worker import quality
 from worker.engine.segment import Segment
-from worker.engine.vocoder import Vocoder
-from worker.queues import take_waiting
-
-logger = logging.getLogger(__name__)
+from worker.engine.vocoder import LaunchedDecode, Vocoder
 
 
 @dataclass(eq=False)
@@ -60,80 +55,60 @@ class Decoded:
     pieces: list[Piece]
     samples: list[np.ndarray]
     qualities: list[quality.SegmentQuality | None]
-    seconds: float  # how long the batch took
+    seconds: float  # from launch to collection
     error: Exception | None = None
 
 
-class BackgroundDecoder:
-    """Decodes and assesses pieces on its own thread; everything handed over waiting at once is one batch."""
+class Decoder:
+    """Launches the decoding of pieces on its own CUDA stream (on the CPU: decodes them at once) and
+    hands back those done, in the order they were handed over."""
 
     def __init__(self, vocoder: Vocoder, device: torch.device):
         self.vocoder = vocoder
         self.device = device
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._todo: queue.SimpleQueue[tuple[list[Piece], torch.cuda.Event | None]] = queue.SimpleQueue()
-        self._done: queue.SimpleQueue[Decoded] = queue.SimpleQueue()
-        self.pending = 0  # pieces handed over and not yet collected (read by the engine's thread only)
-        threading.Thread(target=self._serve, name="vocoder", daemon=True).start()
+        self._launched: collections.deque[tuple[list[Piece], LaunchedDecode, float]] = collections.deque()
+
+    @property
+    def pending(self) -> int:
+        """Pieces handed over and not yet collected."""
+        return sum(len(pieces) for pieces, _, _ in self._launched)
 
     def submit(self, pieces: list[Piece]) -> None:
-        """Hand over pieces whose hidden states the engine's stream has just written."""
-        written = None
-        if self._stream is not None:
-            written = torch.cuda.Event()
-            written.record(torch.cuda.current_stream(self.device))
-        self.pending += len(pieces)
-        self._todo.put((pieces, written))
-
-    def collect(self, wait_s: float = 0.0) -> list[Decoded]:
-        """The batches decoded since the last call; with ``wait_s`` and work pending, wait that long for one."""
-        batches = []
-        if wait_s and self.pending:
-            try:
-                batches.append(self._done.get(timeout=wait_s))
-            except queue.Empty:
-                return []
-        while True:
-            try:
-                batches.append(self._done.get_nowait())
-            except queue.Empty:
-                break
-        self.pending -= sum(len(batch.pieces) for batch in batches)
-        return batches
-
-    def _serve(self) -> None:
-        while True:
-            handed = take_waiting(self._todo)
-            pieces = [piece for batch, _ in handed for piece in batch]
-            started = time.perf_counter()
-            try:
-                samples, qualities = self._decode([event for _, event in handed], pieces)
-            except Exception as error:  # noqa: BLE001 - the engine's thread raises it where it can isolate it
-                logger.warning("decoding %d piece(s) failed: %r", len(pieces), error)
-                self._done.put(Decoded(pieces, [], [], 0.0, error))
-                continue
-            self._done.put(Decoded(pieces, samples, qualities, time.perf_counter() - started))
-
-    def _decode(
-        self, written: list[torch.cuda.Event | None], pieces: list[Piece]
-    ) -> tuple[list[np.ndarray], list[quality.SegmentQuality | None]]:
+        """Launch the decoding of pieces whose hidden states the current stream has just written."""
+        started = time.perf_counter()
         rows = [piece.hiddens for piece in pieces]
         if self._stream is None:
-            decoded = self.vocoder.decode(rows)
+            launched = self.vocoder.launch(rows)
         else:
-            for event in written:
-                self._stream.wait_event(event)
+            self._stream.wait_stream(torch.cuda.current_stream(self.device))
             for states in rows:
                 # Allocated on the engine's stream: their memory must not be reused there while
                 # this stream still reads it.
                 states.record_stream(self._stream)
             with torch.cuda.stream(self._stream):
-                decoded = self.vocoder.decode(rows)
-        samples = [self._kept(piece, row) for piece, row in zip(pieces, decoded, strict=True)]
-        qualities = [
-            assess(piece.segment, row) if piece.assess else None for piece, row in zip(pieces, samples, strict=True)
-        ]
-        return samples, qualities
+                launched = self.vocoder.launch(rows)
+        self._launched.append((pieces, launched, started))
+
+    def collect(self, wait: bool = False) -> list[Decoded]:
+        """The pieces whose audio is there, in order; with ``wait``, waits for the oldest first."""
+        batches = []
+        while self._launched:
+            pieces, launched, started = self._launched[0]
+            if not (launched.ready() or (wait and not batches)):
+                break
+            self._launched.popleft()
+            try:
+                rows = launched.result()
+            except Exception as error:  # noqa: BLE001 - the caller raises it where it can isolate it
+                batches.append(Decoded(pieces, [], [], 0.0, error))
+                continue
+            samples = [self._kept(piece, row) for piece, row in zip(pieces, rows, strict=True)]
+            qualities = [
+                assess(piece.segment, row) if piece.assess else None for piece, row in zip(pieces, samples, strict=True)
+            ]
+            batches.append(Decoded(pieces, samples, qualities, time.perf_counter() - started))
+        return batches
 
     def _kept(self, piece: Piece, row: np.ndarray) -> np.ndarray:
         per_frame = self.vocoder.samples_per_frame

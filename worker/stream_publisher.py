@@ -20,7 +20,6 @@ from chattts_farm import streams
 from chattts_farm.contract import FarmError
 from worker import audio
 from worker.model import SAMPLE_RATE
-from worker.queues import take_waiting
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +53,12 @@ class StreamPublisher:
 
     def _serve(self) -> None:
         while True:
-            items = take_waiting(self._queue)
+            items = [self._queue.get()]
+            while True:
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
             by_job: dict[str, list[streams.StreamEntry]] = {}
             for job_id, item, _ in items:
                 by_job.setdefault(job_id, []).append(self._entry(job_id, item))

@@ -35,7 +35,7 @@ from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
 from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
 from worker import audio, voices
-from worker.decoding import BackgroundDecoder, Decoded, Piece, assess
+from worker.decoding import Decoded, Decoder, Piece, assess
 from worker.engine.engine import Engine
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
@@ -56,9 +56,6 @@ CPU_RUNNING_ROWS = 64
 GPU_MEMORY_SHARE = 0.85
 GPU_WORKSPACE_BYTES = 6 * 2**30
 MAX_AUTO_RUNNING_ROWS = 512
-# With nothing for the engine to run, a step waits at most this long for the vocoder: short enough
-# that a request arriving meanwhile starts at once.
-DECODER_WAIT_S = 0.02
 
 # on_progress(request index, fraction 0..1, segments done, segments in all)
 ProgressCallback = Callable[[int, float, int, int], None]
@@ -137,7 +134,7 @@ class Synthesizer:
     """Requests in, results out, on one model: ``add`` requests, call ``step`` until they come out.
 
     Each step runs the engine one step (segments of any request join and leave its running batch)
-    and hands the segments that came out to the vocoder's thread (:mod:`worker.decoding`); of those
+    and hands the segments that came out to the vocoder's stream (:mod:`worker.decoding`); of those
     it has decoded, it sends the ones the quality gate flags back with another seed, and finishes
     every request whose segments are all done. ``synthesize`` does all of it for a
     list of requests.
@@ -155,7 +152,7 @@ class Synthesizer:
             kv_dtype=kv_dtype(settings),
         )
         self.vocoder = Vocoder(model, settings.max_rows_per_pass)
-        self.decoder = BackgroundDecoder(self.vocoder, model.device)
+        self.decoder = Decoder(self.vocoder, model.device)
         self.in_flight: dict[int, RequestInFlight] = {}
         self._numbers = itertools.count()
 
@@ -253,12 +250,12 @@ class Synthesizer:
         """Run the engine one step and take back what the vocoder decoded meanwhile; returns the
         requests that finished, with their outcomes.
 
-        With nothing left for the engine, waits a little for the vocoder instead of spinning.
+        With nothing left for the engine, waits for the vocoder's oldest launch instead of spinning.
         """
         finished: list[tuple[RequestInFlight, SynthesisResult | FarmError]] = []
         if self.engine.has_work:
             finished.extend(self._run_engine())
-        for decoded in self.decoder.collect(wait_s=0.0 if self.engine.has_work else DECODER_WAIT_S):
+        for decoded in self.decoder.collect(wait=not self.engine.has_work):
             finished.extend(self._take_decoded(decoded))
         return finished
 

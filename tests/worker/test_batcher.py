@@ -96,14 +96,14 @@ def test_a_streaming_job_whose_step_fails_streams_on_from_where_it_was_without_r
 
 
 def test_a_job_whose_audio_fails_to_decode_fails_alone_and_its_batch_mates_complete(core, monkeypatch):
-    real_decode = core.decoder._decode
+    real_submit = core.decoder.submit
 
-    def decode(written, pieces):
+    def submit(pieces):
         if any("POISON" in piece.segment.text for piece in pieces):
             raise RuntimeError("vocoder crash")
-        return real_decode(written, pieces)
+        return real_submit(pieces)
 
-    monkeypatch.setattr(core.decoder, "_decode", decode)
+    monkeypatch.setattr(core.decoder, "submit", submit)
     batcher = started_batcher(core)
     handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
     outcomes = outcomes_of(handles)

@@ -1,10 +1,10 @@
-"""The vocoder's thread: pieces of segments the engine drew come back decoded (and assessed), in batches."""
+"""The vocoder beside the engine: pieces of what the engine drew come back decoded (and assessed), in order."""
 
 import pytest
 import torch
 
 from worker import quality
-from worker.decoding import BackgroundDecoder, Piece
+from worker.decoding import Decoder, Piece
 
 
 @pytest.fixture
@@ -21,17 +21,17 @@ def finished_segments(tiny_settings, synthesizer, make_request):
     return segments
 
 
-def collect_all(decoder, timeout_s=60):
+def collect_all(decoder):
     batches = []
     while decoder.pending:
-        batches.extend(decoder.collect(wait_s=timeout_s))
+        batches.extend(decoder.collect(wait=True))
     return batches
 
 
 def test_whole_segments_handed_over_together_come_back_as_one_batch_equal_to_the_vocoder_alone(
     synthesizer, finished_segments
 ):
-    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
+    decoder = Decoder(synthesizer.vocoder, torch.device("cpu"))
     pieces = [Piece.whole(segment) for segment in finished_segments]
     decoder.submit(pieces)
     (batch,) = collect_all(decoder)
@@ -52,7 +52,7 @@ def test_a_piece_of_a_row_decodes_its_kept_frames_as_the_whole_row_does(synthesi
     hiddens, context, per_frame = segment.output.hiddens, vocoder.context_frames, vocoder.samples_per_frame
     keep_from, keep_to = context + 3, hiddens.shape[0] - context
     start, stop = keep_from - context, keep_to + context
-    decoder = BackgroundDecoder(vocoder, torch.device("cpu"))
+    decoder = Decoder(vocoder, torch.device("cpu"))
     decoder.submit([Piece(segment, hiddens[start:stop], start, keep_from, keep_to, last=False, assess=False)])
     (batch,) = collect_all(decoder)
     whole = vocoder.decode([hiddens])[0]
@@ -62,36 +62,40 @@ def test_a_piece_of_a_row_decodes_its_kept_frames_as_the_whole_row_does(synthesi
 
 
 def test_results_become_part_of_a_segment_only_when_the_engine_thread_takes_them(synthesizer, finished_segments):
-    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
+    decoder = Decoder(synthesizer.vocoder, torch.device("cpu"))
     decoder.submit([Piece.whole(segment) for segment in finished_segments])
     collect_all(decoder)
     assert all(segment.samples is None and segment.quality is None for segment in finished_segments)
 
 
-def test_a_failed_batch_comes_back_with_its_error_and_the_thread_serves_the_next(synthesizer, finished_segments):
+def test_a_launch_that_fails_raises_at_once_and_the_decoder_serves_the_next(synthesizer, finished_segments):
     class BrokenOnce:
         samples_per_frame = synthesizer.vocoder.samples_per_frame
 
         def __init__(self):
             self.calls = 0
 
-        def decode(self, hiddens):
+        def launch(self, hiddens):
             self.calls += 1
             if self.calls == 1:
                 raise RuntimeError("vocoder crash")
-            return synthesizer.vocoder.decode(hiddens)
+            return synthesizer.vocoder.launch(hiddens)
 
-    decoder = BackgroundDecoder(BrokenOnce(), torch.device("cpu"))
+    decoder = Decoder(BrokenOnce(), torch.device("cpu"))
     pieces = [Piece.whole(segment) for segment in finished_segments]
-    decoder.submit(pieces)
-    (failed,) = collect_all(decoder)
-    assert isinstance(failed.error, RuntimeError) and failed.pieces == pieces and not failed.samples
+    with pytest.raises(RuntimeError, match="vocoder crash"):
+        decoder.submit(pieces)
+    assert decoder.pending == 0
     decoder.submit(pieces)
     (decoded,) = collect_all(decoder)
     assert decoded.error is None and len(decoded.samples) == len(finished_segments)
 
 
-def test_collect_without_waiting_returns_at_once_and_with_nothing_pending_never_waits(synthesizer):
-    decoder = BackgroundDecoder(synthesizer.vocoder, torch.device("cpu"))
-    assert decoder.collect() == []
-    assert decoder.collect(wait_s=30) == []  # nothing pending: returns at once, not after 30 s
+def test_batches_come_back_in_the_order_they_were_handed_over(synthesizer, finished_segments):
+    decoder = Decoder(synthesizer.vocoder, torch.device("cpu"))
+    first, second = [Piece.whole(finished_segments[0])], [Piece.whole(finished_segments[1])]
+    decoder.submit(first)
+    decoder.submit(second)
+    assert decoder.pending == 2
+    assert [batch.pieces for batch in decoder.collect()] == [first, second]
+    assert decoder.collect(wait=True) == []  # nothing pending: returns at once

@@ -81,35 +81,72 @@ class Vocoder:
     def plan(self, frames: int) -> list[Window]:
         return plan_windows(frames, self.window_frames, self.context_frames)
 
-    @torch.inference_mode()
     def decode(self, hidden_states: list[torch.Tensor]) -> list[np.ndarray]:
         """Each row's (frames, width) hidden states as float32 samples, equal to ChatTTS decoding the row alone."""
+        return self.launch(hidden_states).result()
+
+    @torch.inference_mode()
+    def launch(self, hidden_states: list[torch.Tensor]) -> LaunchedDecode:
+        """Start decoding rows on the current CUDA stream without waiting for them (on the CPU: decode them);
+        the samples are the launch's ``result()``."""
         plans = [self.plan(states.shape[0]) for states in hidden_states]
         by_length: dict[int, list[tuple[int, int, Window]]] = {}  # window length -> (row, place in its plan, window)
         for row, plan in enumerate(plans):
             for index, window in enumerate(plan):
                 by_length.setdefault(window.stop - window.start, []).append((row, index, window))
-
-        pieces: list[list[np.ndarray | None]] = [[None] * len(plan) for plan in plans]
+        batches = []
         for windows in by_length.values():
             for first in range(0, len(windows), self.max_windows_per_batch):
                 batch = windows[first : first + self.max_windows_per_batch]
                 audio = self._decode_windows(
                     [hidden_states[row][window.start : window.stop] for row, _, window in batch]
                 )
-                for (row, index, window), samples in zip(batch, audio, strict=True):
-                    # The ISTFT may give a row fewer samples than its frames' share (ChatTTS's
-                    # centred one gives a hop fewer); so does the row's last window, and the slice
-                    # stops at its end.
-                    keep_from = (window.keep_start - window.start) * self.samples_per_frame
-                    keep_to = (window.keep_stop - window.start) * self.samples_per_frame
-                    pieces[row][index] = samples[keep_from:keep_to]
-        return [np.concatenate(row_pieces) if row_pieces else np.zeros(0, dtype=np.float32) for row_pieces in pieces]
+                batches.append((batch, _to_host(audio)))
+        done = None
+        if any(audio.is_pinned() for _, audio in batches):
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedDecode(self.samples_per_frame, [len(plan) for plan in plans], batches, done)
 
-    def _decode_windows(self, windows: list[torch.Tensor]) -> np.ndarray:
+    def _decode_windows(self, windows: list[torch.Tensor]) -> torch.Tensor:
         """Windows of equal length, (frames, width) each, as (windows, samples); as ChatTTS's _decode_to_wavs."""
         batch = torch.stack(windows).transpose(1, 2).contiguous()  # (windows, width, frames)
-        return self.vocos.decode(self.decoder(batch)).float().cpu().numpy()
+        return self.vocos.decode(self.decoder(batch)).float()
+
+
+@dataclass
+class LaunchedDecode:
+    """Rows whose decoding has been launched: their windows' audio lands in host memory by ``done``."""
+
+    samples_per_frame: int
+    windows_per_row: list[int]
+    batches: list[tuple[list[tuple[int, int, Window]], torch.Tensor]]  # (row, place, window) each; their audio
+    done: torch.cuda.Event | None  # None: the audio is there already
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def result(self) -> list[np.ndarray]:
+        if self.done is not None:
+            self.done.synchronize()
+        pieces: list[list[np.ndarray | None]] = [[None] * count for count in self.windows_per_row]
+        for batch, audio in self.batches:
+            for (row, index, window), samples in zip(batch, audio.numpy(), strict=True):
+                # The ISTFT may give a row fewer samples than its frames' share (ChatTTS's centred one
+                # gives a hop fewer); so does the row's last window, and the slice stops at its end.
+                keep_from = (window.keep_start - window.start) * self.samples_per_frame
+                keep_to = (window.keep_stop - window.start) * self.samples_per_frame
+                pieces[row][index] = samples[keep_from:keep_to]
+        return [np.concatenate(row_pieces) if row_pieces else np.zeros(0, dtype=np.float32) for row_pieces in pieces]
+
+
+def _to_host(audio: torch.Tensor) -> torch.Tensor:
+    """The audio copied to (pinned) host memory without waiting: the copy lands when the stream gets there."""
+    if audio.device.type != "cuda":
+        return audio
+    host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+    host.copy_(audio, non_blocking=True)
+    return host
 
 
 def _conv_reach(modules: Iterable[nn.Module]) -> int:
