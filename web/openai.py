@@ -1,10 +1,10 @@
 """``POST /v1/audio/speech``: the OpenAI text-to-speech API, served by the farm.
 
-It records and enqueues an ordinary job and holds the request while the job runs (see
+It records and enqueues an ordinary job that streams, and holds the request while the job runs (see
 :mod:`web.waiting`: a bounded number of waits per key, and a client that hangs up leaves its job to
-run on as any other). ``pcm`` and ``wav`` are sent as they are made (the job streams: see
-:mod:`web.streaming`); the other formats once the job is done. ``stream_format: "sse"`` sends the
-same bytes as OpenAI's ``speech.audio.delta`` events (base64), then ``speech.audio.done``.
+run on as any other): the audio is sent as it is made, encoded by the web (see :mod:`web.streaming`;
+flac whole at the end). ``stream_format: "sse"`` sends the same bytes as OpenAI's
+``speech.audio.delta`` events (base64), then ``speech.audio.done``.
 """
 
 from __future__ import annotations
@@ -12,32 +12,23 @@ from __future__ import annotations
 import base64
 import json
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app
 
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
-from web import jobs, streaming, voices
+from web import audio_formats, jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
-from web.models import Job, JobStatus, Voice
+from web.models import Voice
 from web.waiting import WaitSlot
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
 
-# OpenAI format -> (the farm's format, MIME type). OpenAI's "opus" is Opus in Ogg, as the farm's ogg.
-FORMATS = {
-    "mp3": ("mp3", "audio/mpeg"),
-    "opus": ("ogg", "audio/ogg"),
-    "flac": ("flac", "audio/flac"),
-    "wav": ("wav", "audio/wav"),
-    "pcm": ("wav", "audio/pcm"),
-}
+# OpenAI format -> the web's encoder (web.audio_formats). OpenAI's "opus" is Opus in Ogg, as the farm's ogg.
+FORMATS = {"mp3": "mp3", "opus": "ogg", "flac": "flac", "wav": "wav", "pcm": "pcm"}
 UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
-# Formats sent as they are made: 16-bit PCM, raw or behind one WAV header.
-LIVE_FORMATS = ("pcm", "wav")
 STREAM_FORMATS = ("audio", "sse")
-WAIT_TIMEOUT_S = 600
 # OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
 # default. A seed draws a speaker embedding from a generator seeded with it (worker/voices.py), so
 # distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
@@ -84,8 +75,7 @@ def speech():
     stream_format = body.get("stream_format", "audio")
     if not isinstance(stream_format, str) or stream_format not in STREAM_FORMATS:
         raise ApiError(400, f"stream_format must be one of {', '.join(STREAM_FORMATS)}", "stream_format")
-    farm_format, mime_type = FORMATS[response_format]
-    live = response_format in LIVE_FORMATS
+    sent_format = FORMATS[response_format]
     voice = _voice(body.get("voice"))
     settings = current_app.config["SETTINGS"]
     try:
@@ -93,9 +83,10 @@ def speech():
             {
                 "text": text,
                 "voice": voice.spk_emb if isinstance(voice, Voice) else voice,
-                "format": farm_format,
+                # The job's stored audio: in the format sent (raw samples are stored as a WAV).
+                "format": "wav" if sent_format == "pcm" else sent_format,
                 "speed": chattts_speed(speed),
-                "stream": live,
+                "stream": True,
             },
             max_text_chars=settings.max_text_chars,
         )
@@ -110,50 +101,26 @@ def speech():
     slot = WaitSlot.take()
     try:
         job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
-        if live:
-            # 502 when the job fails before its first audio: the request was valid, the worker failed it.
-            audio = streaming.open_audio(job, failed_status=502)
-            header = streaming.wav_header(audio.sample_rate) if response_format == "wav" else b""
-            chunks = _with_header(header, audio.pcm())
-            summary = lambda: audio.summary  # noqa: E731 - read once the chunks have all gone out
-        else:
-            done = slot.wait_for(job, WAIT_TIMEOUT_S)
-            chunks, result = iter([_whole_audio(done)]), done.result
-            summary = lambda: result  # noqa: E731
-            slot.release()
+        # 502 when the job fails before its first audio: the request was valid, the worker failed it.
+        audio = streaming.open_audio(job, failed_status=502)
     except BaseException:
         slot.release()
         raise
-    job_id = job.id
+    chunks = streaming.encoded(audio, sent_format)
     if stream_format == "sse":
-        body_chunks = _sse(chunks, text, summary)
-        mime_type = "text/event-stream"
+        body, mime_type = _sse(chunks, text, audio), "text/event-stream"
     else:
-        body_chunks = chunks
-    if live:
-        body_chunks = slot.held_while(body_chunks)
-    return Response(body_chunks, mimetype=mime_type, headers={"X-Job-Id": job_id, "Cache-Control": "no-store"})
+        body, mime_type = chunks, audio_formats.MIME_TYPES[sent_format]
+    return Response(
+        slot.held_while(body), mimetype=mime_type, headers={"X-Job-Id": audio.job_id, "Cache-Control": "no-store"}
+    )
 
 
-def _whole_audio(job: Job) -> bytes:
-    if job.status != JobStatus.DONE:
-        # 502: the request was valid; the worker behind this endpoint failed it (or it was cancelled).
-        raise ApiError(502, f"job {job.id} {job.status}: {job.error}")
-    return jobs.audio(job)
-
-
-def _with_header(header: bytes, pcm: Iterator[bytes]) -> Iterator[bytes]:
-    if header:
-        yield header
-    yield from pcm
-
-
-def _sse(chunks: Iterator[bytes], text: str, summary: Callable[[], dict | None]) -> Iterator[str]:
+def _sse(chunks: Iterator[bytes], text: str, audio: streaming.JobAudio) -> Iterator[str]:
     """OpenAI's speech events: one ``speech.audio.delta`` per chunk (base64), then ``speech.audio.done``."""
     for data in chunks:
-        if data:
-            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
-    tokens = (summary() or {}).get("tokens", 0)
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    tokens = (audio.summary or {}).get("tokens", 0)
     # The web has no text tokenizer: the input is counted in characters.
     usage = {"input_tokens": len(text), "output_tokens": tokens, "total_tokens": len(text) + tokens}
     yield _event({"type": "speech.audio.done", "usage": usage})

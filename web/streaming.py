@@ -3,7 +3,8 @@
 A job submitted with ``stream`` has its chunks in its Redis stream (see :mod:`chattts_farm.streams`):
 they are sent on as they arrive, whether the job is queued, running or done. A job without one (or
 whose stream has expired) is served whole once it is done. Either way the answer is 16-bit PCM at the
-job's sample rate, raw or behind one streaming WAV header.
+job's sample rate, which the web encodes into the format asked for as it comes
+(:mod:`web.audio_formats`).
 
 Nothing is sent until the first audio (or the job's end) is there, so a job that fails first gets an
 ordinary JSON error; one that fails once audio has gone out ends the response early (the job's own
@@ -13,11 +14,8 @@ and a Redis connection only while one read blocks; a client that hangs up ends i
 
 from __future__ import annotations
 
-import io
 import logging
-import struct
 import time
-import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,15 +23,13 @@ from celery import states
 from flask import request
 
 from chattts_farm import streams
-from web import backends, jobs
+from web import audio_formats, backends, jobs
 from web.errors import ApiError
 from web.models import Job, JobStatus, db
 from web.waiting import CLIENT_CLOSED, hung_up, job_watcher
 
 logger = logging.getLogger(__name__)
 
-# Formats a stream is sent in: 16-bit mono PCM, raw or behind one WAV header.
-STREAM_FORMATS = ("wav", "pcm")
 # A stream read blocks at most this long, so a client that hung up is noticed within it.
 READ_BLOCK_S = 1.0
 # Past this long without a chunk (a job queued behind many), the response gives up; the job goes on.
@@ -79,18 +75,19 @@ def open_audio(job: Job, *, failed_status: int) -> JobAudio:
     return _whole(job_id, connection, failed_status)
 
 
-def wav_header(sample_rate: int) -> bytes:
-    """A WAV header for 16-bit mono PCM of unknown length: the sizes say "to the end of the stream", as
-    streaming WAV servers write them, and players read on to the end."""
-    unknown = 0xFFFFFFFF
-    return (
-        b"RIFF"
-        + struct.pack("<I", unknown)
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", unknown)
-    )
+def encoded(audio: JobAudio, audio_format: str) -> Iterator[bytes]:
+    """The job's audio in ``audio_format`` (see :mod:`web.audio_formats`), encoded as its samples come."""
+    encoding = audio_formats.encoder(audio_format, audio.sample_rate)
+    try:
+        for pcm in audio.pcm():
+            data = encoding.encode(pcm)
+            if data:
+                yield data
+        tail = encoding.finish()
+        if tail:
+            yield tail
+    finally:
+        encoding.close()
 
 
 def _stream_entries(client, results, job_id: str, connection) -> Iterator[streams.StreamEntry]:
@@ -137,7 +134,7 @@ def _pcm_of(entries: Iterator[streams.StreamEntry], audio: JobAudio) -> Iterator
 
 
 def _whole(job_id: str, connection, failed_status: int) -> JobAudio:
-    """A job that does not stream: wait for it, then its stored audio as PCM (its format must be WAV)."""
+    """A job that does not stream: wait for it, then its stored audio as PCM."""
     watcher = job_watcher()
     finished = watcher.watch(job_id)
     deadline = time.monotonic() + IDLE_TIMEOUT_S
@@ -148,18 +145,11 @@ def _whole(job_id: str, connection, failed_status: int) -> JobAudio:
             if hung_up(connection):
                 raise ApiError(CLIENT_CLOSED, f"the client hung up; job {job_id} goes on")
     finally:
-        watcher.forget(job_id)
+        watcher.forget(job_id, finished)
     job = jobs.refresh(db.session.get(Job, job_id))
     if job.status != JobStatus.DONE:
         raise ApiError(failed_status, f"job {job_id} {job.status}: {job.error}")
-    if job.format != "wav":
-        raise ApiError(
-            400,
-            f"job {job_id} was not submitted with stream and is {job.format}: get it whole at /api/jobs/{job_id}/audio",
-            "format",
-        )
-    with wave.open(io.BytesIO(jobs.audio(job))) as stored:
-        audio = JobAudio(job_id, stored.getframerate(), stored.readframes(stored.getnframes()), iter(()))
-    audio.summary = job.result
+    pcm, sample_rate = audio_formats.pcm_of(jobs.audio(job))
+    audio = JobAudio(job_id, sample_rate, pcm, iter(()), job.result)
     db.session.close()
     return audio

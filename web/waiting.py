@@ -150,7 +150,7 @@ class WaitSlot:
                     raise ApiError(CLIENT_CLOSED, f"the client hung up; job {job_id} goes on: GET /api/jobs/{job_id}")
                 self.keep()
         finally:
-            watcher.forget(job_id)
+            watcher.forget(job_id, finished)
         return jobs.refresh(db.session.get(Job, job_id))
 
 
@@ -160,23 +160,27 @@ class _JobWatcher:
 
     def __init__(self, backend: Backend):
         self.backend = backend
-        self.waiting: dict[str, threading.Event] = {}
+        # Several requests may await one job (two listeners of its stream): an event each.
+        self.waiting: dict[str, set[threading.Event]] = {}
         self.lock = threading.Lock()
         self.running = False
 
     def watch(self, job_id: str) -> threading.Event:
-        """An event set once the job has finished."""
+        """An event set once the job has finished; give it back with :meth:`forget`."""
         finished = threading.Event()
         with self.lock:
-            self.waiting[job_id] = finished
+            self.waiting.setdefault(job_id, set()).add(finished)
             if not self.running:
                 self.running = True
                 threading.Thread(target=self._run, name="job-watcher", daemon=True).start()
         return finished
 
-    def forget(self, job_id: str) -> None:
+    def forget(self, job_id: str, finished: threading.Event) -> None:
         with self.lock:
-            self.waiting.pop(job_id, None)
+            events = self.waiting.get(job_id, set())
+            events.discard(finished)
+            if not events:
+                self.waiting.pop(job_id, None)
 
     def _run(self) -> None:
         while True:
@@ -184,18 +188,19 @@ class _JobWatcher:
                 if not self.waiting:
                     self.running = False
                     return
-                awaited = dict(self.waiting)
+                awaited = {job_id: set(events) for job_id, events in self.waiting.items()}
             try:
                 self._wake_finished(awaited)
             except RedisError as error:  # Redis away for a moment: the requests wait on, up to their timeout
                 logger.warning("could not read the state of %d awaited jobs: %s", len(awaited), error)
             time.sleep(WATCH_INTERVAL_S)
 
-    def _wake_finished(self, awaited: dict[str, threading.Event]) -> None:
+    def _wake_finished(self, awaited: dict[str, set[threading.Event]]) -> None:
         metas = self.backend.mget([self.backend.get_key_for_task(job_id) for job_id in awaited])
-        for finished, meta in zip(awaited.values(), metas, strict=True):
+        for events, meta in zip(awaited.values(), metas, strict=True):
             if meta is not None and self.backend.decode_result(meta)["status"] in states.READY_STATES:
-                finished.set()
+                for finished in events:
+                    finished.set()
 
 
 def job_watcher() -> _JobWatcher:

@@ -15,6 +15,7 @@ import requests
 
 from chattts_farm import redis_keys
 from tests.support import serve_web
+from worker.audio import decode
 
 LONG_TEXT = " ".join(f"Sentence {word} of a text that streams while it is spoken." for word in "abcdefghijklmnop")
 
@@ -71,6 +72,18 @@ def test_a_job_submitted_without_stream_is_served_whole_once_done(web, workers):
     assert answer.status_code == 200 and answer.content == stored_pcm(workers.redis_url, job_id)
 
 
+@pytest.mark.parametrize(("audio_format", "mime_type"), [("mp3", "audio/mpeg"), ("ogg", "audio/ogg")])
+def test_a_stream_is_encoded_as_it_comes_in_a_compressed_format(web, workers, audio_format, mime_type):
+    job_id = submit(web, text=LONG_TEXT, stream=True)
+    with requests.get(f"{web}/api/jobs/{job_id}/stream?format={audio_format}", stream=True, timeout=120) as answer:
+        assert answer.status_code == 200 and answer.headers["Content-Type"] == mime_type
+        pieces = list(answer.iter_content(chunk_size=None))
+    assert len(pieces) > 1
+    samples, rate = decode(b"".join(pieces))
+    stored = len(stored_pcm(workers.redis_url, job_id)) // 2
+    assert rate == 24_000 and abs(samples.size - stored) < 0.1 * rate  # lossy: a frame or two of padding
+
+
 def test_a_cancelled_job_answers_with_a_json_error(client):
     job_id = client.post("/api/jobs", json={"text": "Never spoken.", "stream": True}).get_json()["id"]
     assert client.delete(f"/api/jobs/{job_id}").get_json()["status"] == "cancelled"
@@ -81,7 +94,7 @@ def test_a_cancelled_job_answers_with_a_json_error(client):
 def test_an_unknown_job_is_404_and_a_bad_format_400_naming_it(web):
     job_id = submit(web, text="Hi.", stream=True)
     assert requests.get(f"{web}/api/jobs/no-such-job/stream", timeout=10).status_code == 404
-    bad = requests.get(f"{web}/api/jobs/{job_id}/stream?format=mp3", timeout=10)
+    bad = requests.get(f"{web}/api/jobs/{job_id}/stream?format=aac", timeout=10)
     assert bad.status_code == 400 and bad.json()["field"] == "format"
 
 

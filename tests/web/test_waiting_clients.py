@@ -1,7 +1,9 @@
-"""Clients waiting on /v1/audio/speech never starve anyone else.
+"""Clients waiting on /v1/audio/speech, or listening to a job's stream, never starve anyone else.
 
 A real `chattts-farm web` (gunicorn) with keys on, on a Redis of the test's own that no worker consumes:
-every job stays queued (a paused worker), so every speech call waits as long as the test lets it.
+every job stays queued (a paused worker), so every speech call waits as long as the test lets it, and
+every stream carries what the test writes to it with the contract's ``append`` (the worker's side is
+tested in tests/worker).
 """
 
 import json
@@ -20,9 +22,10 @@ import requests
 from chattts_farm import redis_keys
 from cli.local_services import free_port, start_redis_server
 from tests.support import CLI, Web, wait_until
+from tests.web.streams import StreamWriter, samples
 from web.access.api_keys import hash_key
 from web.errors import ApiError
-from web.waiting import WaitSlot
+from web.waiting import WaitSlot, job_watcher
 
 WAITERS = 200
 # A quick answer, with room for a busy two-core test machine.
@@ -84,7 +87,7 @@ def paused_farm(tmp_path_factory):
         web = Web.start(web_port, environment)
         try:
             keys = {}
-            for name in ("patient", "other", "hangs-up"):
+            for name in ("patient", "other", "hangs-up", "listener"):
                 created = subprocess.run(
                     [CLI, "keys", "create", name], env=environment, capture_output=True, text=True, check=True
                 )
@@ -112,6 +115,78 @@ def timed(method: str, url: str, **options) -> tuple[float, requests.Response]:
     started = time.monotonic()
     answer = requests.request(method, url, timeout=5, **options)
     return time.monotonic() - started, answer
+
+
+STREAMS = 64
+
+
+def blocked_stream_reads(client: redis.Redis) -> int:
+    """Redis connections blocked in XREAD now: a stream's request waiting for its next entry."""
+    return sum(1 for connection in client.client_list() if connection["cmd"] == "xread" and "b" in connection["flags"])
+
+
+def test_sixty_four_open_streams_leave_everyone_else_answered_quickly(paused_farm):
+    base, listener = paused_farm.web.url, paused_farm.headers("listener")
+    job_ids = []
+    for number in range(STREAMS):
+        answer = requests.post(
+            base + "/api/jobs", json={"text": f"Stream {number}.", "stream": True}, headers=listener, timeout=10
+        )
+        assert answer.status_code == 202, answer.text
+        job_ids.append(answer.json()["id"])
+    streams = [StreamWriter(paused_farm.redis, job_id) for job_id in job_ids]
+    with ExitStack() as hang_up_all:
+        listening = []
+        for job_id, stream in zip(job_ids, streams, strict=True):
+            stream.audio(samples(0.1, seed=len(listening)))
+            answer = hang_up_all.enter_context(
+                requests.get(f"{base}/api/jobs/{job_id}/stream?format=pcm", headers=listener, stream=True, timeout=30)
+            )
+            assert answer.status_code == 200
+            listening.append(answer.iter_content(chunk_size=None))
+            assert next(listening[-1]) == bytes(stream.pcm)
+        wait_until(lambda: blocked_stream_reads(paused_farm.redis) >= STREAMS, 10, "every stream to wait for more")
+
+        slowest = 0.0
+        for _ in range(5):
+            for method, path in (("GET", "/healthz"), ("GET", f"/api/jobs/{job_ids[0]}")):
+                took, answer = timed(method, base + path, headers=paused_farm.headers("other"))
+                assert answer.status_code in (200, 404), answer.text  # another key's job: 404
+                slowest = max(slowest, took)
+            time.sleep(0.1)
+        assert slowest < QUICK_S, slowest
+
+        # Every stream is still open, and hears what comes next.
+        for stream, heard in zip(streams, listening, strict=True):
+            more = samples(0.1, seed=99)
+            stream.audio(more)
+            assert next(heard) == more
+
+
+@pytest.mark.parametrize("heard", [False, True], ids=["before-any-audio", "after-some-audio"])
+def test_a_listener_that_hangs_up_frees_its_redis_connection_and_slot(paused_farm, heard):
+    base, listener = paused_farm.web.url, paused_farm.headers("listener")
+    job_id = requests.post(base + "/api/jobs", json={"text": "Nobody hears it.", "stream": True}, headers=listener)
+    job_id = job_id.json()["id"]
+    if heard:
+        StreamWriter(paused_farm.redis, job_id).audio(samples(0.1))
+    # The listeners of the test before have hung up: no stream read is left (this test runs before any
+    # speech call waits here, whose reads would come and go).
+    wait_until(lambda: blocked_stream_reads(paused_farm.redis) == 0, 10, "no stream read to be left")
+    call = socket.create_connection(("127.0.0.1", paused_farm.port))
+    call.sendall(
+        f"GET /api/jobs/{job_id}/stream HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: {listener['Authorization']}\r\n\r\n".encode()
+    )
+    if heard:
+        assert call.recv(100).startswith(b"HTTP/1.1 200")
+    wait_until(lambda: paused_farm.waits_of("listener") == 1, 10, "the stream to hold its wait slot")
+    wait_until(lambda: blocked_stream_reads(paused_farm.redis) == 1, 10, "the stream to wait")
+    call.close()
+    wait_until(lambda: paused_farm.waits_of("listener") == 0, 5, "the wait slot to be given back")
+    wait_until(lambda: blocked_stream_reads(paused_farm.redis) == 0, 5, "the Redis read to end")
+    answer = requests.get(f"{base}/api/jobs/{job_id}", headers=listener, timeout=10)
+    assert answer.json()["status"] == "queued"  # the job goes on
 
 
 def test_two_hundred_waiting_calls_of_one_key_leave_everyone_else_answered_quickly(paused_farm, patient_calls):
@@ -180,3 +255,15 @@ def test_slots_a_killed_process_never_gave_back_come_free_when_their_lease_ends(
         time.sleep(1.5)
         with WaitSlot.take(lease_s=1):
             pass
+
+
+def test_every_request_awaiting_one_job_is_woken_when_it_finishes(app):
+    with app.app_context():
+        watcher = job_watcher()
+        first, second, gone = (watcher.watch("one-job") for _ in range(3))
+        watcher.forget("one-job", gone)
+        app.extensions["backends"].celery.backend.store_result("one-job", {}, "SUCCESS")
+        assert first.wait(5) and second.wait(5)
+        watcher.forget("one-job", first)
+        watcher.forget("one-job", second)
+        assert watcher.waiting == {}

@@ -5,11 +5,12 @@ from __future__ import annotations
 from flask import Response, current_app, request, url_for
 
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
-from web import jobs, streaming, voices
+from web import audio_formats, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
 from web.json_body import json_object
 from web.models import Job, JobStatus, Voice
+from web.waiting import WaitSlot
 
 MAX_LIST_LIMIT = 500
 
@@ -131,21 +132,21 @@ def job_audio(job_id: str):
 
 @bp.get("/jobs/<job_id>/stream")
 def job_stream(job_id: str):
-    """The job's audio as it is made (16-bit mono: ``format=wav``, the default, or raw ``pcm``)."""
+    """The job's audio as it is made, encoded as it comes (``format``: wav, the default, pcm, mp3, ogg, flac)."""
     stream_format = request.args.get("format", "wav")
-    if stream_format not in streaming.STREAM_FORMATS:
-        raise ApiError(400, f"format must be one of {', '.join(streaming.STREAM_FORMATS)}", "format")
-    audio = streaming.open_audio(visible_job(job_id), failed_status=409)
-    header = streaming.wav_header(audio.sample_rate) if stream_format == "wav" else b""
-
-    def body():
-        if header:
-            yield header
-        yield from audio.pcm()
-
+    if stream_format not in audio_formats.FORMATS:
+        raise ApiError(400, f"format must be one of {', '.join(audio_formats.FORMATS)}", "format")
+    job = visible_job(job_id)
+    # A listener is a waiting request: it counts against its key's bound, as a speech call does.
+    slot = WaitSlot.take()
+    try:
+        audio = streaming.open_audio(job, failed_status=409)
+    except BaseException:
+        slot.release()
+        raise
     return Response(
-        body(),
-        mimetype="audio/wav" if stream_format == "wav" else "audio/pcm",
+        slot.held_while(streaming.encoded(audio, stream_format)),
+        mimetype=audio_formats.MIME_TYPES[stream_format],
         headers={"X-Sample-Rate": str(audio.sample_rate), "X-Job-Id": audio.job_id, "Cache-Control": "no-store"},
     )
 

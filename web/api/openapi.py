@@ -12,6 +12,8 @@ from flask import current_app
 from chattts_farm.contract import FORMATS, MAX_SEED
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
+from web.audio_formats import FORMATS as STREAM_FORMATS
+from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
 from web.models import JobStatus
 from web.openai import OPENAI_VOICE_SEEDS
 
@@ -232,17 +234,19 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             },
             "/api/jobs/{job_id}/stream": {
                 "get": {
-                    "summary": "A job's audio as it is made: 16-bit mono WAV (one header) or raw PCM",
+                    "summary": "A job's audio as it is made (flac whole at the end)",
                     "parameters": [
                         *job_id,
-                        {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["wav", "pcm"]}},
+                        {"name": "format", "in": "query", "schema": {"type": "string", "enum": list(STREAM_FORMATS)}},
                     ],
                     "responses": {
                         "200": {
                             "description": "the audio, sent as it is made",
-                            "content": {"audio/wav": {}, "audio/pcm": {}},
+                            "content": {mime: {} for mime in STREAM_MIME_TYPES.values()},
                         },
                         **_errors(400, 404, 409, 410, 503, 504),
+                        # A listener is a waiting call: the bound (web.waiting) holds with keys off too.
+                        "429": _error(429, _TOO_MANY_WAITING),
                     },
                 },
             },

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from chattts_farm.contract import MAX_SEED
 from tests.web.access.support import bearer
-from web import create_app, openai, streaming, voices
+from web import create_app, streaming, voices
 from web.access import api_keys
 from web.api.openapi import openapi_description
 
@@ -220,7 +220,6 @@ def api(tiny_settings, redis_url, tmp_path_factory):
     operations = operations_of(client.get("/api/openapi.json").get_json())
     with pytest.MonkeyPatch.context() as patch:
         # No worker will answer: waiting for one would only slow the fuzzer down.
-        patch.setattr(openai, "WAIT_TIMEOUT_S", 0)
         patch.setattr(streaming, "IDLE_TIMEOUT_S", 0)
         patch.setattr(voices, "EMBEDDING_TIMEOUT_S", 0.1)
         yield Api(client, operations)
@@ -619,8 +618,9 @@ def test_with_keys_off_the_description_asks_for_no_key_nor_documents_its_refusal
     assert "security" not in description
     for operation in operations_of(description).values():
         assert 401 not in operation.statuses, str(operation)
-        # Only the bound on calls waiting for their audio holds without keys.
-        assert (429 in operation.statuses) == (operation.path == "/v1/audio/speech"), str(operation)
+        # Only the bound on calls waiting for their audio (speech calls, stream listeners) holds without keys.
+        waits = operation.path in ("/v1/audio/speech", "/api/jobs/{job_id}/stream")
+        assert (429 in operation.statuses) == waits, str(operation)
 
 
 def test_renaming_a_voice_to_a_taken_name_is_a_409_also_with_new_tags(api):

@@ -1,0 +1,65 @@
+"""The web's encoders: 16-bit samples in, each format's bytes out as soon as its encoder gives them up."""
+
+import io
+import struct
+
+import numpy as np
+import pytest
+import soundfile
+
+from tests.web.streams import SAMPLE_RATE, pieces_of, samples
+from web.audio_formats import FORMATS, encoder, pcm_of, wav_header
+
+PCM = samples(2.0, seed=7)
+
+
+def encode_in_pieces(audio_format: str, count: int = 10) -> list[bytes]:
+    """What the encoder gives up after each of ``count`` pieces of PCM, and last what finishing gives."""
+    encoding = encoder(audio_format, SAMPLE_RATE)
+    given = [encoding.encode(piece) for piece in pieces_of(PCM, count)]
+    given.append(encoding.finish())
+    encoding.close()
+    return given
+
+
+@pytest.mark.parametrize("audio_format", ["pcm", "wav", "mp3", "ogg"])
+def test_streamable_formats_give_up_bytes_before_the_audio_ends(audio_format):
+    given = encode_in_pieces(audio_format)
+    assert given[0] and sum(map(len, given[:-1])) > len(b"".join(given)) / 2
+
+
+@pytest.mark.parametrize("audio_format", [name for name in FORMATS if name != "pcm"])
+def test_what_is_given_up_decodes_to_the_samples(audio_format):
+    decoded, rate = soundfile.read(io.BytesIO(b"".join(encode_in_pieces(audio_format))), dtype="int16")
+    assert rate == SAMPLE_RATE
+    if audio_format in ("wav", "flac"):
+        assert decoded.tobytes() == PCM
+    else:  # lossy: an encoder's padding of a frame or two
+        assert abs(len(decoded) - len(PCM) // 2) < 0.1 * SAMPLE_RATE
+
+
+def test_pcm_is_the_samples_as_they_come():
+    assert encode_in_pieces("pcm", count=3) == [*pieces_of(PCM, 3), b""]
+
+
+def test_wav_is_one_header_of_unknown_sizes():
+    header = wav_header(16_000)
+    assert len(header) == 44 and header[:4] == b"RIFF" and header[36:40] == b"data"
+    assert struct.unpack("<I", header[4:8])[0] == struct.unpack("<I", header[40:44])[0] == 0xFFFFFFFF
+    assert b"".join(encode_in_pieces("wav")) == wav_header(SAMPLE_RATE) + PCM
+
+
+def test_mp3_is_sent_at_a_constant_bitrate():
+    data = b"".join(encode_in_pieces("mp3"))
+    kilobits_a_second = len(data) * 8 / (len(PCM) / 2 / SAMPLE_RATE) / 1000
+    assert 60 < kilobits_a_second < 70
+
+
+@pytest.mark.parametrize("stored_format", ["WAV", "FLAC", "OGG", "MP3"])
+def test_stored_audio_of_any_worker_format_is_read_back_as_samples(stored_format):
+    stored = io.BytesIO()
+    soundfile.write(stored, np.frombuffer(PCM, "<i2"), SAMPLE_RATE, format=stored_format)
+    pcm, rate = pcm_of(stored.getvalue())
+    assert rate == SAMPLE_RATE and abs(len(pcm) - len(PCM)) < 0.1 * SAMPLE_RATE * 2
+    if stored_format in ("WAV", "FLAC"):
+        assert pcm == PCM

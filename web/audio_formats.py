@@ -1,0 +1,171 @@
+"""The formats the web sends audio in, encoded chunk by chunk as the samples come (libsndfile, through
+``soundfile``, as the workers encode): 16-bit mono PCM in, each format's bytes out as soon as its encoder
+gives them up, so a client can play the audio while the job still runs."""
+
+from __future__ import annotations
+
+import io
+import struct
+
+import numpy as np
+import soundfile
+
+from chattts_farm.contract import MIME_TYPES as JOB_MIME_TYPES
+
+# Raw samples: 16-bit little-endian mono, at the rate the answer's X-Sample-Rate header says.
+MIME_TYPES = {**JOB_MIME_TYPES, "pcm": "audio/pcm"}
+FORMATS = ("pcm", "wav", "mp3", "ogg", "flac")
+assert set(FORMATS) == set(MIME_TYPES), "every format has a MIME type"
+# (libsndfile container, codec, settings) of what libsndfile encodes as it comes. MP3 at a constant
+# 64 kb/s: without the header a file gets once it is whole, a decoder can tell a constant bitrate stream's
+# length from its size, and 64 kb/s carries 24 kHz mono speech well. Ogg carries Opus, sent a page
+# (about a second) at a time.
+_STREAMED_CODECS = {
+    "mp3": ("MP3", "MPEG_LAYER_III", {"bitrate_mode": "CONSTANT", "compression_level": 0.6}),
+    "ogg": ("OGG", "OPUS", {}),
+}
+# A WAV file's sizes are unknown while it streams: the largest ones, as streaming WAV servers write them.
+_UNKNOWN_SIZE = 0xFFFFFFFF
+BYTES_PER_SAMPLE = 2
+
+
+class PcmEncoder:
+    """Raw samples, as they come."""
+
+    def __init__(self, sample_rate: int):
+        self.sample_rate = sample_rate
+
+    def encode(self, pcm: bytes) -> bytes:
+        return pcm
+
+    def finish(self) -> bytes:
+        """What is left to send once the last samples are in."""
+        return b""
+
+    def close(self) -> None:
+        """Let go of the encoder, finished or not (a client that hung up)."""
+
+
+class WavEncoder(PcmEncoder):
+    """One WAV header with the sizes unknown, then raw samples."""
+
+    def __init__(self, sample_rate: int):
+        super().__init__(sample_rate)
+        self.header: bytes | None = wav_header(sample_rate)
+
+    def encode(self, pcm: bytes) -> bytes:
+        header, self.header = self.header or b"", None
+        return header + pcm
+
+
+class SndfileEncoder(PcmEncoder):
+    """A libsndfile encoder writing into a forward-only sink, drained after every write."""
+
+    def __init__(self, sample_rate: int, audio_format: str):
+        super().__init__(sample_rate)
+        container, codec, settings = _STREAMED_CODECS[audio_format]
+        self.sink = _ForwardOnly()
+        self.file = soundfile.SoundFile(
+            self.sink, mode="w", samplerate=sample_rate, channels=1, format=container, subtype=codec, **settings
+        )
+
+    def encode(self, pcm: bytes) -> bytes:
+        self.file.buffer_write(pcm, dtype="int16")
+        return self.sink.take()
+
+    def finish(self) -> bytes:
+        self.file.close()
+        return self.sink.take()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+class FlacEncoder(PcmEncoder):
+    """FLAC, sent whole once the last samples are in: a FLAC stream of unknown length is valid, but
+    libsndfile (and so the farm's own tools) cannot read one back."""
+
+    def __init__(self, sample_rate: int):
+        super().__init__(sample_rate)
+        self.pcm = bytearray()
+
+    def encode(self, pcm: bytes) -> bytes:
+        self.pcm += pcm
+        return b""
+
+    def finish(self) -> bytes:
+        whole = io.BytesIO()
+        samples = np.frombuffer(bytes(self.pcm), dtype="<i2")
+        soundfile.write(whole, samples, self.sample_rate, format="FLAC", subtype="PCM_16")
+        return whole.getvalue()
+
+
+class _ForwardOnly(io.RawIOBase):
+    """A file for libsndfile that hands on what is written to it, once. On closing, LAME goes back to the
+    start to fill in its Info frame (the length and the encoder's delay, for decoders): a stream cannot
+    take back what it has sent, so that write is dropped and the frame stays as LAME began it, silent, as
+    in any MP3 stream."""
+
+    def __init__(self):
+        self.pending = bytearray()
+        self.sent = 0  # bytes handed on before ``pending``
+        self.position = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        data = bytes(data)
+        skipped = min(len(data), max(0, self.sent - self.position))  # what falls on bytes already sent
+        start = self.position + skipped - self.sent
+        self.pending[start : start + len(data) - skipped] = data[skipped:]
+        self.position += len(data)
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.position, io.SEEK_END: self.sent + len(self.pending)}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def take(self) -> bytes:
+        """What was written since the last take."""
+        taken = bytes(self.pending)
+        self.sent += len(taken)
+        self.pending.clear()
+        return taken
+
+
+def encoder(audio_format: str, sample_rate: int) -> PcmEncoder:
+    """A fresh encoder of 16-bit mono samples at ``sample_rate`` into ``audio_format`` (one of FORMATS)."""
+    if audio_format == "pcm":
+        return PcmEncoder(sample_rate)
+    if audio_format == "wav":
+        return WavEncoder(sample_rate)
+    if audio_format == "flac":
+        return FlacEncoder(sample_rate)
+    return SndfileEncoder(sample_rate, audio_format)
+
+
+def wav_header(sample_rate: int) -> bytes:
+    """The 44-byte header of a 16-bit mono WAV file whose length is unknown."""
+    byte_rate = sample_rate * BYTES_PER_SAMPLE
+    return (
+        b"RIFF"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, byte_rate, BYTES_PER_SAMPLE, 8 * BYTES_PER_SAMPLE)
+        + b"data"
+        + struct.pack("<I", _UNKNOWN_SIZE)
+    )
+
+
+def pcm_of(audio: bytes) -> tuple[bytes, int]:
+    """The 16-bit mono samples of encoded audio (any format a worker writes), and their rate."""
+    samples, sample_rate = soundfile.read(io.BytesIO(audio), dtype="int16", always_2d=False)
+    return np.ascontiguousarray(samples, dtype="<i2").tobytes(), sample_rate
