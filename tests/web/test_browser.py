@@ -21,6 +21,8 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--disable-background-networking",
     "--disable-component-update",
+    # The streaming job page plays its audio on arrival; a person's browser asks for a click first.
+    "--autoplay-policy=no-user-gesture-required",
 ]
 
 
@@ -79,6 +81,29 @@ def test_fill_the_form_watch_progress_and_play_the_audio(browser, web_server):
         time.sleep(0.1)
     assert page.eval_on_selector("#job-audio", "audio => audio.duration") > 1
     assert len(requests.get(web_server + "/api/jobs").json()["jobs"]) == 1
+
+
+def test_the_job_page_plays_the_audio_from_its_first_chunk_before_the_job_is_done(browser, web_server):
+    page = browser.new_page()
+    failed = []
+    page.on("response", lambda answer: answer.status >= 400 and failed.append(answer.url))
+    page.goto(web_server + "/")
+    page.fill("#text", LONG_TEXT)
+    page.fill("#voice-seed", "7")
+    page.click("#submit")
+    page.wait_for_url("**/jobs/*")
+    job_id = page.url.rsplit("/", 1)[1]
+    deadline = time.monotonic() + 120
+    while page.text_content("#live-state") != "playing":  # set once the first chunk is scheduled
+        assert time.monotonic() < deadline, f"never played: {page.text_content('#live-state')}"
+        time.sleep(0.05)
+    assert requests.get(f"{web_server}/api/jobs/{job_id}", timeout=10).json()["status"] != "done"
+    deadline = time.monotonic() + 30
+    while page.eval_on_selector("#live-played", "bar => bar.value") == 0:  # the audio context's clock runs
+        assert time.monotonic() < deadline, "playback never advanced"
+        time.sleep(0.1)
+    # The favicon is still missing (a 404 of every page, issue 14's to fix); nothing else failed.
+    assert [url for url in failed if not url.endswith("/favicon.ico")] == []
 
 
 def test_create_a_tagged_voice_and_find_it_by_tag(browser, web_server):
