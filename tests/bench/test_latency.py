@@ -10,7 +10,7 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         "--engine",
         data_dir=data_dir,
     )
-    rows = markdown_table(finished.stdout.splitlines(), "| clients |")
+    rows = markdown_table(finished.stdout.splitlines(), "| path |")
     paths = [(row["path"], row["clients"]) for row in rows]
     assert paths == [("engine", "1"), ("engine", "3"), ("farm", "1"), ("farm", "3"), ("farm, not streamed", "3")]
     for row in rows[:4]:
