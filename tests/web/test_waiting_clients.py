@@ -87,7 +87,7 @@ def paused_farm(tmp_path_factory):
         web = Web.start(web_port, environment)
         try:
             keys = {}
-            for name in ("patient", "other", "hangs-up", "listener"):
+            for name in ("patient", "other", "hangs-up", *LISTENERS):
                 created = subprocess.run(
                     [CLI, "keys", "create", name], env=environment, capture_output=True, text=True, check=True
                 )
@@ -117,7 +117,10 @@ def timed(method: str, url: str, **options) -> tuple[float, requests.Response]:
     return time.monotonic() - started, answer
 
 
-STREAMS = 64
+# Open streams at once, as issue 12 asks the web to hold, split over two keys (each key's bound on
+# waiting requests is WAITERS).
+STREAMS = 256
+LISTENERS = ("listener", "listener-2")
 
 
 def blocked_stream_reads(client: redis.Redis) -> int:
@@ -125,22 +128,23 @@ def blocked_stream_reads(client: redis.Redis) -> int:
     return sum(1 for connection in client.client_list() if connection["cmd"] == "xread" and "b" in connection["flags"])
 
 
-def test_sixty_four_open_streams_leave_everyone_else_answered_quickly(paused_farm):
-    base, listener = paused_farm.web.url, paused_farm.headers("listener")
+def test_256_open_streams_leave_everyone_else_answered_quickly(paused_farm):
+    base = paused_farm.web.url
+    owners = [paused_farm.headers(LISTENERS[number % len(LISTENERS)]) for number in range(STREAMS)]
     job_ids = []
-    for number in range(STREAMS):
+    for number, owner in enumerate(owners):
         answer = requests.post(
-            base + "/api/jobs", json={"text": f"Stream {number}.", "stream": True}, headers=listener, timeout=10
+            base + "/api/jobs", json={"text": f"Stream {number}.", "stream": True}, headers=owner, timeout=10
         )
         assert answer.status_code == 202, answer.text
         job_ids.append(answer.json()["id"])
     streams = [StreamWriter(paused_farm.redis, job_id) for job_id in job_ids]
     with ExitStack() as hang_up_all:
         listening = []
-        for job_id, stream in zip(job_ids, streams, strict=True):
+        for job_id, stream, owner in zip(job_ids, streams, owners, strict=True):
             stream.audio(samples(0.1, seed=len(listening)))
             answer = hang_up_all.enter_context(
-                requests.get(f"{base}/api/jobs/{job_id}/stream?format=pcm", headers=listener, stream=True, timeout=30)
+                requests.get(f"{base}/api/jobs/{job_id}/stream?format=pcm", headers=owner, stream=True, timeout=30)
             )
             assert answer.status_code == 200
             listening.append(answer.iter_content(chunk_size=None))
