@@ -1,22 +1,28 @@
-"""First-chunk latency of streaming jobs through Redis and Celery, at several numbers of clients at once.
+"""First-chunk latency of streaming jobs, at several numbers of clients at once.
 
-    python -m bench.latency --model synthetic-full --gpus 0 --clients 1,8,64,256
+    python -m bench.latency --model synthetic-full --gpus 0 --clients 1,8,64,256 --engine --web
     python -m bench.latency --model synthetic-tiny --cpu 1 --clients 1,4 --seconds 2
 
 Starts its own redis-server and `chattts-farm worker`, then for each number of clients submits that
 many streaming jobs at once (each a text of --seconds of speech, voices mixed) and reads each job's
 stream with ``chattts_farm.streams.stream_audio`` on a thread of its own, as a plain Celery + Redis
-caller does. Per level it prints first-chunk latency from submit (p50 / p95 / p99), underruns (a
-chunk arriving after the audio delivered before it would have finished playing, playback starting at
-the first chunk), and the audio-s per wall-s of the level. The web's path (``/api/jobs/<id>/stream``)
-adds one gunicorn hop and is not measured here.
-"""
+caller does (``farm`` rows). With --engine the same levels first run through the synthesizer in this
+process (``engine`` rows: no transport); with --web they run last through `chattts-farm web` (``web``
+rows: POST /api/jobs with ``stream``, then GET /api/jobs/<id>/stream). Per level it prints
+first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
+delivered before it would have finished playing, playback starting at the first chunk), and the
+audio-s per wall-s of the level."""
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,9 +32,11 @@ from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import TASK_NAME
 from chattts_farm.settings import Settings
 from chattts_farm.streams import stream_audio
+from cli.local_services import free_port
 from worker.model import SAMPLE_RATE
 
 WORKLOAD_SEED = 7
+WEB_START_TIMEOUT_S = 120
 BYTES_PER_SAMPLE = 2
 
 
@@ -84,6 +92,78 @@ def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
     for thread in threads:
         thread.join()
     return level_row("farm", clients, listeners, time.perf_counter() - started)
+
+
+def run_web_level(base: str, clients: int, seconds: float) -> dict:
+    """A level through the web's JSON API: submit with ``stream``, then read ``/api/jobs/<id>/stream``."""
+    listeners, threads = [], []
+    started = time.perf_counter()
+    for request in level_requests(clients, seconds):
+        listener = Listener(time.perf_counter())
+        body = {**request.as_arguments(), "stream": True}
+        thread = threading.Thread(target=listen_web, args=(base, body, listener), daemon=True)
+        thread.start()
+        listeners.append(listener)
+        threads.append(thread)
+    for thread in threads:
+        thread.join()
+    return level_row("web", clients, listeners, time.perf_counter() - started)
+
+
+def listen_web(base: str, body: dict, listener: Listener) -> None:
+    import requests
+
+    try:
+        submitted = requests.post(f"{base}/api/jobs", json=body, timeout=60)
+        submitted.raise_for_status()
+        stream_url = f"{base}{submitted.json()['stream_url']}?format=pcm"
+        with requests.get(stream_url, stream=True, timeout=600) as answer:
+            answer.raise_for_status()
+            for piece in answer.iter_content(chunk_size=None):
+                listener.arrivals.append((time.perf_counter(), len(piece) / BYTES_PER_SAMPLE / SAMPLE_RATE))
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        listener.error = repr(error)
+
+
+@contextmanager
+def running_web(redis_url: str, workdir: Path) -> Iterator[str]:
+    """`chattts-farm web` (gunicorn, gevent) on the bench's Redis, with a database of its own and no
+    per-key bounds in the way; its base URL once it answers."""
+    import requests
+
+    port = free_port()
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": redis_url,
+        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{(workdir / 'latency-web.db').resolve()}",
+        "CHATTTS_FARM_RATE_LIMIT_PER_MINUTE": "1000000",
+        "CHATTTS_FARM_MAX_WAITS_PER_KEY": "100000",
+        "CHATTTS_FARM_DAILY_AUDIO_QUOTA_S": "1000000000",
+    }
+    (workdir / "latency-web.db").unlink(missing_ok=True)
+    with (workdir / "latency-web.log").open("w") as log:
+        web = subprocess.Popen(
+            [sys.executable, "-m", "cli", "web", "--port", str(port), "--workers", "1"],
+            env=environment,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + WEB_START_TIMEOUT_S
+        while True:
+            try:
+                if requests.get(f"{base}/healthz", timeout=2).ok:
+                    break
+            except requests.ConnectionError:
+                pass
+            if web.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the web did not start; see {workdir / 'latency-web.log'}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        web.terminate()
+        web.wait(timeout=30)
 
 
 def run_engine_level(synthesizer, clients: int, seconds: float) -> dict:
@@ -168,6 +248,9 @@ def main() -> None:
     parser.add_argument("--jobs-in-flight", type=int, default=512)
     parser.add_argument("--slots", type=int, default=0, help="Engine slots (0: from free memory).")
     parser.add_argument(
+        "--web", action="store_true", help="Also run the levels through `chattts-farm web` (JSON API and stream)."
+    )
+    parser.add_argument(
         "--engine", action="store_true", help="Also run the levels through the synthesizer in this process first."
     )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
@@ -191,6 +274,9 @@ def main() -> None:
         with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
             run_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
             rows += [run_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
+            if arguments.web:
+                with running_web(redis_url, workdir) as base:
+                    rows += [run_web_level(base, clients, arguments.seconds) for clients in levels]
             plain = run_plain(celery, levels[-1], arguments.seconds)
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
