@@ -37,7 +37,7 @@ def _check_unicode(body: Any) -> None:
         return
     for name, value in body.items():
         check_unicode(name, "body")  # a broken key cannot name itself
-        _check_value(value, name)
+        _check_value(value, name or "body")  # nor can an empty one
 
 
 def _check_value(value: Any, field: str) -> None:

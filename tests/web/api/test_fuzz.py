@@ -545,6 +545,7 @@ FOUND = {
         "voice",
     ),
     "a lone surrogate in a catalog name": ("POST", "/api/voices", '{"name": "\\ud800", "seed": 1}', 400, "name"),
+    "a lone surrogate under an empty key": ("POST", "/api/voices/import", '{"": "\\ud800"}', 400, "body"),
     "a voice id past 64 bits": ("POST", "/api/jobs", {"text": "Hi.", "voice_id": 2**70}, 422, "voice_id"),
     "a path voice id past 64 bits": ("GET", "/api/voices/99999999999999999999", None, 404, None),
     "a seed of 5000 digits": ("POST", "/api/jobs", {"text": "Hi.", "voice": "9" * 5000}, 422, "voice"),
