@@ -48,6 +48,10 @@ class Listener:
     arrivals: list[tuple[float, float]] = field(default_factory=list)  # (perf_counter, audio seconds)
     error: str | None = None
 
+    def heard(self, pcm_bytes: int) -> None:
+        """A chunk of 16-bit samples arrived now."""
+        self.arrivals.append((time.perf_counter(), pcm_bytes / BYTES_PER_SAMPLE / SAMPLE_RATE))
+
     @property
     def first_chunk_s(self) -> float | None:
         return self.arrivals[0][0] - self.submitted if self.arrivals else None
@@ -70,59 +74,55 @@ class Listener:
         return sum(seconds for _, seconds in self.arrivals)
 
 
-def listen(client_url: str, job_id: str, listener: Listener) -> None:
-    try:
-        for chunk in stream_audio(job_id, redis_url=client_url, timeout_s=600):
-            listener.arrivals.append((time.perf_counter(), len(chunk.pcm) / BYTES_PER_SAMPLE / chunk.sample_rate))
-    except Exception as error:  # noqa: BLE001 - reported in the table
-        listener.error = repr(error)
-
-
-def run_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
-    """A level through Redis and Celery."""
+def run_level(path: str, clients: int, seconds: float, submit, listen) -> dict:
+    """A level: each client's job sent with ``submit(request) -> handle``, then read on a thread of its own
+    with ``listen(handle, listener)``."""
     listeners, threads = [], []
     started = time.perf_counter()
     for request in level_requests(clients, seconds):
         listener = Listener(time.perf_counter())
-        sent = celery.send_task(TASK_NAME, kwargs={**request.as_arguments(), "stream": True})
-        thread = threading.Thread(target=listen, args=(redis_url, sent.id, listener), daemon=True)
+        handle = submit({**request.as_arguments(), "stream": True})
+        thread = threading.Thread(target=listen, args=(handle, listener), daemon=True)
         thread.start()
         listeners.append(listener)
         threads.append(thread)
     for thread in threads:
         thread.join()
-    return level_row("farm", clients, listeners, time.perf_counter() - started)
+    return level_row(path, clients, listeners, time.perf_counter() - started)
+
+
+def run_farm_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
+    """A level through Redis and Celery, read with the contract's ``stream_audio``."""
+
+    def listen(job_id: str, listener: Listener) -> None:
+        try:
+            for chunk in stream_audio(job_id, redis_url=redis_url, timeout_s=600):
+                listener.heard(len(chunk.pcm))
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            listener.error = repr(error)
+
+    return run_level("farm", clients, seconds, lambda kwargs: celery.send_task(TASK_NAME, kwargs=kwargs).id, listen)
 
 
 def run_web_level(base: str, clients: int, seconds: float) -> dict:
-    """A level through the web's JSON API: submit with ``stream``, then read ``/api/jobs/<id>/stream``."""
-    listeners, threads = [], []
-    started = time.perf_counter()
-    for request in level_requests(clients, seconds):
-        listener = Listener(time.perf_counter())
-        body = {**request.as_arguments(), "stream": True}
-        thread = threading.Thread(target=listen_web, args=(base, body, listener), daemon=True)
-        thread.start()
-        listeners.append(listener)
-        threads.append(thread)
-    for thread in threads:
-        thread.join()
-    return level_row("web", clients, listeners, time.perf_counter() - started)
-
-
-def listen_web(base: str, body: dict, listener: Listener) -> None:
+    """A level through the web's JSON API: submitted with ``stream``, read from ``/api/jobs/<id>/stream``."""
     import requests
 
-    try:
+    def submit(body: dict) -> str:
         submitted = requests.post(f"{base}/api/jobs", json=body, timeout=60)
         submitted.raise_for_status()
-        stream_url = f"{base}{submitted.json()['stream_url']}?format=pcm"
-        with requests.get(stream_url, stream=True, timeout=600) as answer:
-            answer.raise_for_status()
-            for piece in answer.iter_content(chunk_size=None):
-                listener.arrivals.append((time.perf_counter(), len(piece) / BYTES_PER_SAMPLE / SAMPLE_RATE))
-    except Exception as error:  # noqa: BLE001 - reported in the table
-        listener.error = repr(error)
+        return f"{base}{submitted.json()['stream_url']}?format=pcm"
+
+    def listen(stream_url: str, listener: Listener) -> None:
+        try:
+            with requests.get(stream_url, stream=True, timeout=600) as answer:
+                answer.raise_for_status()
+                for piece in answer.iter_content(chunk_size=None):
+                    listener.heard(len(piece))
+        except Exception as error:  # noqa: BLE001 - reported in the table
+            listener.error = repr(error)
+
+    return run_level("web", clients, seconds, submit, listen)
 
 
 @contextmanager
@@ -172,7 +172,7 @@ def run_engine_level(synthesizer, clients: int, seconds: float) -> dict:
     listeners = [Listener(started) for _ in range(clients)]
 
     def on_audio(listener: Listener):
-        return lambda segment, samples: listener.arrivals.append((time.perf_counter(), samples.size / SAMPLE_RATE))
+        return lambda segment, samples: listener.heard(samples.size * BYTES_PER_SAMPLE)
 
     synthesizer.add(level_requests(clients, seconds), [on_audio(listener) for listener in listeners])
     while synthesizer.in_flight:
@@ -272,8 +272,8 @@ def main() -> None:
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
         }
         with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
-            run_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
-            rows += [run_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
+            run_farm_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
+            rows += [run_farm_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
             if arguments.web:
                 with running_web(redis_url, workdir) as base:
                     rows += [run_web_level(base, clients, arguments.seconds) for clients in levels]
