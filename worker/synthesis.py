@@ -231,7 +231,7 @@ class Synthesizer:
                 entry.stream = RequestStream(
                     entry.segments,
                     deliver=deliver,
-                    pause_samples=int(self.settings.segment_pause_s * SAMPLE_RATE),
+                    pause_samples=self.pause_samples,
                     frames_per_second=SAMPLE_RATE / self.vocoder.samples_per_frame,
                     context_frames=self.vocoder.context_frames,
                 )
@@ -325,6 +325,11 @@ class Synthesizer:
                 del self.in_flight[entry.number]
                 finished.append((entry, self._finish(entry)))
         return finished
+
+    @property
+    def pause_samples(self) -> int:
+        """The silence between two segments of a request, streamed or joined."""
+        return int(self.settings.segment_pause_s * SAMPLE_RATE)
 
     def cancel(self, number: int) -> None:
         """Stop a request in flight: its waiting segments leave the engine, its running ones end."""
@@ -428,9 +433,8 @@ class Synthesizer:
             entry.shared_with = max(entry.shared_with, len(self.in_flight))
 
     def _finish(self, entry: RequestInFlight) -> SynthesisResult:
-        pause_samples = int(self.settings.segment_pause_s * SAMPLE_RATE)
         pieces = [segment.samples for segment in entry.segments]
-        total_samples = sum(piece.size for piece in pieces) + pause_samples * (len(pieces) - 1)
+        total_samples = sum(piece.size for piece in pieces) + self.pause_samples * (len(pieces) - 1)
         flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
         timings = {
             "text_s": entry.text_s,
@@ -440,7 +444,7 @@ class Synthesizer:
         return SynthesisResult(
             request_id=entry.request.request_id,
             pieces=pieces,
-            pause_samples=pause_samples,
+            pause_samples=self.pause_samples,
             format=entry.request.format,
             mime_type=MIME_TYPES[entry.request.format],
             sample_rate=SAMPLE_RATE,
