@@ -104,6 +104,14 @@ class Settings:
         2048, "token limit of one segment (2048 is ChatTTS's own, ~43.7 s)", minimum=16, role="worker"
     )
     segment_pause_s: float = _setting(0.25, "silence between the segments of a long text", minimum=0, role="worker")
+    stream_context_frames: int = _setting(
+        0,
+        "frames of context either side of a streamed chunk (a frame is one GPT step, ~21 ms): fewer send the "
+        "first audio sooner; 0 measures at load the fewest that keep joined chunks equal to the unstreamed "
+        "audio (within 1e-5 beyond rounding); at most the vocoder's receptive field (52 at full scale)",
+        minimum=0,
+        role="worker",
+    )
     quality_retries: int = _setting(
         1, "regenerations, with another seed, of a segment the quality gate flags", minimum=0, role="worker"
     )

@@ -30,8 +30,8 @@ class Piece:
     """Hidden states of frames [start, start + len(hiddens)) of a segment, to be decoded into the audio of
     frames [keep_from, ...): to the row's end when ``last``, else up to ``keep_to``.
 
-    Frames left of ``keep_from`` are context only: a kept frame's audio reads the frames within the
-    vocoder's receptive field, so the piece starts that far before it (or at the row's start).
+    Frames outside [keep_from, keep_to) are context only: a kept frame's audio reads the frames near it
+    (see :mod:`worker.streaming`), so the piece starts that far before it (or at the row's start).
     """
 
     segment: Segment

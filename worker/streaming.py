@@ -1,12 +1,15 @@
 """Streaming: a request's audio leaves the worker while the engine still draws it.
 
 After every engine step each running segment of a streaming request is cut: once enough of its newest
-frames are *stable* (the vocoder's receptive field to their right has been drawn, so more frames can
-no longer change their audio), those frames go to the vocoder as a :class:`~worker.decoding.Piece`
-with the context on either side. Decoded pieces come back in the order they were cut and are delivered
-in the text's order: a later segment's audio waits for the segments before it, then follows the
-pause between them. Joined, a request's delivered audio is the audio it would have had unstreamed, up
-to float rounding: each piece decodes exactly the frames its kept ones see.
+frames are *stable* (the context they need to their right has been drawn, so more frames no longer
+change their audio), those frames go to the vocoder as a :class:`~worker.decoding.Piece` with the
+context on either side. Decoded pieces come back in the order they were cut and are delivered in the
+text's order: a later segment's audio waits for the segments before it, then follows the pause
+between them. Joined, a request's delivered audio is the audio it would have had unstreamed: each
+piece decodes the frames its kept ones read. How many that is, the vocoder measures at load
+(:meth:`~worker.engine.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
+frames, 1.1 s, at full scale), but what a frame's audio reads above float rounding is far less
+(7 frames for the synthetic weights), and that is what the first chunk waits for.
 
 The first piece of a segment is small, so the first sound comes early; each later one is twice the
 size of the one before, up to a bound, so that a long text is decoded in few, large passes.

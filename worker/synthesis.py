@@ -153,6 +153,14 @@ class Synthesizer:
         )
         self.vocoder = Vocoder(model, settings.max_rows_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
+        self.stream_context_frames = (
+            min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
+        )
+        logger.info(
+            "streamed chunks decode with %d frames of context each side (receptive field: %d)",
+            self.stream_context_frames,
+            self.vocoder.context_frames,
+        )
         self.in_flight: dict[int, RequestInFlight] = {}
         self._numbers = itertools.count()
 
@@ -233,7 +241,7 @@ class Synthesizer:
                     deliver=deliver,
                     pause_samples=self.pause_samples,
                     frames_per_second=SAMPLE_RATE / self.vocoder.samples_per_frame,
-                    context_frames=self.vocoder.context_frames,
+                    context_frames=self.stream_context_frames,
                 )
             added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, RequestInFlight)]

@@ -1,6 +1,8 @@
 """Streaming: a request's audio goes out in order while the engine draws it, and joined it is the audio
 the request has unstreamed."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,13 @@ def core(tiny_settings, synthesizer):
     return Synthesizer(synthesizer.model, tiny_settings)
 
 
+@pytest.fixture(params=["measured", "receptive field"])
+def any_context_core(request, tiny_settings, synthesizer):
+    """A synthesizer whose streamed chunks take the context measured at load, or the whole receptive field."""
+    frames = 0 if request.param == "measured" else synthesizer.vocoder.context_frames
+    return Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, stream_context_frames=frames))
+
+
 def run(core, requests, on_audio):
     """Drive the synthesizer as the batcher does; returns the outcomes by request id and, for each
     delivery, (request id, how many steps had run, samples)."""
@@ -36,7 +45,8 @@ def run(core, requests, on_audio):
     return outcomes
 
 
-def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(core, make_request):
+def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context_core, make_request):
+    core = any_context_core
     request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=7).__dict__, "request_id": "streamed"})
     chunks = []
     (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append(samples)])["streamed"]

@@ -125,3 +125,25 @@ def test_the_context_follows_the_scale_s_layers(scale, context_frames):
     vocoder = Vocoder(LoadedModel(chat=chat, info=None, device=torch.device("meta")), max_windows_per_batch=1)
     assert vocoder.context_frames == context_frames
     assert vocoder.samples_per_frame == 512
+
+
+def test_a_streamed_piece_needs_only_the_context_its_audio_reads_above_rounding(synthesizer, vocoder):
+    """The tiny model's layer scales are 1e-6: its frames read far less than the receptive field allows."""
+    context = vocoder.measure_stream_context()
+    assert 0 < context < vocoder.context_frames
+    row = random_hidden_states(synthesizer.model.chat, 5 * vocoder.context_frames, seed=42)
+    (whole,) = vocoder.decode([row])
+    per_frame = vocoder.samples_per_frame
+
+    def kept_audio(keep_from, keep_to, context):
+        start = max(0, keep_from - context)
+        (samples,) = vocoder.decode([row[start : keep_to + context]])
+        return samples[(keep_from - start) * per_frame : (keep_to - start) * per_frame]
+
+    for keep_from, keep_to in [(0, 12), (20, 30), (31, 55)]:
+        expected = whole[keep_from * per_frame : keep_to * per_frame]
+        assert np.abs(kept_audio(keep_from, keep_to, context) - expected).max() < 1e-4
+        # The measured context is needed: with none, the audio near the piece's edges is another
+        # (and a hop short: the ISTFT's last frame lacks its right neighbour).
+        bare = kept_audio(keep_from, keep_to, 0)
+        assert np.abs(bare - expected[: bare.size]).max() > 1e-3

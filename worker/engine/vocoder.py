@@ -22,6 +22,12 @@ from torch import nn
 
 from worker.model import LoadedModel
 
+# A streamed piece's audio may differ from the whole row's by this much beyond float rounding (issue 12
+# holds joined chunks to the unstreamed audio within 1e-4; the margin covers hidden states unlike the probe's).
+STREAM_CONTEXT_TOLERANCE = 1e-5
+# Frames of the probe's row kept by its pieces, at its start and in its middle.
+_PROBE_KEEP_FRAMES = 12
+
 # A window is this many receptive fields long, so half of it is kept and each frame is decoded about
 # twice. Longer windows waste less, but leave more rows shorter than a window, which batch only with
 # rows of their exact length.
@@ -66,6 +72,8 @@ class Vocoder:
     def __init__(self, model: LoadedModel, max_windows_per_batch: int):
         chat = model.chat
         self.decoder = chat.decoder
+        self.width = chat.config.gpt.hidden_size
+        self.device = model.device
         self.vocos = chat.vocos
         self.max_windows_per_batch = max_windows_per_batch
         istft = chat.vocos.head.istft
@@ -77,6 +85,40 @@ class Vocoder:
         mel_reach = _conv_reach([chat.decoder.decoder, chat.decoder.out_conv, chat.vocos.backbone]) + istft_reach
         self.context_frames = math.ceil(mel_reach / mel_frames_per_frame)
         self.window_frames = WINDOW_CONTEXTS * self.context_frames
+
+    @torch.inference_mode()
+    def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
+        """The fewest frames of context either side of a streamed piece that keep its audio within
+        ``tolerance`` of the whole row's, beyond the float rounding the full receptive field leaves.
+
+        The receptive field (``context_frames``) bounds what a frame's audio can read; what it does read,
+        above rounding, depends on the weights (layer scales, learned filters), so it is measured on
+        this model's own vocoder, with a random row of hidden states: once at load, a few decodes.
+        """
+        full = self.context_frames
+        generator = torch.Generator().manual_seed(0)
+        row = torch.randn(3 * full + 3 * _PROBE_KEEP_FRAMES, self.width, generator=generator).to(self.device)
+        whole = self.decode([row])[0]
+        per_frame = self.samples_per_frame
+        # A piece at the row's start (left context is the row's edge) and one in its middle.
+        keeps = [(0, _PROBE_KEEP_FRAMES), (full + _PROBE_KEEP_FRAMES, full + 2 * _PROBE_KEEP_FRAMES)]
+        candidates = [(keep, context) for context in range(full + 1) for keep in keeps]
+        pieces = [row[max(0, keep_from - context) : keep_to + context] for (keep_from, keep_to), context in candidates]
+        errors = [0.0] * (full + 1)
+        for ((keep_from, keep_to), context), samples in zip(candidates, self.decode(pieces), strict=True):
+            offset = (keep_from - max(0, keep_from - context)) * per_frame
+            kept = samples[offset : offset + (keep_to - keep_from) * per_frame]
+            expected = whole[keep_from * per_frame : keep_to * per_frame]
+            shared = min(kept.size, expected.size)
+            error = float(np.abs(kept[:shared] - expected[:shared]).max()) if shared else float("inf")
+            if shared < expected.size:
+                error = float("inf")
+            errors[context] = max(errors[context], error)
+        allowed = errors[full] + tolerance
+        context = full
+        while context > 0 and errors[context - 1] <= allowed:
+            context -= 1
+        return context
 
     def plan(self, frames: int) -> list[Window]:
         return plan_windows(frames, self.window_frames, self.context_frames)
