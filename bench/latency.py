@@ -155,7 +155,7 @@ def running_web(redis_url: str, workdir: Path) -> Iterator[str]:
             try:
                 if requests.get(f"{base}/healthz", timeout=2).ok:
                     break
-            except requests.ConnectionError:
+            except (requests.ConnectionError, requests.Timeout):  # gunicorn's socket is open before its worker
                 pass
             if web.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the web did not start; see {workdir / 'latency-web.log'}")

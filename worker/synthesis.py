@@ -45,6 +45,7 @@ from worker.model import SAMPLE_RATE, LoadedModel, load_model
 from worker.sampling import segment_seed
 from worker.segmenting import split_segments
 from worker.streaming import Deliver, RequestStream
+from worker.text_normaliser import TextNormaliser
 
 logger = logging.getLogger(__name__)
 
@@ -153,6 +154,7 @@ class Synthesizer:
         )
         self.vocoder = Vocoder(model, settings.max_rows_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
+        self._normalise = TextNormaliser(model.chat.normalizer)
         self.stream_context_frames = (
             min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
         )
@@ -388,9 +390,6 @@ class Synthesizer:
             for index, text in enumerate(texts)
         ]
         return RequestInFlight(request, number, audio_seed, embedding, segments)
-
-    def _normalise(self, text: str) -> str:
-        return self.model.chat.normalizer(text, do_text_normalization=True, do_homophone_replacement=True).strip()
 
     def _refine(self, prepared: list[RequestInFlight]) -> None:
         """Run ChatTTS's refine-text step on the segments of the requests that asked for it.

@@ -12,6 +12,7 @@ with the rows of exactly its length.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -22,8 +23,8 @@ from torch import nn
 
 from worker.model import LoadedModel
 
-# A streamed piece's audio may differ from the whole row's by this much beyond float rounding (issue 12
-# holds joined chunks to the unstreamed audio within 1e-4; the margin covers hidden states unlike the probe's).
+# A streamed piece's audio may differ from the whole row's by this much (issue 12 holds joined chunks to
+# the unstreamed audio within 1e-4; the margin covers hidden states unlike the probe's, and rounding).
 STREAM_CONTEXT_TOLERANCE = 1e-5
 # Frames of the probe's row kept by its pieces, at its start and in its middle.
 _PROBE_KEEP_FRAMES = 12
@@ -89,36 +90,48 @@ class Vocoder:
     @torch.inference_mode()
     def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
         """The fewest frames of context either side of a streamed piece that keep its audio within
-        ``tolerance`` of the whole row's, beyond the float rounding the full receptive field leaves.
+        ``tolerance`` of the whole row's.
 
-        The receptive field (``context_frames``) bounds what a frame's audio can read; what it does read,
-        above rounding, depends on the weights (layer scales, learned filters), so it is measured on
-        this model's own vocoder, with a random row of hidden states: once at load, a few decodes.
+        The receptive field (``context_frames``) bounds what a frame's audio can read; what it does read
+        depends on the weights (layer scales, learned filters), so it is measured on this model's own
+        networks with a random row of hidden states, on the CPU: its float32 rounds near 1e-6, where a
+        GPU's TF32 convolutions round near 1e-3 and would hide the weights' reach. The error shrinks as
+        the context grows, so a binary search takes a handful of decodes.
         """
+        decoder = copy.deepcopy(self.decoder).to("cpu")
+        vocos = copy.deepcopy(self.vocos).to("cpu")
+
+        def audio(states: torch.Tensor) -> torch.Tensor:
+            return vocos.decode(decoder(states.T[None].contiguous()))[0]
+
         full = self.context_frames
         generator = torch.Generator().manual_seed(0)
-        row = torch.randn(3 * full + 3 * _PROBE_KEEP_FRAMES, self.width, generator=generator).to(self.device)
-        whole = self.decode([row])[0]
+        row = torch.randn(3 * full + 3 * _PROBE_KEEP_FRAMES, self.width, generator=generator)
+        whole = audio(row)
         per_frame = self.samples_per_frame
-        # A piece at the row's start (left context is the row's edge) and one in its middle.
+        # A piece at the row's start (where the row's own edge is its left context) and one in its middle.
         keeps = [(0, _PROBE_KEEP_FRAMES), (full + _PROBE_KEEP_FRAMES, full + 2 * _PROBE_KEEP_FRAMES)]
-        candidates = [(keep, context) for context in range(full + 1) for keep in keeps]
-        pieces = [row[max(0, keep_from - context) : keep_to + context] for (keep_from, keep_to), context in candidates]
-        errors = [0.0] * (full + 1)
-        for ((keep_from, keep_to), context), samples in zip(candidates, self.decode(pieces), strict=True):
-            offset = (keep_from - max(0, keep_from - context)) * per_frame
-            kept = samples[offset : offset + (keep_to - keep_from) * per_frame]
-            expected = whole[keep_from * per_frame : keep_to * per_frame]
-            shared = min(kept.size, expected.size)
-            error = float(np.abs(kept[:shared] - expected[:shared]).max()) if shared else float("inf")
-            if shared < expected.size:
-                error = float("inf")
-            errors[context] = max(errors[context], error)
-        allowed = errors[full] + tolerance
-        context = full
-        while context > 0 and errors[context - 1] <= allowed:
-            context -= 1
-        return context
+
+        def error(context: int) -> float:
+            worst = 0.0
+            for keep_from, keep_to in keeps:
+                start = max(0, keep_from - context)
+                samples = audio(row[start : keep_to + context])
+                kept = samples[(keep_from - start) * per_frame : (keep_to - start) * per_frame]
+                expected = whole[keep_from * per_frame : keep_to * per_frame]
+                if kept.shape != expected.shape:  # the ISTFT's last frame lacked its right neighbour
+                    return float("inf")
+                worst = max(worst, float((kept - expected).abs().max()))
+            return worst
+
+        fewest, enough = 0, full
+        while fewest < enough:
+            middle = (fewest + enough) // 2
+            if error(middle) <= tolerance:
+                enough = middle
+            else:
+                fewest = middle + 1
+        return enough
 
     def plan(self, frames: int) -> list[Window]:
         return plan_windows(frames, self.window_frames, self.context_frames)
