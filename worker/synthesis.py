@@ -181,6 +181,9 @@ class Synthesizer:
         outcome = self.synthesize([warm_up])[0]
         if isinstance(outcome, Exception):
             raise outcome
+        graphs = self.engine.runner.capture_every_bucket()
+        if graphs:
+            logger.info("captured the decode step of %d buckets", graphs)
         logger.info("warmed up in %.2f s", time.perf_counter() - started)
 
     def synthesize(
