@@ -87,7 +87,7 @@ def admit(api_key: ApiKey | None, job_id: str) -> None:
         ],
     )
     if answer == FARM_FULL:
-        logger.warning("job %s refused: %d jobs wait already", job_id, settings.max_queued_jobs)
+        logger.info("job %s refused: %d jobs wait already", job_id, settings.max_queued_jobs)
         raise try_again_later(
             503,
             f"the farm has {settings.max_queued_jobs} jobs waiting to start, as many as it queues: try again shortly",

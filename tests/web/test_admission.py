@@ -97,8 +97,23 @@ def test_past_its_own_cap_a_key_gets_a_429_and_other_keys_are_still_served(tiny_
     assert_try_again_later(refused, 429)
     assert refused.get_json()["field"] == "Authorization"
     assert reserved_jobs(app, greedy) == set(accepted)
+    assert sorted(queued_messages(app)) == sorted(accepted)
     assert len(client.get("/api/jobs", headers=bearer(greedy)).get_json()["jobs"]) == 2
     assert submit(client, other).status_code == 202
+
+
+def test_a_job_refused_by_the_audio_quota_gives_its_place_in_the_queue_back(tiny_settings, tmp_path, idle_redis_url):
+    app = capped_app(
+        tiny_settings, tmp_path, idle_redis_url, require_api_key=True, daily_audio_quota_s=1, max_queued_jobs=1
+    )
+    client, key = app.test_client(), make_key(app, "bo")
+
+    refused = submit(client, key, text="A text far longer than the single second of audio this key may have today.")
+
+    assert refused.status_code == 429 and "quota" in refused.get_json()["error"]
+    assert waiting(app) == 0
+    assert app.extensions["backends"].redis.zcard(redis_keys.queued_jobs(api_keys.hash_key(key))) == 0
+    assert submit(client, key, text="Hi.").status_code == 202
 
 
 def test_a_keys_cancelled_or_failed_jobs_free_their_places_even_unseen_by_the_web(
