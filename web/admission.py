@@ -34,13 +34,13 @@ logger = logging.getLogger(__name__)
 ADMISSION_S = 60
 # A waiting job starts within seconds once workers drain the queue: ask again soon.
 RETRY_AFTER_S = 10
-ADMITTED, KEY_FULL, FARM_FULL = 0, 1, 2
+KEY_FULL, FARM_FULL = 1, 2
 
 # KEYS: the key's queued jobs (job id -> when its entry lapses), then backlog.waiting_keys().
 # ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap), ADMISSION_S, the result backend's
 # key prefix, the results' lifetime (no entry outlives it). A task's state key is read by a name made
-# here, not passed as a key: the farm's Redis is one server, never a cluster. Answers ADMITTED, KEY_FULL
-# or FARM_FULL.
+# here, not passed as a key: the farm's Redis is one server, never a cluster. Answers 0 (admitted),
+# KEY_FULL or FARM_FULL.
 _ADMIT = (
     backlog.WAITING_JOBS_LUA
     + """

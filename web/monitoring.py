@@ -57,8 +57,8 @@ def readyz():
 
 
 def _backlog() -> backlog.Backlog:
-    return backlog.Backlog(
-        backlog.count_waiting(backends.current().redis), current_app.config["SETTINGS"].max_queued_jobs
+    return backlog.read_backlog(
+        client=backends.current().redis, max_queued_jobs=current_app.config["SETTINGS"].max_queued_jobs
     )
 
 
