@@ -4,8 +4,9 @@
 
 Starts `chattts-farm up --model synthetic-tiny` on free loopback ports in a temporary data dir (or
 uses --url), runs the clients for the given time, waits for every accepted job, and prints requests
-per second, API latency percentiles, job completion latency, failed requests and lost jobs (accepted
-but never done or failed).
+per second, API latency percentiles, job completion latency, failed requests, lost jobs (accepted
+but never done or failed) and Redis's memory at the end of the run (`INFO memory`: used and peak; with
+--url, give the farm's Redis with --redis-url, default CHATTTS_FARM_REDIS_URL).
 """
 
 from __future__ import annotations
@@ -22,12 +23,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import redis
 import requests
 
+from chattts_farm.settings import Settings
+from cli.launcher import redis_password
 from cli.local_services import free_port
 
 TEXTS = ("Load test sentence number {i}.", "The farm must not lose job {i}.", "Client {c} asks for audio {i}.")
 POLL_S = 0.5
+MIB = 2**20
 
 
 @dataclass
@@ -100,8 +105,17 @@ def percentile(values: list[float], share: float) -> float:
     )
 
 
-def start_farm(workdir: Path) -> tuple[subprocess.Popen, str]:
+def redis_memory_mib(redis_url: str) -> tuple[float, float]:
+    """Redis's memory now and at its peak, MiB (``INFO memory``: used_memory, used_memory_peak)."""
+    memory = redis.Redis.from_url(redis_url).info("memory")
+    return memory["used_memory"] / MIB, memory["used_memory_peak"] / MIB
+
+
+def start_farm(workdir: Path) -> tuple[subprocess.Popen, str, str]:
+    """`chattts-farm up` in ``workdir``: the process, its web address and its Redis URL."""
     port, flower, redis_port = free_port(), free_port(), free_port()
+    # The password `up` gives the Redis it starts, made here first: the same file, so the same password.
+    redis_url = f"redis://:{redis_password(workdir / 'redis')}@127.0.0.1:{redis_port}/0"
     environment = {**os.environ}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
     process = subprocess.Popen(
@@ -132,7 +146,7 @@ def start_farm(workdir: Path) -> tuple[subprocess.Popen, str]:
     while time.monotonic() < deadline:
         try:
             if requests.get(base + "/readyz", timeout=2).json().get("ready"):
-                return process, base
+                return process, base, redis_url
         except (requests.RequestException, ValueError):
             pass
         time.sleep(1)
@@ -145,14 +159,16 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--seconds", type=float, default=120)
     parser.add_argument("--url", help="A running farm's web address (default: start one with up).")
+    parser.add_argument("--redis-url", help="With --url: that farm's Redis (default: CHATTTS_FARM_REDIS_URL).")
     arguments = parser.parse_args()
 
     farm = None
     with tempfile.TemporaryDirectory(prefix="chattts-load-") as workdir:
         if arguments.url:
             base = arguments.url.rstrip("/")
+            redis_url = arguments.redis_url or Settings.from_env().redis_url
         else:
-            farm, base = start_farm(Path(workdir))
+            farm, base, redis_url = start_farm(Path(workdir))
         tally = Tally()
         started = time.monotonic()
         stop_at = started + arguments.seconds
@@ -162,6 +178,7 @@ def main() -> None:
         for thread in threads:
             thread.join()
         wall = time.monotonic() - started
+        redis_used_mib, redis_peak_mib = redis_memory_mib(redis_url)
         if farm is not None:
             farm.send_signal(signal.SIGTERM)
             farm.wait(timeout=300)
@@ -170,15 +187,15 @@ def main() -> None:
     print(f"\n{arguments.clients} clients for {arguments.seconds:.0f} s against {base} (wall {wall:.0f} s)\n")
     print(
         "| requests | requests/s | API p50 ms | API p95 ms | API p99 ms | jobs accepted | jobs done "
-        "| job p50 s | job p95 s | failed requests | failed jobs | lost jobs |"
+        "| job p50 s | job p95 s | failed requests | failed jobs | lost jobs | Redis used MiB | Redis peak MiB |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| {len(tally.latencies)} | {len(tally.latencies) / wall:.1f} | "
         f"{1000 * percentile(tally.latencies, 0.50):.0f} | {1000 * percentile(tally.latencies, 0.95):.0f} | "
         f"{1000 * percentile(tally.latencies, 0.99):.0f} | {len(tally.accepted)} | {len(tally.done)} | "
         f"{percentile(tally.completions, 0.50):.2f} | {percentile(tally.completions, 0.95):.2f} | "
-        f"{tally.failed_requests} | {tally.failed_jobs} | {lost} |"
+        f"{tally.failed_requests} | {tally.failed_jobs} | {lost} | {redis_used_mib:.1f} | {redis_peak_mib:.1f} |"
     )
     sys.exit(0 if tally.failed_requests == 0 and lost == 0 else 1)
 

@@ -19,6 +19,9 @@ UNACKED_HASH = "unacked"
 # (Unix time), "size" (characters), "message" (its text, cut at 64 KiB)}. Only the newest are kept.
 DEAD_LETTERS = "chattts:dead-letters"
 DEAD_LETTERS_KEPT = 1000
+# Jobs a web process has admitted and not yet sent to a queue (a sorted set: job id -> the Unix time its
+# admission lapses), counted with the queues as jobs waiting (see chattts_farm.backlog).
+ADMISSIONS = "chattts:admissions"
 
 
 def audio(job_id: str) -> str:
@@ -50,6 +53,12 @@ def audio_quota_reservations(key_hash: str, day: str) -> str:
     """A hash of the audio seconds each unfinished job of a key, submitted on ``day``, holds against
     that day's quota: job id -> estimated seconds, until the job finishes and is settled."""
     return f"chattts:quota-reserved:{key_hash[:16]}:{day}"
+
+
+def queued_jobs(key_hash: str) -> str:
+    """The jobs of a key admitted and maybe not yet started (a sorted set: job id -> the Unix time the
+    entry lapses), counted against ``CHATTTS_FARM_MAX_QUEUED_JOBS_PER_KEY`` (see web.admission)."""
+    return f"chattts:queued:{key_hash[:16]}"
 
 
 def browser_session(session_hash: str) -> str:

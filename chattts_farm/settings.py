@@ -161,6 +161,19 @@ class Settings:
         minimum=1,
         role="web",
     )
+    max_queued_jobs: int = _setting(
+        10_000,
+        "jobs waiting to start (in the queues, not yet taken by a worker) past which submissions get a 503 with "
+        "`Retry-After`; Celery callers read it with `chattts_farm.backlog`",
+        minimum=1,
+        role="web",
+    )
+    max_queued_jobs_per_key: int = _setting(
+        1000,
+        "jobs of one key waiting to start past which its submissions get a 429; keys off: no such cap",
+        minimum=1,
+        role="web",
+    )
     web_connections: int = _setting(
         1000,
         "connections each web process (a gevent worker) serves at once; its Redis connection pools are as large",

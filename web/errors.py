@@ -28,11 +28,16 @@ class ApiError(Exception):
         self.headers: dict[str, str] = {}
 
 
-def too_many_requests(message: str, retry_after_s: int) -> ApiError:
-    """A 429 telling the caller when to try again; every limit is per key, so it names Authorization."""
-    error = ApiError(429, message, "Authorization")
+def try_again_later(status: int, message: str, retry_after_s: int, field: str | None = None) -> ApiError:
+    """An error answer telling the caller when to try again (``Retry-After``, in seconds)."""
+    error = ApiError(status, message, field)
     error.headers = {"Retry-After": str(max(1, retry_after_s))}
     return error
+
+
+def too_many_requests(message: str, retry_after_s: int) -> ApiError:
+    """A 429 telling the caller when to try again; every limit is per key, so it names Authorization."""
+    return try_again_later(429, message, retry_after_s, "Authorization")
 
 
 def _answer(status: int, message: str, field: str | None):

@@ -16,10 +16,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from chattts_farm import redis_keys
 from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
 from chattts_farm.speech_length import expected_seconds
-from web import access, backends
+from web import access, admission, backends
 from web.access import limits
 from web.errors import ApiError
-from web.models import Job, JobStatus, Voice, db, utcnow
+from web.models import ApiKey, Job, JobStatus, Voice, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,9 @@ MALFORMED_RESULT = "the job's result in Redis is malformed: it is not what a far
 
 
 def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
-    """Reserve the job's expected audio against its key's quota, record the job, then enqueue it under
-    the same id. A queue that cannot be reached fails the job."""
+    """Admit the job past the queue's caps, reserve its expected audio against its key's quota, record the
+    job, then enqueue it under the same id. A job refused by a cap or the quota leaves nothing behind; a
+    queue that cannot be reached fails the job."""
     api_key = access.current_key()
     arguments = request.as_arguments()
     job = Job(
@@ -53,7 +54,12 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         status=JobStatus.QUEUED,
         api_key_id=api_key.id if api_key else None,
     )
-    limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
+    admission.admit(api_key, job.id)
+    try:
+        limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
+    except ApiError:
+        admission.release(api_key, job.id)
+        raise
     db.session.add(job)
     db.session.commit()
     try:
@@ -64,6 +70,7 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         logger.error("job %s could not be enqueued: %s", job.id, error)
         _finish(job, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
         raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
+    admission.sent(api_key, job.id)
     logger.info("job %s queued", job.id)
     return job
 
@@ -152,14 +159,16 @@ def audio(job: Job) -> bytes:
 
 
 def _finish(job: Job, status: str, error: str | None = None, **outcome: Any) -> None:
-    """Finish an unfinished job, then settle its reserved audio with its key's quota: a done job is
-    charged its duration, any other gives its reservation back. Of the requests that see a job finish
-    at once, only the one whose update moves the row settles it. The write is committed before Redis is
-    called: no database lock is held across a network call."""
+    """Finish an unfinished job, then settle its reserved audio with its key's quota (a done job is
+    charged its duration, any other gives its reservation back) and free its place in the queue (a
+    cancelled job's message may wait on in its list until a worker drops it). Of the requests that see a
+    job finish at once, only the one whose update moves the row settles it. The write is committed before
+    Redis is called: no database lock is held across a network call."""
     moved = _move(job, status=status, error=error, finished_at=utcnow(), **outcome)
     db.session.commit()
     if moved:
         limits.settle_audio(job, outcome.get("duration_s", 0.0))
+        admission.release(db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None, job.id)
 
 
 def _move(job: Job, **values: Any) -> bool:

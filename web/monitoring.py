@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 from datetime import UTC
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, current_app
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from redis.exceptions import RedisError
 from sqlalchemy import func
 
+from chattts_farm import backlog
 from web import backends, farm_state
 from web.models import Job, JobStatus, db
 
@@ -34,21 +35,31 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    """Ready when Redis answers and at least one worker is alive; says which model the workers run."""
+    """Ready when Redis answers, at least one worker is alive and the queue takes more jobs; says which
+    model the workers run and how many jobs wait against the cap."""
     try:
         backends.current().redis.ping()
         alive = farm_state.workers()
+        queue = _backlog()
     except RedisError as error:
         # The probe is open to anyone: the connection's details (hosts, ports) go to the log only.
         logger.warning("not ready: Redis could not be reached: %s", error)
         return {"ready": False, "redis": False, "error": "Redis could not be reached", "workers": 0}, 503
+    ready = bool(alive) and queue.accepting
     body = {
-        "ready": bool(alive),
+        "ready": ready,
         "redis": True,
         "workers": len(alive),
         "models": sorted({report["model"] for report in alive}),
+        "queue": {"waiting": queue.waiting, "max_queued_jobs": queue.max_queued_jobs, "accepting": queue.accepting},
     }
-    return body, 200 if alive else 503
+    return body, 200 if ready else 503
+
+
+def _backlog() -> backlog.Backlog:
+    return backlog.read_backlog(
+        client=backends.current().redis, max_queued_jobs=current_app.config["SETTINGS"].max_queued_jobs
+    )
 
 
 @bp.get("/metrics")
@@ -92,12 +103,20 @@ class _FarmCollector:
         try:
             alive = farm_state.workers()
             depths = farm_state.queue_depths(alive)
+            queue = _backlog()
         except RedisError:
-            alive, depths = [], {}
+            alive, depths, queue = [], {}, None
         queues = GaugeMetricFamily("chattts_queue_depth", "Jobs waiting in each queue", labels=["queue"])
         for name, depth in depths.items():
             queues.add_metric([name], depth)
         yield queues
+        if queue is not None:
+            yield GaugeMetricFamily(
+                "chattts_jobs_waiting", "Jobs accepted, not yet started (what the cap counts)", value=queue.waiting
+            )
+            yield GaugeMetricFamily(
+                "chattts_max_queued_jobs", "Jobs waiting at which submissions stop", value=queue.max_queued_jobs
+            )
         yield GaugeMetricFamily("chattts_workers_online", "Workers with a fresh heartbeat", value=len(alive))
         batch = GaugeMetricFamily(
             "chattts_worker_batch_size",

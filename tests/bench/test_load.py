@@ -1,4 +1,5 @@
-"""bench/load.py in a short form: a workers started by `chattts-farm up` holds concurrent clients."""
+"""bench/load.py in a short form: a worker started by `chattts-farm up` holds concurrent clients, and the
+run reports the memory of the farm's Redis."""
 
 import subprocess
 import sys
@@ -26,3 +27,4 @@ def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
     assert int(figures["jobs accepted"]) >= 10
     assert figures["jobs done"] == figures["jobs accepted"]
     assert figures["failed requests"] == figures["failed jobs"] == figures["lost jobs"] == "0"
+    assert 0 < float(figures["Redis used MiB"]) <= float(figures["Redis peak MiB"])

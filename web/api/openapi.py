@@ -27,7 +27,7 @@ _ERROR_MEANINGS = {
     410: "the job's audio has expired",
     413: "the body is larger than CHATTTS_FARM_MAX_REQUEST_BYTES",
     422: "the catalog has no voice of that name or id",
-    429: "over the key's rate limit or daily audio quota: Retry-After says when to try again",
+    429: "over one of the key's limits (rate, daily audio quota, jobs waiting): Retry-After says when to try again",
     502: "the job failed or was cancelled",
     503: "Redis or the workers could not be reached: try again shortly",
     504: "the job did not finish in time; it goes on (GET /api/jobs/{job_id})",
@@ -39,6 +39,11 @@ _NOT_THE_OWNER = (
 _TOO_MANY_WAITING = (
     "CHATTTS_FARM_MAX_WAITS_PER_KEY calls of this key (with keys off: of all callers) already wait for their "
     "audio, or " + _ERROR_MEANINGS[429]
+)
+# A submission's own 503: the farm's backlog is full (web.admission).
+_QUEUE_FULL = (
+    "CHATTTS_FARM_MAX_QUEUED_JOBS jobs wait to start already: Retry-After says when to try again; or "
+    + _ERROR_MEANINGS[503]
 )
 _BEARER = {
     "type": "http",
@@ -63,7 +68,7 @@ _SPEECH_VOICE = {
 
 def _error(code: int, meaning: str | None = None) -> dict:
     response = {"description": meaning or _ERROR_MEANINGS[code], "content": {"application/json": {"schema": _ERROR}}}
-    if code == 429:
+    if code == 429 or meaning == _QUEUE_FULL:
         response["headers"] = {
             "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer", "minimum": 1}}
         }
@@ -192,7 +197,8 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             },
                             "accepted",
                         ),
-                        **_errors(400, 413, 422, 503),
+                        **_errors(400, 413, 422),
+                        "503": _error(503, _QUEUE_FULL),
                     },
                 },
                 "get": {
@@ -310,7 +316,8 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "responses": {
                         "200": _json(job, "the kept preview, done"),
                         "202": _json(job, "the preview, on its way"),
-                        **_errors(404, 503),
+                        **_errors(404),
+                        "503": _error(503, _QUEUE_FULL),
                     },
                 },
             },
@@ -390,7 +397,8 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     },
                     "responses": {
                         "200": {"description": "the audio"},
-                        **_errors(400, 413, 502, 503, 504),
+                        **_errors(400, 413, 502, 504),
+                        "503": _error(503, _QUEUE_FULL),
                         # The bound on waiting calls (web.waiting) holds with keys off too.
                         "429": _error(429, _TOO_MANY_WAITING),
                     },

@@ -132,24 +132,41 @@ def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
     assert huge.status_code == 413 and huge.get_json()["field"] == "body"
 
 
-def test_an_unreachable_queue_is_a_503_and_the_job_is_recorded_failed(tiny_settings, tmp_path):
+def app_on_redis(tiny_settings, tmp_path, redis_url):
     import dataclasses
 
     import flask_migrate
 
     from web import create_app
 
-    settings = dataclasses.replace(tiny_settings, redis_url="redis://127.0.0.1:1/0", data_dir=tmp_path)
+    settings = dataclasses.replace(tiny_settings, redis_url=redis_url, data_dir=tmp_path)
     app = create_app({"TESTING": True, "SETTINGS": settings})
     with app.app_context():
         flask_migrate.upgrade()
+    return app
+
+
+def test_an_unreachable_queue_is_a_503_and_leaves_no_job(tiny_settings, tmp_path):
+    app = app_on_redis(tiny_settings, tmp_path, "redis://127.0.0.1:1/0")
     started = time.monotonic()
     answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
     assert time.monotonic() - started < 10, "a request must not hang while Redis is away"
     assert answer.status_code == 503 and "could not be reached" in answer.get_json()["error"]
     with app.app_context():
+        assert db.session.execute(db.select(Job)).scalars().all() == []
+
+
+def test_a_queue_lost_between_admitting_and_sending_a_job_is_a_503_and_the_job_is_recorded_failed(
+    tiny_settings, tmp_path, redis_url
+):
+    app = app_on_redis(tiny_settings, tmp_path, redis_url)
+    app.extensions["backends"].celery.conf.broker_url = "redis://127.0.0.1:1/0"  # the broker goes away
+    answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
+    assert answer.status_code == 503 and "could not be reached" in answer.get_json()["error"]
+    with app.app_context():
         job = db.session.execute(db.select(Job)).scalar_one()
         assert job.status == JobStatus.FAILED and "could not be reached" in job.error
+    assert redis.Redis.from_url(redis_url).zscore(redis_keys.ADMISSIONS, job.id) is None
 
 
 def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path):
