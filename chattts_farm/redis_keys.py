@@ -19,6 +19,8 @@ UNACKED_HASH = "unacked"
 # (Unix time), "size" (characters), "message" (its text, cut at 64 KiB)}. Only the newest are kept.
 DEAD_LETTERS = "chattts:dead-letters"
 DEAD_LETTERS_KEPT = 1000
+# Held by the reconciler at work (see web.reconcile): of several web hosts' reconcilers, one at a time.
+RECONCILER_LOCK = "chattts:reconciler-lock"
 
 
 def audio(job_id: str) -> str:

@@ -2,10 +2,13 @@
 enqueues them again, so none is lost."""
 
 import dataclasses
+import json
 import os
 import subprocess
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import flask_migrate
@@ -103,6 +106,59 @@ def test_the_reconciler_outlives_a_redis_outage_and_resends_once_redis_is_back(t
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
+
+
+def test_two_reconcilers_at_once_send_each_lost_job_once(tiny_settings, tmp_path, monkeypatch):
+    port = free_port()
+    server = start_redis_server(port, tmp_path / "redis")
+    settings = dataclasses.replace(tiny_settings, data_dir=tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
+    app = create_app({"SETTINGS": settings})
+    with app.app_context():
+        flask_migrate.upgrade()
+        stranded = [stranded_job(f"Lost job {n}.") for n in range(3)]
+        db.session.commit()
+    # A slow look at the database: without the lock both reconcilers would find the same jobs lost.
+    find_lost = reconcile.lost_jobs
+
+    def slowly_find_lost() -> list[Job]:
+        lost = find_lost()
+        time.sleep(1)
+        return lost
+
+    monkeypatch.setattr(reconcile, "lost_jobs", slowly_find_lost)
+    both_ready = threading.Barrier(2)
+
+    def reconciler() -> list[str]:
+        with app.app_context():
+            both_ready.wait()
+            return reconcile.reconcile()
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            rounds = [pool.submit(reconciler) for _ in range(2)]
+            resent = sorted(job_id for done in rounds for job_id in done.result())
+        queued = [json.loads(raw)["headers"]["id"] for raw in redis.Redis(port=port).lrange("tts", 0, -1)]
+        assert resent == sorted(queued) == sorted(stranded)
+        with app.app_context():  # the lock is free again: the next round finds nothing lost
+            assert reconcile.reconcile() == []
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def stranded_job(text: str) -> str:
+    """An accepted job, old enough to be looked at, whose message Redis does not have; its id."""
+    job = Job(
+        id=str(uuid.uuid4()),
+        text=text,
+        voice_seed=3,
+        parameters={"format": "wav", "speed": 5},
+        format="wav",
+        status=JobStatus.QUEUED,
+        created_at=utcnow() - timedelta(minutes=1),
+    )
+    db.session.add(job)
+    return job.id
 
 
 def wait_for_line(log_path, line, process, timeout=60):
