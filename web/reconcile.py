@@ -15,6 +15,8 @@ import json
 import logging
 from datetime import timedelta
 
+from redis.exceptions import LockNotOwnedError
+
 from chattts_farm import redis_keys
 from web import backends, jobs
 from web.models import Job, JobStatus, db, utcnow
@@ -84,4 +86,10 @@ def reconcile() -> list[str]:
         db.session.commit()
         return resent
     finally:
-        lock.release()
+        try:
+            lock.release()
+        except LockNotOwnedError:
+            logger.warning(
+                "a reconciler round took longer than its lock (%s s): another may have sent the same jobs",
+                LOCK_TIMEOUT_S,
+            )
