@@ -205,6 +205,16 @@ def test_a_second_up_on_taken_ports_says_which_before_saying_it_is_up(farm, tmp_
     assert not (tmp_path / "farm.db").exists() and not (tmp_path / "redis" / "appendonlydir").exists()
 
 
+def test_up_refuses_one_port_for_two_parts(tmp_path):
+    port = free_port()
+    ports = {"web": port, "flower": port, "redis": free_port()}
+    finished = subprocess.run(
+        up_command(ports, tmp_path), env=farm_environment(), capture_output=True, text=True, timeout=60
+    )
+    assert finished.returncode != 0 and "is up" not in finished.stdout
+    assert f"Flower and web both want port {port}: choose another with --flower-port" in finished.stderr
+
+
 def test_sigterm_stops_the_farm_losing_nothing(farm):
     process, web, ports = farm.process, farm.web, farm.ports
     password_file = farm.data_dir / "redis" / "password"
