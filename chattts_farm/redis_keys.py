@@ -23,6 +23,9 @@ DEAD_LETTERS_KEPT = 1000
 # admission lapses), counted with the queues as jobs waiting (see chattts_farm.backlog).
 ADMISSIONS = "chattts:admissions"
 
+# Held by the reconciler at work (see web.reconcile): of several web hosts' reconcilers, one at a time.
+RECONCILER_LOCK = "chattts:reconciler-lock"
+
 
 def audio(job_id: str) -> str:
     """Where a job's encoded audio waits: one key per job, so a re-run overwrites it."""

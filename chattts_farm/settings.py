@@ -180,6 +180,13 @@ class Settings:
         minimum=1,
         role="web",
     )
+    # Forwarded headers are believed only from this many proxies in front: more would let a client forge them.
+    trust_proxy: int = _setting(
+        0,
+        "reverse proxies in front of the web (TLS ends there): their `X-Forwarded-*` headers are believed; 0: none",
+        minimum=0,
+        role="web",
+    )
     secret_key: str = _setting(
         "",
         "signs the pages' session cookies; one for all web processes",

@@ -1,25 +1,30 @@
 """``chattts-farm up``: the whole farm on one machine, in the foreground.
 
-Starts (in this order) a local Redis with an append-only file under the data dir (unless a Redis URL
-is given), the database migrations, the workers (one per GPU, or CPU workers), the web app under
-gunicorn, Flower and the reconciler (which re-enqueues jobs Redis has lost); prints the URLs; on
-Ctrl-C or SIGTERM stops the web app and Flower, lets the workers finish their batch, then stops Redis
-(which flushes its append-only file).
+First checks that the ports it will listen on are free. Then starts (in this order) a local Redis
+with an append-only file under the data dir (unless a Redis URL is given), the database migrations,
+the workers (one per GPU, or CPU workers), the web app under gunicorn, Flower and the reconciler
+(which re-enqueues jobs Redis has lost); prints the URLs. A part that dies is started again after a
+backoff (Redis on the same port, with the same password and append-only file; what it had not yet
+written there the reconciler sends again). On Ctrl-C or SIGTERM stops the parts in the reverse order:
+the web app and Flower, then the workers after their batch, then Redis (which flushes its file).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from chattts_farm.kept_alive import KeptAlive
 from chattts_farm.kept_secret import kept_secret
-from cli.local_services import RedisStartError, start_redis_server
+from cli.local_services import RedisStartError, port_is_free, start_redis_server
 
 logger = logging.getLogger(__name__)
 
@@ -68,51 +73,77 @@ class Launcher:
             "CHATTTS_FARM_DATA_DIR": str(plan.data_dir.resolve()),
             "CHATTTS_FARM_REDIS_URL": self.redis_url,
         }
-        self.redis: subprocess.Popen | None = None
-        self.services: dict[str, subprocess.Popen] = {}
+        # In the order they start; they stop in the reverse order, Redis last.
+        self.parts: list[KeptAlive] = []
         self.stopping = False
 
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
+        self._check_ports()
         self.plan.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             if self.plan.redis_url is None:
-                self._start_redis()
+                try:
+                    self._keep("redis", self._start_redis, restart_errors=(RedisStartError,))
+                except RedisStartError as error:
+                    raise LaunchError(
+                        f"{error}: choose another port with --redis-port, or point --redis-url at a running Redis"
+                    ) from None
             self._prepare_model()
             self._run_checked([*_cli(), "db", "upgrade"], "database migrations")
-            self.services["workers"] = self._spawn([*_cli(), "worker", *self._worker_placement()])
-            self.services["web"] = self._spawn(
-                [*_cli(), "web", "--host", self.plan.host, "--port", str(self.plan.port)]
+            self._keep("workers", self._spawner("worker", *self._worker_placement()))
+            self._keep("web", self._spawner("web", "--host", self.plan.host, "--port", str(self.plan.port)))
+            self._keep(
+                "flower",
+                self._spawner("flower", "--address", self.plan.host, "--port", str(self.plan.flower_port)),
             )
-            self.services["flower"] = self._spawn(
-                [*_cli(), "flower", "--address", self.plan.host, "--port", str(self.plan.flower_port)]
-            )
-            self.services["reconciler"] = self._spawn([*_cli(), "reconcile", "--every", str(RECONCILE_EVERY_S)])
+            self._keep("reconciler", self._spawner("reconcile", "--every", str(RECONCILE_EVERY_S)))
             self._announce()
             return self._watch()
         finally:
             self._stop_all()
 
-    def _start_redis(self) -> None:
-        # Append-only file: queued jobs and results survive a restart.
-        try:
-            self.redis = start_redis_server(
-                self.plan.redis_port,
-                self.redis_directory,
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "everysec",
-                "--save",
-                "",
-                new_session=True,
-                password=self.redis_password,
-            )
-        except RedisStartError as error:
-            raise LaunchError(
-                f"{error}: choose another port with --redis-port, or point --redis-url at a running Redis"
-            ) from None
+    def _check_ports(self) -> None:
+        """Every port the farm will listen on is free, or nothing starts: a farm half up is no use."""
+        wanted = [
+            ("web", self.plan.host, self.plan.port, "--port (or CHATTTS_FARM_PORT)"),
+            ("Flower", self.plan.host, self.plan.flower_port, "--flower-port (or CHATTTS_FARM_FLOWER_PORT)"),
+        ]
+        if self.plan.redis_url is None:
+            wanted.append(("Redis", "127.0.0.1", self.plan.redis_port, "--redis-port (or CHATTTS_FARM_REDIS_PORT)"))
+        problems = []
+        seen: dict[int, str] = {}
+        for part, host, port, choice in wanted:
+            if port in seen:
+                problems.append(f"{part} and {seen[port]} both want port {port}: choose another with {choice}")
+            elif not port_is_free(host, port):
+                problems.append(f"port {port} ({part}) is taken: choose another with {choice}")
+            seen[port] = part
+        if problems:
+            raise LaunchError("; ".join(problems))
+
+    def _keep(self, name: str, start: Callable[[], subprocess.Popen], **options) -> None:
+        """Start a part now and keep it alive from then on."""
+        part = KeptAlive(name, start, **options)
+        part.start()
+        self.parts.append(part)
+
+    def _start_redis(self) -> subprocess.Popen:
+        # Append-only file: queued jobs and results survive a restart. The same port, password and
+        # directory each time, so a Redis started again is the same Redis to every part.
+        return start_redis_server(
+            self.plan.redis_port,
+            self.redis_directory,
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "everysec",
+            "--save",
+            "",
+            new_session=True,
+            password=self.redis_password,
+        )
 
     def _prepare_model(self) -> None:
         """Build synthetic assets here, with a progress bar, before the workers need them."""
@@ -130,9 +161,10 @@ class Launcher:
 
         return ["--gpus", "all"] if list_gpus() else ["--cpu", "1"]
 
-    def _spawn(self, command: list[str]) -> subprocess.Popen:
+    def _spawner(self, *arguments: str) -> Callable[[], subprocess.Popen]:
+        """What starts ``chattts-farm ARGUMENTS`` as a part, each time it is (re)started."""
         # Sessions of their own: Ctrl-C reaches this process only, which stops the parts in order.
-        return subprocess.Popen(command, env=self.environment, start_new_session=True)
+        return functools.partial(subprocess.Popen, [*_cli(), *arguments], env=self.environment, start_new_session=True)
 
     def _run_checked(self, command: list[str], what: str) -> None:
         if subprocess.run(command, env=self.environment).returncode != 0:
@@ -144,7 +176,7 @@ class Launcher:
             f"  web      http://{self.plan.host}:{self.plan.port}/\n"
             f"  flower   http://{self.plan.host}:{self.plan.flower_port}/\n"
             f"  redis    {self._shown_redis_url()}\n"
-            "Ctrl-C stops everything (workers finish their current batch).\n",
+            "A part that dies is started again. Ctrl-C stops everything (workers finish their current batch).\n",
             flush=True,
         )
 
@@ -155,13 +187,8 @@ class Launcher:
 
     def _watch(self) -> int:
         while not self.stopping:
-            for name, process in self.services.items():
-                if process.poll() is not None:
-                    logger.error("%s exited with %s: stopping the farm", name, process.returncode)
-                    return 1
-            if self.redis is not None and self.redis.poll() is not None:
-                logger.error("redis-server exited with %s: stopping the farm", self.redis.returncode)
-                return 1
+            for part in self.parts:
+                part.tend()
             time.sleep(0.5)
         return 0
 
@@ -169,11 +196,5 @@ class Launcher:
         self.stopping = True
 
     def _stop_all(self) -> None:
-        for name in ("web", "flower", "reconciler", "workers"):
-            process = self.services.get(name)
-            if process is not None and process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-                process.wait()
-        if self.redis is not None and self.redis.poll() is None:
-            self.redis.send_signal(signal.SIGTERM)
-            self.redis.wait()
+        for part in reversed(self.parts):
+            part.stop()

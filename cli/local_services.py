@@ -28,6 +28,18 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def port_is_free(host: str, port: int) -> bool:
+    """Whether a server could listen on ``host``:``port`` now (as servers do, despite TIME_WAIT leftovers)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def start_redis_server(
     port: int,
     directory: Path,

@@ -308,7 +308,8 @@ def up(
     gpus: str | None,
     cpu_workers: int | None,
 ) -> None:
-    """Run the whole farm here: Redis, migrations, workers, web app and Flower."""
+    """Run the whole farm here: Redis, migrations, workers, web app, Flower and the reconciler; a part
+    that dies is started again."""
     from cli.launcher import Launcher, LaunchError, LaunchPlan
 
     _log_to_stderr()

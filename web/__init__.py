@@ -7,6 +7,7 @@ from pathlib import Path
 from flask import Flask, request
 from flask_migrate import Migrate
 from werkzeug.exceptions import RequestEntityTooLarge
+from werkzeug.middleware.proxy_fix import ProxyFix
 
 from chattts_farm.settings import Settings
 from web.models import db
@@ -28,6 +29,11 @@ def create_app(test_config: dict | None = None) -> Flask:
     if test_config:
         app.config.update(test_config)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
+    if settings.trust_proxy:
+        # Behind TLS ending at a proxy: the request is https (Secure cookies, https URLs) and comes
+        # from the client the proxy names, as the proxy saw them.
+        proxies = settings.trust_proxy
+        app.wsgi_app = ProxyFix(app.wsgi_app, x_for=proxies, x_proto=proxies, x_host=proxies, x_port=proxies)
 
     db.init_app(app)
     migrate.init_app(app, db, directory=MIGRATIONS)

@@ -4,6 +4,9 @@ Redis is the queue, the database is the record. If Redis loses its data (FLUSHAL
 persistence), a job can be unfinished in the database with no message anywhere and no state in the
 result backend. Such a job is sent again under its own id; the audio key is per job, so a job that
 was in fact still running somewhere at worst runs twice and writes the same key.
+
+Several reconcilers may run (one beside each web host's processes): a Redis lock lets one at a time
+look and re-enqueue, so two never both find a job lost and send it twice.
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 from datetime import timedelta
+
+from redis.exceptions import LockNotOwnedError
 
 from chattts_farm import redis_keys
 from web import backends, jobs
@@ -20,6 +25,8 @@ logger = logging.getLogger(__name__)
 
 # A job younger than this may be between its database row and its message: leave it alone.
 GRACE = timedelta(seconds=10)
+# Far longer than a round takes; a reconciler killed while holding the lock holds it no longer than this.
+LOCK_TIMEOUT_S = 300
 
 
 def _queued_ids() -> set[str]:
@@ -62,13 +69,27 @@ def lost_jobs() -> list[Job]:
 
 
 def reconcile() -> list[str]:
-    """Enqueue every lost job again under its own id; returns their ids."""
-    resent = []
-    for job in lost_jobs():
-        jobs.enqueue(job)
-        job.status = JobStatus.QUEUED
-        job.progress = 0.0
-        logger.warning("job %s was lost by Redis: enqueued again", job.id)
-        resent.append(job.id)
-    db.session.commit()
-    return resent
+    """Enqueue every lost job again under its own id; returns their ids. While another reconciler is
+    at work, leaves it to that one and returns none."""
+    lock = backends.current().redis.lock(redis_keys.RECONCILER_LOCK, timeout=LOCK_TIMEOUT_S, blocking=False)
+    if not lock.acquire():
+        logger.info("another reconciler is at work: leaving this round to it")
+        return []
+    try:
+        resent = []
+        for job in lost_jobs():
+            jobs.enqueue(job)
+            job.status = JobStatus.QUEUED
+            job.progress = 0.0
+            logger.warning("job %s was lost by Redis: enqueued again", job.id)
+            resent.append(job.id)
+        db.session.commit()
+        return resent
+    finally:
+        try:
+            lock.release()
+        except LockNotOwnedError:
+            logger.warning(
+                "a reconciler round took longer than its lock (%s s): another may have sent the same jobs",
+                LOCK_TIMEOUT_S,
+            )

@@ -8,6 +8,7 @@ its current batch) and waits for them.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -15,17 +16,14 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, worker_queue
+from chattts_farm.kept_alive import KeptAlive, sigterm_when_this_process_dies
 from chattts_farm.settings import Settings
 from worker.cuda import configure_allocator
 
 logger = logging.getLogger(__name__)
-
-# A child that lived this long counts as healthy again: its next crash restarts it quickly.
-HEALTHY_AFTER_S = 60.0
-MAX_BACKOFF_S = 60.0
 
 
 class NoGpus(RuntimeError):
@@ -97,15 +95,6 @@ class WorkerSpec:
         return environment
 
 
-@dataclass
-class _Child:
-    spec: WorkerSpec
-    process: subprocess.Popen | None = None
-    started_at: float = 0.0
-    failures: int = 0
-    restart_at: float = field(default=0.0)
-
-
 def plan_workers(gpus: str | None, cpu: int | None) -> list[WorkerSpec]:
     if cpu:
         return [WorkerSpec("cpu", i) for i in range(cpu)]
@@ -120,7 +109,7 @@ def plan_workers(gpus: str | None, cpu: int | None) -> list[WorkerSpec]:
 
 class Supervisor:
     def __init__(self, specs: list[WorkerSpec], settings: Settings, loglevel: str = "INFO"):
-        self.children = [_Child(spec) for spec in specs]
+        self.children = [KeptAlive(f"worker {spec.name}", functools.partial(self._spawn, spec)) for spec in specs]
         self.settings = settings
         self.loglevel = loglevel
         self.stopping = False
@@ -129,43 +118,24 @@ class Supervisor:
         signal.signal(signal.SIGTERM, self._request_stop)
         signal.signal(signal.SIGINT, self._request_stop)
         for child in self.children:
-            self._start(child)
+            child.start()
         while not self.stopping:
-            self._tend()
+            for child in self.children:
+                child.tend()
             time.sleep(0.5)
         return self._shut_down()
 
-    def _start(self, child: _Child) -> None:
-        command = child.spec.command(self.settings, self.loglevel)
+    def _spawn(self, spec: WorkerSpec) -> subprocess.Popen:
         # A session of its own: a terminal's Ctrl-C reaches the supervisor only, which then asks each
-        # child once for a warm shutdown (a second signal would make Celery cut the batch short).
-        child.process = subprocess.Popen(command, env=child.spec.environment(), start_new_session=True)
-        child.started_at = time.monotonic()
-        logger.info("started worker %s (pid %d)", child.spec.name, child.process.pid)
-
-    def _tend(self) -> None:
-        now = time.monotonic()
-        for child in self.children:
-            if child.process is None:
-                if now >= child.restart_at:
-                    self._start(child)
-                continue
-            code = child.process.poll()
-            if code is None:
-                continue
-            lived = now - child.started_at
-            child.failures = 1 if lived > HEALTHY_AFTER_S else child.failures + 1
-            delay = min(MAX_BACKOFF_S, 2 ** (child.failures - 1))
-            logger.warning(
-                "worker %s (pid %d) exited with %s after %.0f s; restarting in %.0f s",
-                child.spec.name,
-                child.process.pid,
-                code,
-                lived,
-                delay,
-            )
-            child.process = None
-            child.restart_at = now + delay
+        # child once for a warm shutdown (a second signal would make Celery cut the batch short). A
+        # supervisor killed outright takes its workers with it (after their batch), so the one started
+        # in its place runs the only workers of these names.
+        return subprocess.Popen(
+            spec.command(self.settings, self.loglevel),
+            env=spec.environment(),
+            start_new_session=True,
+            preexec_fn=sigterm_when_this_process_dies(),
+        )
 
     def _request_stop(self, signum, _frame) -> None:
         if self.stopping:
@@ -174,11 +144,9 @@ class Supervisor:
         self.stopping = True
 
     def _shut_down(self) -> int:
-        running = [child.process for child in self.children if child.process is not None]
-        for process in running:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)  # Celery's warm shutdown
-        for process in running:
-            process.wait()
+        for child in self.children:
+            child.signal_stop()  # Celery's warm shutdown
+        for child in self.children:
+            child.wait()
         logger.info("all workers stopped")
         return 0

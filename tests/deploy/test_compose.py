@@ -105,3 +105,9 @@ def test_flower_takes_its_basic_auth_from_the_environment(compose):
 def test_the_served_farm_requires_api_keys(compose):
     web = compose["services"]["web"]
     assert web["environment"]["CHATTTS_FARM_REQUIRE_API_KEY"] == "true"
+
+
+def test_the_web_runs_several_gunicorn_workers_and_can_trust_a_tls_proxy(compose):
+    command = compose["services"]["web"]["command"]
+    assert command[:2] == ["chattts-farm", "web"] and int(command[command.index("--workers") + 1]) >= 2
+    assert "CHATTTS_FARM_TRUST_PROXY=0\n" in (ROOT / ".env.example").read_text()

@@ -2,15 +2,20 @@
 enqueues them again, so none is lost."""
 
 import dataclasses
+import json
 import os
 import subprocess
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
 import flask_migrate
+import pytest
 import redis
 
+from chattts_farm import redis_keys
 from cli.local_services import free_port, start_redis_server
 from tests.support import CLI
 from web import create_app, reconcile
@@ -103,6 +108,74 @@ def test_the_reconciler_outlives_a_redis_outage_and_resends_once_redis_is_back(t
         if server is not None:
             server.terminate()
             server.wait(timeout=30)
+
+
+@pytest.fixture
+def lost_to_redis(tiny_settings, tmp_path, monkeypatch):
+    """An app on a Redis of its own, three jobs Redis has lost, and a slow look at the database (the
+    window in which two reconcilers without a lock would both find the same jobs lost)."""
+    port = free_port()
+    server = start_redis_server(port, tmp_path / "redis")
+    settings = dataclasses.replace(tiny_settings, data_dir=tmp_path, redis_url=f"redis://127.0.0.1:{port}/0")
+    app = create_app({"SETTINGS": settings})
+    with app.app_context():
+        flask_migrate.upgrade()
+        stranded = [stranded_job(f"Lost job {n}.") for n in range(3)]
+        db.session.commit()
+    find_lost = reconcile.lost_jobs
+
+    def slowly_find_lost() -> list[Job]:
+        lost = find_lost()
+        time.sleep(1)
+        return lost
+
+    monkeypatch.setattr(reconcile, "lost_jobs", slowly_find_lost)
+    yield app, redis.Redis(port=port), stranded
+    server.terminate()
+    server.wait(timeout=30)
+
+
+def queued_ids(store: redis.Redis) -> list[str]:
+    return [json.loads(raw)["headers"]["id"] for raw in store.lrange("tts", 0, -1)]
+
+
+def test_two_reconcilers_at_once_send_each_lost_job_once(lost_to_redis):
+    app, store, stranded = lost_to_redis
+    both_ready = threading.Barrier(2)
+
+    def reconciler() -> list[str]:
+        with app.app_context():
+            both_ready.wait()
+            return reconcile.reconcile()
+
+    with ThreadPoolExecutor(2) as pool:
+        rounds = [pool.submit(reconciler) for _ in range(2)]
+        resent = sorted(job_id for done in rounds for job_id in done.result())
+    assert resent == sorted(queued_ids(store)) == sorted(stranded)
+    assert not store.exists(redis_keys.RECONCILER_LOCK)  # given back for the next round
+
+
+def test_a_round_that_outlasts_its_lock_still_sends_its_jobs_and_says_so(lost_to_redis, monkeypatch, caplog):
+    app, store, stranded = lost_to_redis
+    monkeypatch.setattr(reconcile, "LOCK_TIMEOUT_S", 0.5)
+    with app.app_context():
+        assert sorted(reconcile.reconcile()) == sorted(queued_ids(store)) == sorted(stranded)
+    assert "a reconciler round took longer than its lock" in caplog.text
+
+
+def stranded_job(text: str) -> str:
+    """An accepted job, old enough to be looked at, whose message Redis does not have; its id."""
+    job = Job(
+        id=str(uuid.uuid4()),
+        text=text,
+        voice_seed=3,
+        parameters={"format": "wav", "speed": 5},
+        format="wav",
+        status=JobStatus.QUEUED,
+        created_at=utcnow() - timedelta(minutes=1),
+    )
+    db.session.add(job)
+    return job.id
 
 
 def wait_for_line(log_path, line, process, timeout=60):

@@ -45,6 +45,7 @@ def _is_page() -> bool:
 def init_app(app: Flask) -> None:
     app.secret_key = secret_key.get_or_create(app.config["SETTINGS"])
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
+    app.session_interface = sessions.SessionCookie()
 
     @app.context_processor
     def page_access() -> dict:

@@ -17,7 +17,8 @@ import logging
 import secrets
 import time
 
-from flask import current_app, g, session
+from flask import Flask, current_app, g, request, session
+from flask.sessions import SecureCookieSessionInterface
 from redis.exceptions import RedisError
 
 from chattts_farm import redis_keys
@@ -31,6 +32,14 @@ CSRF_FORM_FIELD = "csrf_token"
 # What the cookie holds: the session id once signed in, the sign-in form's CSRF token before.
 SESSION_ID = "session_id"
 SIGN_IN_CSRF = "csrf"
+
+
+class SessionCookie(SecureCookieSessionInterface):
+    """Flask's signed cookie, marked ``Secure`` whenever the request came over https (directly, or
+    through a trusted proxy: ``CHATTTS_FARM_TRUST_PROXY``), so a browser never sends it in the clear."""
+
+    def get_cookie_secure(self, app: Flask) -> bool:
+        return super().get_cookie_secure(app) or request.is_secure
 
 
 def csrf_token() -> str:
