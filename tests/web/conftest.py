@@ -4,17 +4,45 @@ import flask_migrate
 import pytest
 
 from web import create_app
+from web.models import db
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request, tmp_path):
+    """A fresh, empty database: the embedded default (SQLite) and the production one (PostgreSQL)."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'farm.db'}"
+    return request.getfixturevalue("postgres_server").create_database()
 
 
 @pytest.fixture
-def app(tiny_settings, redis_url, tmp_path):
-    settings = dataclasses.replace(
-        tiny_settings, redis_url=redis_url, data_dir=tmp_path, max_request_bytes=64 * 1024, max_text_chars=2000
-    )
-    app = create_app({"TESTING": True, "SETTINGS": settings})
-    with app.app_context():
-        flask_migrate.upgrade()
-    return app
+def make_app(tiny_settings, redis_url, database_url, tmp_path):
+    """Build the app on the test's database, migrated to the newest revision; ``settings`` override."""
+    built = []
+
+    def make(**settings):
+        configured = dataclasses.replace(
+            tiny_settings,
+            redis_url=redis_url,
+            data_dir=tmp_path,
+            database_url=database_url,
+            **{"max_request_bytes": 64 * 1024, "max_text_chars": 2000, **settings},
+        )
+        app = create_app({"TESTING": True, "SETTINGS": configured})
+        with app.app_context():
+            flask_migrate.upgrade()
+        built.append(app)
+        return app
+
+    yield make
+    for app in built:  # the pools' connections would otherwise stay open until garbage collection
+        with app.app_context():
+            db.engine.dispose()
+
+
+@pytest.fixture
+def app(make_app):
+    return make_app()
 
 
 @pytest.fixture

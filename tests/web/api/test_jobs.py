@@ -3,12 +3,14 @@
 import os
 import time
 import uuid
+from datetime import datetime, timedelta
 
 import pytest
 import redis
 import requests
 
 from chattts_farm import redis_keys
+from chattts_farm.contract import MAX_SEED
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import Web
@@ -30,7 +32,7 @@ def wait_for(client, job_id, statuses, timeout=120):
 
 def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app, workers):
     answer = client.post(
-        "/api/jobs", json={"text": "Hello from the web.", "voice": 42, "format": "flac", "speed": 4, "seed": 7}
+        "/api/jobs", json={"text": "Hello from the web.", "voice": MAX_SEED, "format": "flac", "speed": 4, "seed": 7}
     )
     assert answer.status_code == 202
     body = answer.get_json()
@@ -40,7 +42,9 @@ def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app
         assert db.session.get(Job, body["id"]) is not None
 
     done = wait_for(client, body["id"], {"done"})
-    assert done["progress"] == 1.0 and done["voice"]["seed"] == 42
+    assert done["progress"] == 1.0 and done["voice"]["seed"] == MAX_SEED
+    for moment in (done["created_at"], done["finished_at"]):
+        assert datetime.fromisoformat(moment).utcoffset() == timedelta(0)
     assert done["result"]["format"] == "flac" and done["result"]["seed"] == 7
     audio = client.get(done["result"]["audio_url"])
     assert audio.status_code == 200 and audio.mimetype == "audio/flac"
@@ -55,6 +59,7 @@ def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, worke
     assert early.status_code == 409 and "error" in early.get_json()
     assert client.get("/api/jobs/no-such-job/audio").status_code == 404
     assert client.get("/api/jobs/no-such-job").status_code == 404
+    assert client.get("/api/jobs/%00").status_code == 404  # PostgreSQL refuses NUL in text: no 500
     wait_for(client, job_id, {"done"})
     redis.Redis.from_url(workers.redis_url).delete(redis_keys.audio(job_id))
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
