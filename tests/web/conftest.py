@@ -7,9 +7,18 @@ from web import create_app
 from web.models import db
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+def pytest_generate_tests(metafunc):
+    """Every test gets the embedded default database (SQLite); those marked ``database`` (the jobs, the
+    catalog, keys and quotas, migrations, the reconciler) the production one (PostgreSQL) too. Not all:
+    a PostgreSQL run of every web test costs CI more than two minutes, spent mostly on Redis and HTTP."""
+    if "database_url" in metafunc.fixturenames:
+        kinds = ["sqlite", "postgresql"] if metafunc.definition.get_closest_marker("database") else ["sqlite"]
+        metafunc.parametrize("database_url", kinds, indirect=True)
+
+
+@pytest.fixture
 def database_url(request, tmp_path):
-    """A fresh, empty database: the embedded default (SQLite) and the production one (PostgreSQL)."""
+    """A fresh, empty database of the kind the test is parametrized with."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'farm.db'}"
     return request.getfixturevalue("postgres_server").create_database()

@@ -1,5 +1,6 @@
 """The schema is built and removed by the migrations alone, on SQLite and on PostgreSQL alike."""
 
+import dataclasses
 import os
 import subprocess
 from datetime import UTC, datetime
@@ -11,7 +12,10 @@ from alembic.migration import MigrationContext
 from sqlalchemy import DateTime, column, create_engine, inspect, select, table, text
 
 from tests.support import CLI
+from web import create_app
 from web.models import ApiKey, db
+
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
 
 
 def tables(app):
@@ -37,9 +41,10 @@ def test_the_migrations_build_exactly_the_schema_the_models_declare(app):
         assert compare_metadata(MigrationContext.configure(connection), db.metadata) == []
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(app):
+def test_the_default_database_is_sqlite_in_wal_mode_with_a_busy_timeout(tiny_settings, tmp_path):
+    app = create_app({"TESTING": True, "SETTINGS": dataclasses.replace(tiny_settings, data_dir=tmp_path)})
     with app.app_context(), db.engine.connect() as connection:
+        assert connection.engine.url.database == str(tmp_path / "farm.db")
         assert connection.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
         assert connection.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
 

@@ -9,12 +9,15 @@ import uuid
 from datetime import timedelta
 
 import flask_migrate
+import pytest
 import redis
 
 from cli.local_services import free_port, start_redis_server
 from tests.support import CLI
 from web import create_app, reconcile
 from web.models import Job, JobStatus, db, utcnow
+
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
 
 
 def wait_done(client, job_ids, timeout=120):

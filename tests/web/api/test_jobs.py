@@ -3,6 +3,7 @@
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
 import pytest
@@ -13,10 +14,14 @@ from chattts_farm import redis_keys
 from chattts_farm.contract import MAX_SEED
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
-from tests.support import Web
+from tests.support import Web, wait_until
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
+# More than a web process's database connections (SQLAlchemy's pool: 5, and 10 more at a pinch).
+POOL_OVERFLOWING_REQUESTS = 24
 LONG_TEXT = " ".join(f"Sentence {word} of a long job." for word in "abcdefghijklmnopqrstuvwxyz" * 2)
 
 
@@ -173,6 +178,27 @@ def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path)
         huge = requests.post(f"{web.url}/api/jobs", data=chunked(10_000_000), headers=headers, timeout=60)
         assert huge.status_code == 413 and huge.json()["field"] == "body"
         assert requests.post(f"{web.url}/api/jobs", data=chunked(100), headers=headers, timeout=60).status_code == 202
+    finally:
+        web.stop()
+
+
+def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(postgres_server, workers, tmp_path):
+    """Production: one gevent web process, PostgreSQL, more requests at once than its connection pool
+    holds. psycopg must let other requests run while it waits on the server (a blocked process would
+    time these out), and each request give its connection back."""
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": workers.redis_url,
+        "CHATTTS_FARM_DATA_DIR": str(tmp_path),
+        "CHATTTS_FARM_DATABASE_URL": postgres_server.create_database(),
+    }
+    web = Web.start(free_port(), environment, "--workers", "1")  # it migrates the empty database first
+    try:
+        with ThreadPoolExecutor(POOL_OVERFLOWING_REQUESTS) as pool:
+            job_ids = list(pool.map(lambda n: web.submit(f"Request {n} of many.", n), range(POOL_OVERFLOWING_REQUESTS)))
+        wait_until(lambda: set(web.statuses(job_ids).values()) == {"done"}, 180, "every job to be done")
+        audio = requests.get(f"{web.url}/api/jobs/{job_ids[0]}/audio", timeout=30)
+        assert audio.status_code == 200 and decode(audio.content)[1] > 0
     finally:
         web.stop()
 

@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 
 def add(client, **fields):
     answer = client.post("/api/voices", json=fields)
