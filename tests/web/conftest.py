@@ -2,9 +2,12 @@ import dataclasses
 
 import flask_migrate
 import pytest
+from sqlalchemy.engine import make_url
 
 from web import create_app
 from web.models import db
+
+SHOWN_NOWHERE = "a-password-never-shown"
 
 
 def pytest_generate_tests(metafunc):
@@ -18,10 +21,12 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture
 def database_url(request, tmp_path):
-    """A fresh, empty database of the kind the test is parametrized with."""
+    """A fresh, empty database of the kind the test is parametrized with. A PostgreSQL one carries a
+    password, as in production (the test server trusts local connections: it checks none)."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'farm.db'}"
-    return request.getfixturevalue("postgres_server").create_database()
+    url = make_url(request.getfixturevalue("postgres_server").create_database()).set(password=SHOWN_NOWHERE)
+    return url.render_as_string(hide_password=False)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import DateTime, column, create_engine, inspect, select, table, text
 
 from tests.support import CLI
+from tests.web.conftest import SHOWN_NOWHERE
 from web import create_app
 from web.models import ApiKey, db
 
@@ -55,6 +56,7 @@ def test_the_db_commands_upgrade_and_downgrade_the_database_the_settings_name(da
     try:
         upgraded = subprocess.run([CLI, "db", "upgrade"], env=environment, capture_output=True, text=True)
         assert upgraded.returncode == 0, upgraded.stderr
+        assert "database at head" in upgraded.stdout and SHOWN_NOWHERE not in upgraded.stdout + upgraded.stderr
         assert "jobs" in inspect(engine).get_table_names()
         downgraded = subprocess.run([CLI, "db", "downgrade", "base"], env=environment, capture_output=True, text=True)
         assert downgraded.returncode == 0, downgraded.stderr
