@@ -139,3 +139,21 @@ def test_times_written_without_a_zone_are_read_as_the_same_moment_in_utc_both_wa
         with db.engine.connect() as connection:
             assert connection.execute(created_at).scalar_one() == written
         flask_migrate.upgrade()
+
+
+def test_processes_migrating_one_postgresql_database_at_once_take_turns(postgres_server, tmp_path):
+    """Web processes on several hosts, started together, each apply pending migrations first."""
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_DATA_DIR": str(tmp_path),
+        "CHATTTS_FARM_DATABASE_URL": postgres_server.create_database(),
+    }
+    upgrades = [
+        subprocess.Popen(
+            [CLI, "db", "upgrade"], env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(6)
+    ]
+    for upgrade in upgrades:
+        _, errors = upgrade.communicate(timeout=120)
+        assert upgrade.returncode == 0, errors[-2000:]
