@@ -132,6 +132,9 @@ def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(clie
 def test_an_unknown_catalog_voice_is_a_422(client):
     answer = client.post("/api/jobs", json={"text": "Hi.", "voice": "Nobody"})
     assert answer.status_code == 422 and answer.get_json()["field"] == "voice"
+    for voice_id in (2**31, 2**40):  # past PostgreSQL's integers too
+        answer = client.post("/api/jobs", json={"text": "Hi.", "voice_id": voice_id})
+        assert answer.status_code == 422 and answer.get_json()["field"] == "voice_id"
 
 
 def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
