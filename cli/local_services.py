@@ -115,12 +115,19 @@ class PostgresServer:
 
     def create_database(self) -> str:
         """A new, empty database (copied from ``template0``, which takes milliseconds); its URL."""
-        import psycopg
-
         name = f"farm_{next(self._database_numbers)}"
-        with psycopg.connect(**self._connection_arguments(), autocommit=True) as connection:
+        with self._connect(autocommit=True) as connection:
             connection.execute(f'CREATE DATABASE "{name}" TEMPLATE template0')
         return self.url(name)
+
+    def accepts_connections(self) -> bool:
+        import psycopg
+
+        try:
+            self._connect(connect_timeout=2).close()
+            return True
+        except psycopg.OperationalError:
+            return False
 
     def stop(self) -> None:
         # SIGINT is the fast shutdown: SIGTERM would wait for every client to disconnect.
@@ -132,16 +139,16 @@ class PostgresServer:
             self.process.wait()
         shutil.rmtree(self.directory, ignore_errors=True)
 
-    def _connection_arguments(self) -> dict:
-        return {"host": str(self.directory), "port": self.port, "user": "postgres", "dbname": "postgres"}
+    def _connect(self, **options):
+        import psycopg
+
+        return psycopg.connect(host=str(self.directory), port=self.port, user="postgres", dbname="postgres", **options)
 
 
 def start_postgres_server(port: int, *settings: str, timeout_s: float = POSTGRES_START_TIMEOUT_S) -> PostgresServer:
     """A new PostgreSQL server (Debian's ``postgresql`` package) on 127.0.0.1:``port`` and a unix socket
     in a new temporary directory, once it accepts connections: for tests and benchmarks, whose data is
     thrown away (it does not fsync). ``settings`` are further server settings, ``name=value``."""
-    import psycopg
-
     binaries = _postgres_binaries()
     as_user = _postgres_server_user() if os.geteuid() == 0 else {}
     directory = Path(tempfile.mkdtemp(prefix="chattts-farm-postgres-"))
@@ -172,16 +179,13 @@ def start_postgres_server(port: int, *settings: str, timeout_s: float = POSTGRES
         )
     server = PostgresServer(directory, port, process)
     deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            psycopg.connect(**server._connection_arguments(), connect_timeout=2).close()
-            return server
-        except psycopg.OperationalError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                said = log.read_text()[-2000:]
-                server.stop()
-                raise PostgresStartError(f"PostgreSQL did not start on port {port}: {said}") from None
-            time.sleep(0.1)
+    while not server.accepts_connections():
+        if process.poll() is not None or time.monotonic() > deadline:
+            said = log.read_text()[-2000:]
+            server.stop()
+            raise PostgresStartError(f"PostgreSQL did not start on port {port}: {said}")
+        time.sleep(0.1)
+    return server
 
 
 def _postgres_binaries() -> Path:
