@@ -35,13 +35,14 @@ def make_app(tiny_settings, redis_url, database_url, tmp_path):
     built = []
 
     def make(**settings):
-        configured = dataclasses.replace(
-            tiny_settings,
-            redis_url=redis_url,
-            data_dir=tmp_path,
-            database_url=database_url,
-            **{"max_request_bytes": 64 * 1024, "max_text_chars": 2000, **settings},
-        )
+        test_settings = {
+            "redis_url": redis_url,
+            "data_dir": tmp_path,
+            "database_url": database_url,
+            "max_request_bytes": 64 * 1024,
+            "max_text_chars": 2000,
+        }
+        configured = dataclasses.replace(tiny_settings, **{**test_settings, **settings})
         app = create_app({"TESTING": True, "SETTINGS": configured})
         with app.app_context():
             flask_migrate.upgrade()

@@ -1,20 +1,24 @@
 """The job API, against real Redis and real CPU workers (synthetic-tiny)."""
 
+import dataclasses
 import os
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 
+import flask_migrate
 import pytest
 import redis
 import requests
+from sqlalchemy import create_engine
 
 from chattts_farm import redis_keys
 from chattts_farm.contract import MAX_SEED
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import Web, wait_until
+from web import create_app
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
@@ -145,17 +149,8 @@ def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
     assert huge.status_code == 413 and huge.get_json()["field"] == "body"
 
 
-def test_an_unreachable_queue_is_a_503_and_the_job_is_recorded_failed(tiny_settings, tmp_path):
-    import dataclasses
-
-    import flask_migrate
-
-    from web import create_app
-
-    settings = dataclasses.replace(tiny_settings, redis_url="redis://127.0.0.1:1/0", data_dir=tmp_path)
-    app = create_app({"TESTING": True, "SETTINGS": settings})
-    with app.app_context():
-        flask_migrate.upgrade()
+def test_an_unreachable_queue_is_a_503_and_the_job_is_recorded_failed(make_app):
+    app = make_app(redis_url="redis://127.0.0.1:1/0")
     started = time.monotonic()
     answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
     assert time.monotonic() - started < 10, "a request must not hang while Redis is away"
@@ -204,6 +199,30 @@ def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(po
         assert audio.status_code == 200 and decode(audio.content)[1] > 0
     finally:
         web.stop()
+
+
+def test_a_request_after_postgresql_closed_every_pooled_connection_is_answered(
+    tiny_settings, redis_url, tmp_path, postgres_server
+):
+    """A restarted or failed-over server leaves the pool's connections dead: each is checked as it is taken."""
+    database_url = postgres_server.create_database()
+    settings = dataclasses.replace(tiny_settings, redis_url=redis_url, data_dir=tmp_path, database_url=database_url)
+    app = create_app({"TESTING": True, "SETTINGS": settings})
+    with app.app_context():
+        flask_migrate.upgrade()
+    client = app.test_client()
+    assert client.get("/api/jobs").status_code == 200
+    closer = create_engine(database_url)
+    with closer.connect() as connection:
+        closed = connection.exec_driver_sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).scalar()
+    closer.dispose()
+    assert closed >= 1
+    assert client.get("/api/jobs").status_code == 200
+    with app.app_context():
+        db.engine.dispose()
 
 
 @pytest.mark.parametrize(
