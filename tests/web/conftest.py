@@ -2,12 +2,10 @@ import dataclasses
 
 import flask_migrate
 import pytest
-from sqlalchemy.engine import make_url
 
+from tests.web.databases import DATABASES, fresh_database
 from web import create_app
 from web.models import db
-
-SHOWN_NOWHERE = "a-password-never-shown"
 
 
 def pytest_generate_tests(metafunc):
@@ -15,18 +13,14 @@ def pytest_generate_tests(metafunc):
     catalog, keys and quotas, migrations, the reconciler) the production one (PostgreSQL) too. Not all:
     on two cores, a PostgreSQL run of every web test added about two minutes; of these, about one."""
     if "database_url" in metafunc.fixturenames:
-        kinds = ["sqlite", "postgresql"] if metafunc.definition.get_closest_marker("database") else ["sqlite"]
+        kinds = DATABASES if metafunc.definition.get_closest_marker("database") else DATABASES[:1]
         metafunc.parametrize("database_url", kinds, indirect=True)
 
 
 @pytest.fixture
 def database_url(request, tmp_path):
-    """A fresh, empty database of the kind the test is parametrized with. A PostgreSQL one carries a
-    password, as in production (the test server trusts local connections: it checks none)."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'farm.db'}"
-    url = make_url(request.getfixturevalue("postgres_server").create_database()).set(password=SHOWN_NOWHERE)
-    return url.render_as_string(hide_password=False)
+    """A fresh, empty database of the kind the test is parametrized with."""
+    return fresh_database(request.param, request, tmp_path)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import DateTime, column, create_engine, inspect, select, table, text
 
 from tests.support import CLI
-from tests.web.conftest import SHOWN_NOWHERE
+from tests.web.databases import SHOWN_NOWHERE
 from web import create_app
 from web.models import ApiKey, db
 
