@@ -141,7 +141,11 @@ class Settings:
 
     # The web app.
     database_url: str = _setting(
-        "", "the web app's database", shown_default="`sqlite:///<data dir>/farm.db`", role="web"
+        "",
+        "the web app's database: SQLite (one host) or, for several web hosts, "
+        "`postgresql+psycopg://user:password@host:5432/name`",
+        shown_default="`sqlite:///<data dir>/farm.db`",
+        role="web",
     )
     max_request_bytes: int = _setting(1024 * 1024, "largest HTTP request body", minimum=1024, role="web")
     require_api_key: bool = _setting(False, "require API keys on `/api` and `/v1`", role="web")

@@ -180,7 +180,7 @@ def db() -> None:
 def db_upgrade(revision: str) -> None:
     """Apply migrations up to REVISION (default: the newest)."""
     _migrate("upgrade", revision)
-    click.echo(f"database at {revision}: {_settings().database_uri}")
+    click.echo(f"database at {revision}: {_shown_database()}")
 
 
 @db.command("downgrade")
@@ -188,7 +188,14 @@ def db_upgrade(revision: str) -> None:
 def db_downgrade(revision: str) -> None:
     """Undo migrations down to REVISION (default: one step; 'base' empties the schema)."""
     _migrate("downgrade", revision)
-    click.echo(f"database downgraded to {revision}: {_settings().database_uri}")
+    click.echo(f"database downgraded to {revision}: {_shown_database()}")
+
+
+def _shown_database() -> str:
+    """The database's URL without its password (the output may go to a log)."""
+    from sqlalchemy.engine import make_url
+
+    return make_url(_settings().database_uri).render_as_string(hide_password=True)
 
 
 def _migrate(direction: str, revision: str) -> None:

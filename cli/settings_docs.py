@@ -21,10 +21,10 @@ TABLE_END = "<!-- end of settings table -->"
 EXAMPLE_PASSWORD = "change-me"
 # What docker-compose.yml's .env sets; every other setting is listed commented out, at its default.
 COMPOSE_VALUES = {"model": "huggingface", "flower_auth": f"ops:{EXAMPLE_PASSWORD}"}
-# docker-compose.yml builds the Redis URL from this variable of .env.
-COMPOSE_REDIS_PASSWORD = ENV_PREFIX + "REDIS_PASSWORD"
+# docker-compose.yml builds the Redis and PostgreSQL URLs from these variables of .env: whose password.
+COMPOSE_PASSWORDS = {ENV_PREFIX + "REDIS_PASSWORD": "Redis's", ENV_PREFIX + "POSTGRES_PASSWORD": "PostgreSQL's"}
 # docker-compose.yml sets these itself (service names and volumes).
-SET_BY_COMPOSE = {"redis_url", "data_dir", "require_api_key"}
+SET_BY_COMPOSE = {"redis_url", "data_dir", "require_api_key", "database_url"}
 
 
 def readme_table() -> str:
@@ -57,10 +57,10 @@ def env_example() -> str:
         "# Copy to .env next to docker-compose.yml and edit. Generated from chattts_farm/settings.py by",
         "# `python -m cli.settings_docs`; a commented line shows a setting's default.",
         f"# docker-compose.yml sets {', '.join(sorted(ENV_PREFIX + name.upper() for name in SET_BY_COMPOSE))} itself.",
-        "",
-        "# Redis's password (docker-compose.yml only; required). Make one with: openssl rand -hex 32",
-        f"{COMPOSE_REDIS_PASSWORD}=",
     ]
+    for variable, whose in COMPOSE_PASSWORDS.items():
+        lines += ["", f"# {whose} password (docker-compose.yml only; required). Make one with: openssl rand -hex 32"]
+        lines.append(f"{variable}=")
     for variable, default, meaning, setting in documented():
         if setting.name in SET_BY_COMPOSE:
             continue

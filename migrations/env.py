@@ -13,6 +13,8 @@ config = context.config
 # Keep the loggers the farm configured before migrating (fileConfig would disable them).
 fileConfig(config.config_file_name, disable_existing_loggers=False)
 logger = logging.getLogger("alembic.env")
+# PostgreSQL's advisory lock taken while migrating: any number the farm uses for nothing else.
+MIGRATION_LOCK_ID = 0x63686174  # "chat"
 
 
 def get_engine():
@@ -103,6 +105,10 @@ def run_migrations_online():
             context.configure(connection=connection, target_metadata=get_metadata(), **conf_args)
 
             with context.begin_transaction():
+                if connection.dialect.name == "postgresql":
+                    # Web processes on several hosts, started at once, each migrate first: one at a time
+                    # (the lock lasts until this transaction ends), so the later ones find nothing to do.
+                    connection.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_ID})")
                 context.run_migrations()
         finally:
             if sqlite:

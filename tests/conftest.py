@@ -10,7 +10,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import pytest  # noqa: E402
 
 from chattts_farm.settings import Settings  # noqa: E402
-from cli.local_services import free_port, start_redis_server  # noqa: E402
+from cli.local_services import free_port, start_postgres_server, start_redis_server  # noqa: E402
 from tests.support import Workers  # noqa: E402
 
 
@@ -42,6 +42,15 @@ def redis_url(tmp_path_factory):
     yield f"redis://127.0.0.1:{port}/0"
     process.terminate()
     process.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server (Debian's package) for the session; tests take a fresh database each.
+    Its clock is set to a zone far from UTC, so a time stored or read in the server's zone shows."""
+    server = start_postgres_server(free_port(), "timezone=Pacific/Auckland")
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="session")

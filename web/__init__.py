@@ -23,6 +23,7 @@ def create_app(test_config: dict | None = None) -> Flask:
     app.config.from_mapping(
         SETTINGS=settings,
         SQLALCHEMY_DATABASE_URI=settings.database_uri,
+        SQLALCHEMY_ENGINE_OPTIONS=_engine_options(settings.database_uri),
         MAX_CONTENT_LENGTH=settings.max_request_bytes,
         JSON_SORT_KEYS=False,
     )
@@ -62,6 +63,12 @@ def create_app(test_config: dict | None = None) -> Flask:
         return response
 
     return app
+
+
+def _engine_options(database_uri: str) -> dict:
+    """A database server may close a pooled connection (a restart, a failover, an idle timeout): each is
+    checked as it is taken, so a request does not fail on one. SQLite is a file: nothing to check."""
+    return {} if database_uri.startswith("sqlite") else {"pool_pre_ping": True}
 
 
 def _refuse_streamed_bodies_past_the_limit(app: Flask) -> None:

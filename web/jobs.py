@@ -86,6 +86,8 @@ def enqueue(job: Job) -> None:
 
 def visible(job_id: str) -> Job | None:
     """A job by id as the caller may see it: with keys on, only the key that submitted it does."""
+    if not _is_job_id(job_id):  # PostgreSQL would refuse some (a NUL) rather than find nothing
+        return None
     job = db.session.get(Job, job_id)
     key = access.current_key()
     return job if job is not None and (key is None or job.api_key_id == key.id) else None
@@ -180,6 +182,14 @@ def _move(job: Job, **values: Any) -> bool:
         execution_options={"synchronize_session": False},
     )
     return moved.rowcount == 1
+
+
+def _is_job_id(text: str) -> bool:
+    """Whether ``text`` is a job id as :func:`submit` makes them."""
+    try:
+        return str(uuid.UUID(text)) == text
+    except ValueError:
+        return False
 
 
 def _is_result_of(job: Job, payload: object) -> bool:

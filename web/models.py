@@ -5,9 +5,44 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from flask_sqlalchemy import SQLAlchemy
-from sqlalchemy import JSON, Boolean, Column, Float, ForeignKey, Integer, String, Table, Text, event, false
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Column,
+    DateTime,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    event,
+    false,
+)
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+class UtcDateTime(TypeDecorator):
+    """A moment, stored in UTC and read back as an aware UTC datetime on every database: SQLite keeps
+    no zone (its values come back naive), PostgreSQL's ``timestamptz`` comes back in the session's zone
+    (and a job's day, which its quota counts, must not depend on the server's clock setting)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect) -> datetime | None:
+        return None if value is None else _as_utc(value)
+
+
+def _as_utc(moment: datetime) -> datetime:
+    """The farm writes only UTC: a moment without a zone is one in UTC."""
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 class Base(DeclarativeBase):
@@ -52,7 +87,8 @@ class Voice(db.Model):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(100), unique=True)
-    seed: Mapped[int | None] = mapped_column(Integer)
+    # Seeds go up to 2**32 - 1: past PostgreSQL's 32-bit integer.
+    seed: Mapped[int | None] = mapped_column(BigInteger)
     # Always stored: the embedding, not the seed, is the voice on any model build and device.
     spk_emb: Mapped[str] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text, default="")
@@ -60,8 +96,8 @@ class Voice(db.Model):
     age: Mapped[str | None] = mapped_column(String(20))
     rating: Mapped[int] = mapped_column(Integer, default=0)
     favourite: Mapped[bool] = mapped_column(Boolean, default=False)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, onupdate=utcnow)
     tags: Mapped[list[Tag]] = relationship(secondary=voice_tags, order_by=Tag.name)
     # The key that made the voice, when keys are on. None for voices made with keys off or before
     # voices had owners: with keys on, only admin keys may change those.
@@ -82,8 +118,8 @@ class ApiKey(db.Model):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     key_hash: Mapped[str] = mapped_column(String(64), unique=True)
     prefix: Mapped[str] = mapped_column(String(12))  # shown in listings to tell keys apart
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    revoked_at: Mapped[datetime | None] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow)
+    revoked_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
     # An admin key may change and delete every catalog voice, not only the ones it made.
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
@@ -102,11 +138,11 @@ class Job(db.Model):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
-    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
     text: Mapped[str] = mapped_column(Text)
     # Indexed: a voice's previews are looked up by it, and deleting a voice updates its jobs.
     voice_id: Mapped[int | None] = mapped_column(ForeignKey("voices.id", ondelete="SET NULL"), index=True)
-    voice_seed: Mapped[int | None] = mapped_column(Integer)
+    voice_seed: Mapped[int | None] = mapped_column(BigInteger)
     voice_embedding: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[dict] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
@@ -116,7 +152,7 @@ class Job(db.Model):
     format: Mapped[str] = mapped_column(String(8))
     audio_key: Mapped[str | None] = mapped_column(String(100))
     result: Mapped[dict | None] = mapped_column(JSON)
-    finished_at: Mapped[datetime | None] = mapped_column()
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
 
     # The key that submitted the job, when keys are on: only it may read the job and its audio.
     api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))

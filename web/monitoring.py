@@ -6,7 +6,6 @@ Worker and queue figures come from Redis (see web.farm_state); job figures come 
 from __future__ import annotations
 
 import logging
-from datetime import UTC
 
 from flask import Blueprint, Response, current_app
 from prometheus_client import CollectorRegistry, generate_latest
@@ -93,7 +92,7 @@ class _FarmCollector:
         waits, synthesis = [], []
         for created_at, result in recent:
             if result and result.get("started_at") and result.get("finished_at"):
-                waits.append(max(0.0, result["started_at"] - _epoch(created_at)))
+                waits.append(max(0.0, result["started_at"] - created_at.timestamp()))
                 synthesis.append(max(0.0, result["finished_at"] - result["started_at"]))
         yield _histogram("chattts_queue_wait_seconds", "From submission to the start of synthesis", waits, WAIT_BUCKETS)
         yield _histogram(
@@ -139,11 +138,6 @@ class _FarmCollector:
         yield batch
         yield peak
         yield fragmentation
-
-
-def _epoch(moment) -> float:
-
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
 
 
 def _histogram(name: str, documentation: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:

@@ -26,8 +26,9 @@ from web.errors import ApiError
 from web.models import Job, JobStatus, Tag, Voice, db
 
 EMBEDDING_TIMEOUT_S = 60
-# Row ids are SQLite integers, 64-bit: a larger number names no voice (and cannot even be looked up).
-MAX_ID = 2**63 - 1
+# Voice ids are PostgreSQL's 32-bit integers (SQLite's, counted up from 1, never get near): a larger
+# number names no voice, and is not looked up (PostgreSQL would refuse it rather than find nothing).
+MAX_ID = 2**31 - 1
 PREVIEW_TEXT = "Hello! This is how I sound. [laugh] Nice to meet you."
 MAX_NAME_CHARS = 100
 MAX_TAG_CHARS = 64

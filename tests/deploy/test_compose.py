@@ -10,6 +10,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
+# The stores the farm's own services use; each runs its own image.
+STORES = {"redis", "postgres"}
 
 
 @pytest.fixture(scope="module")
@@ -34,16 +36,20 @@ def test_docker_compose_config_accepts_the_file():
         ],
         capture_output=True,
         text=True,
-        # .env.example leaves the Redis password for the user to choose; compose refuses to run without one.
-        env={**os.environ, "CHATTTS_FARM_REDIS_PASSWORD": "a-chosen-password"},
+        # .env.example leaves the passwords for the user to choose; compose refuses to run without them.
+        env={
+            **os.environ,
+            "CHATTTS_FARM_REDIS_PASSWORD": "a-chosen-password",
+            "CHATTTS_FARM_POSTGRES_PASSWORD": "another-chosen-password",
+        },
     )
     assert finished.returncode == 0, finished.stderr
 
 
 def test_services_share_one_image(compose):
     services = compose["services"]
-    assert {"redis", "migrate", "web", "worker-gpu0", "flower"} <= set(services)
-    farm_services = [name for name in services if name != "redis"]
+    assert STORES | {"migrate", "web", "worker-gpu0", "flower"} <= set(services)
+    farm_services = [name for name in services if name not in STORES]
     assert {services[name]["image"] for name in farm_services} == {"chattts-farm:latest"}
     assert (ROOT / "Dockerfile").is_file() and (ROOT / ".env.example").is_file()
 
@@ -55,7 +61,7 @@ def test_redis_wants_a_password_and_only_the_farm_reaches_it(compose):
     assert redis["environment"]["REDISCLI_AUTH"].startswith("${CHATTTS_FARM_REDIS_PASSWORD:?")
     assert "requirepass" in " ".join(redis["command"]) and "--requirepass" not in " ".join(redis["command"])
     for name, service in compose["services"].items():
-        if name != "redis":
+        if name not in STORES:
             assert service["environment"]["CHATTTS_FARM_REDIS_URL"].startswith(
                 "redis://:${CHATTTS_FARM_REDIS_PASSWORD:?"
             ), name
@@ -92,7 +98,7 @@ def test_each_gpu_worker_reserves_its_own_gpu(compose):
 
 
 def test_named_volumes_hold_every_piece_of_state(compose):
-    assert set(compose["volumes"]) == {"redis-data", "farm-data", "huggingface-cache"}
+    assert set(compose["volumes"]) == {"redis-data", "postgres-data", "farm-data", "huggingface-cache"}
     assert "farm-data:/data" in compose["services"]["web"]["volumes"]
 
 
@@ -111,3 +117,29 @@ def test_the_web_runs_several_gunicorn_workers_and_can_trust_a_tls_proxy(compose
     command = compose["services"]["web"]["command"]
     assert command[:2] == ["chattts-farm", "web"] and int(command[command.index("--workers") + 1]) >= 2
     assert "CHATTTS_FARM_TRUST_PROXY=0\n" in (ROOT / ".env.example").read_text()
+
+
+DATABASE_USERS = ("migrate", "web", "reconciler")
+
+
+def test_the_web_database_is_postgresql_with_a_password_a_volume_and_a_health_check(compose):
+    postgres = compose["services"]["postgres"]
+    assert postgres["image"].startswith("postgres:")
+    assert postgres["environment"]["POSTGRES_PASSWORD"].startswith("${CHATTTS_FARM_POSTGRES_PASSWORD:?")
+    assert "CHATTTS_FARM_POSTGRES_PASSWORD=\n" in (ROOT / ".env.example").read_text()
+    assert "postgres-data:/var/lib/postgresql/data" in postgres["volumes"]
+    assert postgres["healthcheck"]["test"][1] == "pg_isready"
+    assert postgres["networks"] == ["queue"] and "ports" not in postgres
+
+
+def test_every_part_that_uses_the_database_points_at_postgresql_once_it_is_healthy(compose):
+    postgres = compose["services"]["postgres"]["environment"]
+    user, database = postgres["POSTGRES_USER"], postgres["POSTGRES_DB"]
+    for name in DATABASE_USERS:
+        service = compose["services"][name]
+        url = service["environment"]["CHATTTS_FARM_DATABASE_URL"]
+        assert url.startswith(f"postgresql+psycopg://{user}:${{CHATTTS_FARM_POSTGRES_PASSWORD:?"), name
+        assert url.endswith(f"@postgres:5432/{database}"), name
+        assert service["depends_on"]["postgres"]["condition"] == "service_healthy", name
+    for name in ("web", "reconciler"):
+        assert compose["services"][name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"

@@ -21,6 +21,8 @@ from tests.support import CLI
 from web import create_app, reconcile
 from web.models import Job, JobStatus, db, utcnow
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 
 def wait_done(client, job_ids, timeout=120):
     deadline = time.monotonic() + timeout

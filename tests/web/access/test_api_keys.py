@@ -11,6 +11,8 @@ from tests.web.access.support import bearer, make_key
 from web.access import api_keys
 from web.models import Voice, db
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 EMBEDDING = "蘁淰敕欀" * 8
 
 
@@ -44,9 +46,9 @@ def test_only_the_submitting_key_reaches_a_job_and_its_audio(keyed_app, workers)
 
 
 @pytest.fixture
-def run(tmp_path):
+def run(tmp_path, database_url):
     """``chattts-farm`` on a fresh, migrated database."""
-    environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path)}
+    environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path), "CHATTTS_FARM_DATABASE_URL": database_url}
 
     def run(*arguments):
         return subprocess.run([CLI, *arguments], env=environment, capture_output=True, text=True)

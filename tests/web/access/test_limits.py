@@ -18,6 +18,8 @@ from tests.web.access.support import bearer, make_key
 from web import create_app
 from web.access import api_keys
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 QUOTA_S = 5
 # About two seconds of speech by the farm's length rule: two such jobs fit in the quota, a third does not.
 TWO_SECONDS = "About two seconds of speech, give or take."

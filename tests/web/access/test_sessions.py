@@ -99,6 +99,7 @@ def test_revoking_the_key_with_keys_revoke_ends_its_sessions(keyed_app):
     environment = {
         **os.environ,
         "CHATTTS_FARM_DATA_DIR": str(settings.data_dir),
+        "CHATTTS_FARM_DATABASE_URL": settings.database_uri,
         "CHATTTS_FARM_REDIS_URL": settings.redis_url,
     }
     subprocess.run([CLI, "keys", "revoke", "mallory"], env=environment, check=True, capture_output=True)

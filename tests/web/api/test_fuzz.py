@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 
 from chattts_farm.contract import MAX_SEED
 from tests.web.access.support import bearer
+from tests.web.databases import DATABASES, fresh_database
 from web import create_app, streaming, voices
 from web.access import api_keys
 from web.api.openapi import openapi_description
@@ -203,13 +204,17 @@ def unique_name(drawn: str) -> str:
     return f"{drawn} #{next(_numbers)}"
 
 
-@pytest.fixture(scope="module")
-def api(tiny_settings, redis_url, tmp_path_factory):
+@pytest.fixture(scope="module", params=DATABASES)
+def api(request, tiny_settings, redis_url, tmp_path_factory):
+    """The API on each database: PostgreSQL refuses some values SQLite stores or looks up (a NUL, an
+    integer past 32 bits), and must answer them with the same 4xx."""
     fuzz_url = f"{redis_url.rsplit('/', 1)[0]}/{FUZZ_DATABASE}"
+    data_dir = tmp_path_factory.mktemp("fuzz")
     farm_settings = dataclasses.replace(
         tiny_settings,
         redis_url=fuzz_url,
-        data_dir=tmp_path_factory.mktemp("fuzz"),
+        data_dir=data_dir,
+        database_url=fresh_database(request.param, request, data_dir),
         max_request_bytes=MAX_REQUEST_BYTES,
         max_text_chars=2000,
     )

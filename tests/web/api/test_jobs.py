@@ -1,20 +1,31 @@
 """The job API, against real Redis and real CPU workers (synthetic-tiny)."""
 
+import dataclasses
 import os
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta
 
+import flask_migrate
 import pytest
 import redis
 import requests
+from sqlalchemy import create_engine
 
 from chattts_farm import redis_keys
+from chattts_farm.contract import MAX_SEED
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
-from tests.support import Web
+from tests.support import Web, wait_until
+from web import create_app
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
+# More than a web process's database connections (SQLAlchemy's pool: 5, and 10 more at a pinch).
+POOL_OVERFLOWING_REQUESTS = 24
 LONG_TEXT = " ".join(f"Sentence {word} of a long job." for word in "abcdefghijklmnopqrstuvwxyz" * 2)
 
 
@@ -30,7 +41,7 @@ def wait_for(client, job_id, statuses, timeout=120):
 
 def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app, workers):
     answer = client.post(
-        "/api/jobs", json={"text": "Hello from the web.", "voice": 42, "format": "flac", "speed": 4, "seed": 7}
+        "/api/jobs", json={"text": "Hello from the web.", "voice": MAX_SEED, "format": "flac", "speed": 4, "seed": 7}
     )
     assert answer.status_code == 202
     body = answer.get_json()
@@ -40,7 +51,9 @@ def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app
         assert db.session.get(Job, body["id"]) is not None
 
     done = wait_for(client, body["id"], {"done"})
-    assert done["progress"] == 1.0 and done["voice"]["seed"] == 42
+    assert done["progress"] == 1.0 and done["voice"]["seed"] == MAX_SEED
+    for moment in (done["created_at"], done["finished_at"]):
+        assert datetime.fromisoformat(moment).utcoffset() == timedelta(0)
     assert done["result"]["format"] == "flac" and done["result"]["seed"] == 7
     audio = client.get(done["result"]["audio_url"])
     assert audio.status_code == 200 and audio.mimetype == "audio/flac"
@@ -55,6 +68,7 @@ def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, worke
     assert early.status_code == 409 and "error" in early.get_json()
     assert client.get("/api/jobs/no-such-job/audio").status_code == 404
     assert client.get("/api/jobs/no-such-job").status_code == 404
+    assert client.get("/api/jobs/%00").status_code == 404  # PostgreSQL refuses NUL in text: no 500
     wait_for(client, job_id, {"done"})
     redis.Redis.from_url(workers.redis_url).delete(redis_keys.audio(job_id))
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
@@ -122,6 +136,9 @@ def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(clie
 def test_an_unknown_catalog_voice_is_a_422(client):
     answer = client.post("/api/jobs", json={"text": "Hi.", "voice": "Nobody"})
     assert answer.status_code == 422 and answer.get_json()["field"] == "voice"
+    for voice_id in (2**31, 2**40):  # past PostgreSQL's integers too
+        answer = client.post("/api/jobs", json={"text": "Hi.", "voice_id": voice_id})
+        assert answer.status_code == 422 and answer.get_json()["field"] == "voice_id"
 
 
 def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
@@ -132,22 +149,8 @@ def test_a_body_that_is_not_json_or_too_large_is_refused_as_json(client):
     assert huge.status_code == 413 and huge.get_json()["field"] == "body"
 
 
-def app_on_redis(tiny_settings, tmp_path, redis_url):
-    import dataclasses
-
-    import flask_migrate
-
-    from web import create_app
-
-    settings = dataclasses.replace(tiny_settings, redis_url=redis_url, data_dir=tmp_path)
-    app = create_app({"TESTING": True, "SETTINGS": settings})
-    with app.app_context():
-        flask_migrate.upgrade()
-    return app
-
-
-def test_an_unreachable_queue_is_a_503_and_leaves_no_job(tiny_settings, tmp_path):
-    app = app_on_redis(tiny_settings, tmp_path, "redis://127.0.0.1:1/0")
+def test_an_unreachable_queue_is_a_503_and_leaves_no_job(make_app):
+    app = make_app(redis_url="redis://127.0.0.1:1/0")
     started = time.monotonic()
     answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
     assert time.monotonic() - started < 10, "a request must not hang while Redis is away"
@@ -156,10 +159,8 @@ def test_an_unreachable_queue_is_a_503_and_leaves_no_job(tiny_settings, tmp_path
         assert db.session.execute(db.select(Job)).scalars().all() == []
 
 
-def test_a_queue_lost_between_admitting_and_sending_a_job_is_a_503_and_the_job_is_recorded_failed(
-    tiny_settings, tmp_path, redis_url
-):
-    app = app_on_redis(tiny_settings, tmp_path, redis_url)
+def test_a_queue_lost_between_admitting_and_sending_a_job_is_a_503_and_the_job_is_recorded_failed(make_app, redis_url):
+    app = make_app(redis_url=redis_url)
     app.extensions["backends"].celery.conf.broker_url = "redis://127.0.0.1:1/0"  # the broker goes away
     answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
     assert answer.status_code == 503 and "could not be reached" in answer.get_json()["error"]
@@ -187,6 +188,51 @@ def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path)
         assert requests.post(f"{web.url}/api/jobs", data=chunked(100), headers=headers, timeout=60).status_code == 202
     finally:
         web.stop()
+
+
+def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(postgres_server, workers, tmp_path):
+    """Production: one gevent web process, PostgreSQL, more requests at once than its connection pool
+    holds. psycopg must let other requests run while it waits on the server (a blocked process would
+    time these out), and each request give its connection back."""
+    environment = {
+        **os.environ,
+        "CHATTTS_FARM_REDIS_URL": workers.redis_url,
+        "CHATTTS_FARM_DATA_DIR": str(tmp_path),
+        "CHATTTS_FARM_DATABASE_URL": postgres_server.create_database(),
+    }
+    web = Web.start(free_port(), environment, "--workers", "1")  # it migrates the empty database first
+    try:
+        with ThreadPoolExecutor(POOL_OVERFLOWING_REQUESTS) as pool:
+            job_ids = list(pool.map(lambda n: web.submit(f"Request {n} of many.", n), range(POOL_OVERFLOWING_REQUESTS)))
+        wait_until(lambda: set(web.statuses(job_ids).values()) == {"done"}, 180, "every job to be done")
+        audio = requests.get(f"{web.url}/api/jobs/{job_ids[0]}/audio", timeout=30)
+        assert audio.status_code == 200 and decode(audio.content)[1] > 0
+    finally:
+        web.stop()
+
+
+def test_a_request_after_postgresql_closed_every_pooled_connection_is_answered(
+    tiny_settings, redis_url, tmp_path, postgres_server
+):
+    """A restarted or failed-over server leaves the pool's connections dead: each is checked as it is taken."""
+    database_url = postgres_server.create_database()
+    settings = dataclasses.replace(tiny_settings, redis_url=redis_url, data_dir=tmp_path, database_url=database_url)
+    app = create_app({"TESTING": True, "SETTINGS": settings})
+    with app.app_context():
+        flask_migrate.upgrade()
+    client = app.test_client()
+    assert client.get("/api/jobs").status_code == 200
+    closer = create_engine(database_url)
+    with closer.connect() as connection:
+        closed = connection.exec_driver_sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        ).scalar()
+    closer.dispose()
+    assert closed >= 1
+    assert client.get("/api/jobs").status_code == 200
+    with app.app_context():
+        db.engine.dispose()
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,8 @@ import pytest
 from chattts_farm.contract import MAX_EMBEDDING_CHARS
 from tests.voice_bombs import voice_bomb
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 # 50 MiB of zeros in a few thousand characters: longer than any embedding.
 BOMB = voice_bomb(50)
 

@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
+
 
 def add(client, **fields):
     answer = client.post("/api/voices", json=fields)
@@ -42,6 +44,7 @@ def test_a_voice_is_read_edited_and_deleted(client, workers):
     assert client.get(f"/api/voices/{voice['id']}").get_json()["name"] == "Edited"
     assert client.delete(f"/api/voices/{voice['id']}").status_code == 204
     assert client.get(f"/api/voices/{voice['id']}").status_code == 404
+    assert client.get(f"/api/voices/{2**40}").status_code == 404  # past PostgreSQL's integers
 
 
 @pytest.mark.parametrize(
