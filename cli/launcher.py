@@ -2,9 +2,9 @@
 
 Starts (in this order) a local Redis with an append-only file under the data dir (unless a Redis URL
 is given), the database migrations, the workers (one per GPU, or CPU workers), the web app under
-gunicorn, Flower and the reconciler (which re-enqueues jobs Redis has lost); prints the URLs; on
-Ctrl-C or SIGTERM stops the web app and Flower, lets the workers finish their batch, then stops Redis
-(which flushes its append-only file).
+gunicorn, Flower, the reconciler (which re-enqueues jobs Redis has lost) and the gc (which deletes
+audio and jobs past their retention); prints the URLs; on Ctrl-C or SIGTERM stops the web app and
+Flower, lets the workers finish their batch, then stops Redis (which flushes its append-only file).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ class Launcher:
                 [*_cli(), "flower", "--address", self.plan.host, "--port", str(self.plan.flower_port)]
             )
             self.services["reconciler"] = self._spawn([*_cli(), "reconcile", "--every", str(RECONCILE_EVERY_S)])
+            self.services["gc"] = self._spawn([*_cli(), "gc", "--loop"])
             self._announce()
             return self._watch()
         finally:
@@ -169,7 +170,7 @@ class Launcher:
         self.stopping = True
 
     def _stop_all(self) -> None:
-        for name in ("web", "flower", "reconciler", "workers"):
+        for name in ("web", "flower", "reconciler", "gc", "workers"):
             process = self.services.get(name)
             if process is not None and process.poll() is None:
                 process.send_signal(signal.SIGTERM)

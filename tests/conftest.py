@@ -31,7 +31,18 @@ def tiny_assets(data_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_settings(data_dir) -> Settings:
-    return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir)
+    # The audio store named outright: the session's workers (data dir ``data_dir``) write there, and a
+    # test's web app with a data dir of its own must read from there too.
+    audio_store = f"file:{data_dir.resolve() / 'audio'}"
+    return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir, audio_store=audio_store)
+
+
+@pytest.fixture(scope="session")
+def audio_store(tiny_settings):
+    """The audio store the session's workers write to."""
+    from chattts_farm.audio_store import from_settings
+
+    return from_settings(tiny_settings)
 
 
 @pytest.fixture(scope="session")

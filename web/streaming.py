@@ -149,7 +149,9 @@ def _whole(job_id: str, connection, failed_status: int) -> JobAudio:
     job = jobs.refresh(db.session.get(Job, job_id))
     if job.status != JobStatus.DONE:
         raise ApiError(failed_status, f"job {job_id} {job.status}: {job.error}")
-    pcm, sample_rate = audio_formats.pcm_of(jobs.audio(job))
+    # Decoded whole: a job that did not stream is served this way only when it is asked for as a stream.
+    with jobs.open_audio(job) as stored:
+        pcm, sample_rate = audio_formats.pcm_of(stored.read())
     audio = JobAudio(job_id, sample_rate, pcm, iter(()), job.result)
     db.session.close()
     return audio

@@ -111,12 +111,14 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     assert not alive, f"still running: {[p.cmdline() for p in alive]}"
     aof = tmp_path / "redis" / "appendonlydir"
     assert aof.exists()
+    # Its audio is in the audio store, by default the data dir's audio directory.
+    assert list((tmp_path / "audio").glob(f"*/{in_flight['id']}.wav"))
     # Restart only Redis from its append-only file: the finished job's result is there.
     password = password_file.read_text()
     server = start_redis_server(ports["redis"], tmp_path / "redis", "--appendonly", "yes", password=password)
     try:
         with redis.Redis(port=ports["redis"], password=password) as client:
-            assert client.exists(f"chattts:audio:{in_flight['id']}")
+            assert client.exists(f"celery-task-meta-{in_flight['id']}")
     finally:
         server.terminate()
         server.wait()

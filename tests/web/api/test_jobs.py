@@ -5,16 +5,15 @@ import time
 import uuid
 
 import pytest
-import redis
 import requests
 
-from chattts_farm import redis_keys
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import Web
 from web.models import Job, JobStatus, db
 from worker.audio import decode
 
+OTHER_JOB = str(uuid.uuid4())
 LONG_TEXT = " ".join(f"Sentence {word} of a long job." for word in "abcdefghijklmnopqrstuvwxyz" * 2)
 
 
@@ -49,14 +48,14 @@ def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app
     assert abs(len(samples) / rate - done["result"]["duration_s"]) < 0.05
 
 
-def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, workers):
+def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, workers, audio_store):
     job_id = client.post("/api/jobs", json={"text": LONG_TEXT}).get_json()["id"]
     early = client.get(f"/api/jobs/{job_id}/audio")
     assert early.status_code == 409 and "error" in early.get_json()
     assert client.get("/api/jobs/no-such-job/audio").status_code == 404
     assert client.get("/api/jobs/no-such-job").status_code == 404
     wait_for(client, job_id, {"done"})
-    redis.Redis.from_url(workers.redis_url).delete(redis_keys.audio(job_id))
+    assert audio_store.delete(audio_store.key(job_id, "wav"))
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
 
 
@@ -174,8 +173,14 @@ def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path)
 
 @pytest.mark.parametrize(
     "forged",
-    ["a string", ["a", "list"], {"duration_s": "long"}, {"duration_s": 1.0, "audio_key": "chattts:session:x"}],
-    ids=["string", "list", "dict-without-audio", "another-keys-audio"],
+    [
+        "a string",
+        ["a", "list"],
+        {"duration_s": "long"},
+        {"duration_s": 1.0, "audio_key": "chattts:session:x"},
+        {"duration_s": 1.0, "audio_key": f"{OTHER_JOB[:2]}/{OTHER_JOB}.wav", "audio_url": f"file:///{OTHER_JOB}.wav"},
+    ],
+    ids=["string", "list", "dict-without-audio", "another-keys-audio", "another-jobs-audio"],
 )
 def test_a_forged_result_in_redis_fails_the_job_with_a_clear_error(app, client, forged):
     with app.app_context():
