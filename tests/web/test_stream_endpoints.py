@@ -70,6 +70,12 @@ def test_a_job_submitted_without_stream_is_served_whole_once_done(web, audio_sto
     job_id = submit(web, text="No stream asked for.")
     answer = requests.get(f"{web}/api/jobs/{job_id}/stream?format=pcm", timeout=60)
     assert answer.status_code == 200 and answer.content == stored_pcm(audio_store, job_id)
+    # Once done, gunicorn serves a byte range of the stored file: a player seeks, a download resumes.
+    with audio_store.open(audio_store.key(job_id, "wav")) as audio:
+        whole = audio.read()
+    part = requests.get(f"{web}/api/jobs/{job_id}/audio", headers={"Range": "bytes=44-1043"}, timeout=30)
+    assert part.status_code == 206 and part.content == whole[44:1044]
+    assert part.headers["Content-Range"] == f"bytes 44-1043/{len(whole)}"
 
 
 @pytest.mark.parametrize(("audio_format", "mime_type"), [("mp3", "audio/mpeg"), ("ogg", "audio/ogg")])
