@@ -80,7 +80,7 @@ class Settings:
     max_text_chars: int = _setting(5000, "longest text one request may carry", minimum=1)
     stream_ttl_s: int = _setting(
         3600,
-        "how long a streaming job's chunks stay readable in Redis (its whole audio stays as results do)",
+        "how long a streaming job's chunks stay readable in Redis (its whole audio is kept in the audio store)",
         minimum=60,
     )
     stream_max_entries: int = _setting(
