@@ -24,6 +24,7 @@ def farm_up(tmp_path, tiny_assets):
     (tmp_path / "assets").symlink_to(tiny_assets.resolve().parent, target_is_directory=True)
     environment = {**os.environ, "CHATTTS_FARM_FLOWER_AUTH": ":".join(AUTH)}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
+    environment.pop("CHATTTS_FARM_AUDIO_STORE", None)
     process = subprocess.Popen(
         [
             CLI,
@@ -62,6 +63,8 @@ def test_up_runs_the_whole_farm_and_sigterm_stops_it_losing_nothing(farm_up, tmp
     wait_until(lambda: requests.get(web + "/readyz", timeout=2).json()["ready"], 180, "a ready farm")
     ready = requests.get(web + "/readyz", timeout=5).json()
     assert ready["workers"] == 1 and ready["models"] == ["synthetic"]
+    children = psutil.Process(process.pid).children()
+    assert any(child.cmdline()[-2:] == ["gc", "--loop"] for child in children), "up runs no gc"
 
     job = requests.post(web + "/api/jobs", json={"text": "Hello from up.", "voice": 5}, timeout=10).json()
     wait_until(lambda: requests.get(web + job["status_url"], timeout=5).json()["status"] == "done", 120, "the job")
