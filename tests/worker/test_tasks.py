@@ -27,6 +27,7 @@ from chattts_farm.contract import (
 )
 from chattts_farm.streams import stream_audio
 from tests.edge_texts import EDGE_TEXTS
+from tests.support import wait_until
 from tests.voice_bombs import voice_bomb
 from worker.audio import decode
 
@@ -239,6 +240,8 @@ def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers, audio_store
 
     assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
     assert all(audio_store.size(output["audio_key"]) for output in outputs)
+    # A worker logs a job's success just after storing its result, which the last get() may beat.
+    wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
     log = workers.log()
     for job in jobs:
         assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", log)) == 1
