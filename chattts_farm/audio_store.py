@@ -43,6 +43,7 @@ CHUNK_BYTES = 256 * 1024
 # Job ids are chosen by whoever sends the task: one that is not a plain name (a path, say) is stored
 # under its hash instead, so no id can name a file outside the store.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+_HASHED = "sha256-"
 _TEMPORARY_SUFFIX = ".partial"
 
 
@@ -120,7 +121,7 @@ def stored_name(job_id: str) -> str:
     """The job's name in a file or object store: its id when that is a plain name, else the id's hash."""
     if _PLAIN_NAME.fullmatch(job_id):
         return job_id
-    return "sha256-" + hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()
+    return _HASHED + hashlib.sha256(job_id.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class FileStore(AudioStore):
@@ -131,8 +132,8 @@ class FileStore(AudioStore):
 
     def key(self, job_id: str, audio_format: str) -> str:
         name = stored_name(job_id)
-        # A directory per two characters of the id: no directory grows to millions of entries.
-        return f"{name[:2]}/{name}.{audio_format}"
+        # A directory per first two characters of the id (or hash): none grows to millions of entries.
+        return f"{name.removeprefix(_HASHED)[:2]}/{name}.{audio_format}"
 
     def url(self, key: str) -> str:
         return self._path(key).as_uri()
@@ -221,7 +222,12 @@ class S3Store(AudioStore):
     @classmethod
     def connect(cls, location: str, endpoint_url: str = "") -> S3Store:
         """The store at ``s3://bucket/prefix``; credentials and region from the usual AWS variables."""
-        import boto3  # only S3 stores need it: pip install 'chattts-farm[s3]'
+        try:
+            import boto3
+        except ModuleNotFoundError:
+            raise ModuleNotFoundError(
+                f"the audio store {location} needs boto3: pip install 'chattts-farm[s3]'"
+            ) from None
 
         bucket, _, prefix = location.removeprefix(S3_SCHEME).partition("/")
         return cls(bucket, prefix, boto3.client("s3", endpoint_url=endpoint_url or None))

@@ -115,7 +115,9 @@ def refresh(job: Job) -> Job:
                 progress=1.0,
             )
         else:
-            logger.error("job %s: %s: %.200r", job.id, MALFORMED_RESULT, payload)
+            # A worker writing to another audio store than this web's names another key: say which is expected.
+            expected = backends.current().audio.key(job.id, job.format)
+            logger.error("job %s: %s (audio key expected: %s): %.200r", job.id, MALFORMED_RESULT, expected, payload)
             _finish(job, JobStatus.FAILED, error=MALFORMED_RESULT)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
         _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
