@@ -1,62 +1,26 @@
 """The audio stores: a directory, Redis and S3, each on a real server of its kind.
 
-S3 is moto's stand-alone server (``moto_server``), started here on a free port: no real S3 server
-installs from the package registries this project's CI reaches, and moto's is the most faithful one
-that does (it speaks S3's REST protocol over HTTP, with ranges, conditional reads, listing and
-multi-object deletes, to an unmodified boto3).
+S3 is moto's stand-alone server (``moto_server``, the ``s3_endpoint`` fixture of tests/conftest.py),
+started by the tests on a free port: no real S3 server installs from the package registries this
+project's CI reaches, and moto's is the most faithful one that does (it speaks S3's REST protocol over
+HTTP, with ranges, conditional reads, listing and multi-object deletes, to an unmodified boto3).
 """
 
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
 from pathlib import Path
 
-import boto3
 import pytest
 import redis
-import requests
 
 from chattts_farm.audio_store import AudioExpired, FileStore, RedisStore, S3Store, fetch_audio, from_settings
 from chattts_farm.settings import Settings
-from cli.local_services import free_port
+from tests.support import S3_BUCKET as BUCKET
 
 # A few pieces' worth, not a whole number of them: ranges cross and end inside pieces.
 AUDIO = bytes(range(256)) * 2500 + b"tail"
-BUCKET = "farm-audio"
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint(tmp_path_factory):
-    port = free_port()
-    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
-    server = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        assert server.poll() is None, "moto_server exited"
-        try:
-            requests.get(url, timeout=1)
-            break
-        except requests.ConnectionError:
-            assert time.monotonic() < deadline, "moto_server did not answer"
-            time.sleep(0.2)
-    with pytest.MonkeyPatch.context() as patch:
-        # Credentials come from the usual AWS variables; moto takes any.
-        patch.setenv("AWS_ACCESS_KEY_ID", "farm")
-        patch.setenv("AWS_SECRET_ACCESS_KEY", "farm-secret")
-        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        boto3.client("s3", endpoint_url=url).create_bucket(Bucket=BUCKET)
-        yield url
-    server.terminate()
-    server.wait(timeout=30)
-    log.close()
 
 
 @pytest.fixture
