@@ -224,13 +224,17 @@ class S3Store(AudioStore):
         """The store at ``s3://bucket/prefix``; credentials and region from the usual AWS variables."""
         try:
             import boto3
+            from botocore.config import Config
         except ModuleNotFoundError:
             raise ModuleNotFoundError(
                 f"the audio store {location} needs boto3: pip install 'chattts-farm[s3]'"
             ) from None
 
         bucket, _, prefix = location.removeprefix(S3_SCHEME).partition("/")
-        return cls(bucket, prefix, boto3.client("s3", endpoint_url=endpoint_url or None))
+        # A store away for a while (restarting, say) is waited for, as workers wait for Redis, rather
+        # than failing the job whose audio is being written: backoff up to 20 s a try.
+        retries = Config(retries={"max_attempts": 10, "mode": "standard"})
+        return cls(bucket, prefix, boto3.client("s3", endpoint_url=endpoint_url or None, config=retries))
 
     def key(self, job_id: str, audio_format: str) -> str:
         name = f"{stored_name(job_id)}.{audio_format}"
