@@ -5,6 +5,7 @@ import dataclasses
 import os
 import subprocess
 import time
+import uuid
 from datetime import timedelta
 
 import flask_migrate
@@ -137,3 +138,26 @@ def test_gc_deletes_expired_audio_then_old_jobs_and_the_web_answers_410_then_404
     assert client.get(f"/api/jobs/{young['id']}").get_json()["status"] == "done"
     with app.app_context():
         assert db.session.get(Job, "still-queued").status == JobStatus.QUEUED
+
+
+def test_a_web_on_the_redis_store_serves_ranges_and_410_once_the_key_expires(tiny_settings, redis_url, tmp_path):
+    settings = dataclasses.replace(tiny_settings, redis_url=redis_url, data_dir=tmp_path, audio_store="redis")
+    app = create_app({"TESTING": True, "SETTINGS": settings})
+    job_id = str(uuid.uuid4())
+    audio = bytes(range(256)) * 1000
+    with app.app_context():
+        flask_migrate.upgrade()
+        db.session.add(Job(id=job_id, text="Kept in Redis.", parameters={}, format="wav"))
+        db.session.commit()
+        # Stored as a worker on the Redis store stores it: the audio, then the result naming its key.
+        backends = app.extensions["backends"]
+        key = backends.audio.key(job_id, "wav")
+        backends.audio.write(key, audio)
+        result = {"job_id": job_id, "duration_s": 1.0, "audio_key": key, "audio_url": None, "voice_embedding": None}
+        backends.celery.backend.store_result(job_id, result, "SUCCESS")
+    client = app.test_client()
+    part = client.get(f"/api/jobs/{job_id}/audio", headers={"Range": "bytes=1000-262143"})
+    assert part.status_code == 206 and part.data == audio[1000:262144] and "ETag" not in part.headers
+    assert client.get(f"/api/jobs/{job_id}/audio").data == audio
+    backends.redis.delete(key)
+    assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
