@@ -55,6 +55,8 @@ def test_the_whole_audio_is_the_stored_file_with_its_validators(stored):
     assert answer.headers["ETag"] and answer.headers["Last-Modified"]
     samples, rate = decode(answer.data)
     assert abs(len(samples) / rate - job["result"]["duration_s"]) < 0.05
+    head = client.head(job["audio_url"])
+    assert head.status_code == 200 and head.data == b"" and int(head.headers["Content-Length"]) == len(data)
 
 
 @pytest.mark.parametrize(
