@@ -23,7 +23,11 @@ CELERY_DEFAULT_QUEUE = "celery"
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"
 
-# Keys of the dict a successful chattts.synthesize returns (all JSON-able).
+# Keys of the dict a successful chattts.synthesize returns (all JSON-able). The audio is in the audio
+# store (chattts_farm.audio_store, CHATTTS_FARM_AUDIO_STORE) under ``audio_key``, the store's key made
+# from the job's id (a Redis key, or a path under the store's directory or prefix); ``audio_url`` says
+# where a caller finds it (a file: or s3:// URL; None for the Redis store). fetch_audio(result) in
+# chattts_farm.audio_store reads it from any store.
 RESULT_FIELDS = (
     "job_id",
     "format",
@@ -33,6 +37,7 @@ RESULT_FIELDS = (
     "segments",
     "tokens",
     "audio_key",
+    "audio_url",
     "quality",
     "worker",
     "batch_size",

@@ -64,11 +64,23 @@ class Settings:
     )
     data_dir: Path = _setting(Path("var"), "where synthetic assets, the SQLite database and the secret key live")
     redis_url: str = _setting("redis://localhost:6379/0", "broker, result backend and shared state")
-    result_ttl_s: int = _setting(24 * 3600, "how long results and their audio stay in Redis", minimum=60)
+    result_ttl_s: int = _setting(24 * 3600, "how long results stay in Redis", minimum=60)
+    audio_store: str = _setting(
+        "",
+        "where finished audio is kept: `file:<dir>` (a volume shared by every host), `s3://<bucket>/<prefix>` "
+        "or `redis` (in memory: small setups only); see Audio store",
+        shown_default="`file:<data dir>/audio`",
+    )
+    s3_endpoint_url: str = _setting(
+        "", "an S3-compatible server for an `s3://` audio store (default: AWS's own)", shown_default="none"
+    )
+    audio_ttl_s: int = _setting(
+        24 * 3600, "how long a job's audio is kept (`chattts-farm gc` deletes it after)", minimum=60
+    )
     max_text_chars: int = _setting(5000, "longest text one request may carry", minimum=1)
     stream_ttl_s: int = _setting(
         3600,
-        "how long a streaming job's chunks stay readable in Redis (its whole audio stays as results do)",
+        "how long a streaming job's chunks stay readable in Redis (its whole audio is kept in the audio store)",
         minimum=60,
     )
     stream_max_entries: int = _setting(
@@ -202,6 +214,15 @@ class Settings:
     session_ttl_s: int = _setting(
         12 * 3600, "how long a browser signed in on the pages stays signed in", minimum=60, role="web"
     )
+    job_retention_s: int = _setting(
+        30 * 24 * 3600,
+        "how long a finished job's row stays in the database (`chattts-farm gc` deletes it after)",
+        minimum=60,
+        role="web",
+    )
+    gc_interval_s: int = _setting(
+        300, "how often `chattts-farm up` (and compose) runs `chattts-farm gc`", minimum=1, role="web"
+    )
     flower_auth: str = _setting(
         "",
         "Flower's basic auth, `user:password`; without it Flower is open, with a warning",
@@ -213,6 +234,10 @@ class Settings:
     @property
     def database_uri(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'farm.db'}"
+
+    @property
+    def audio_store_location(self) -> str:
+        return self.audio_store or f"file:{self.data_dir.resolve() / 'audio'}"
 
     @property
     def visibility_timeout_s(self) -> int:
@@ -245,6 +270,12 @@ class Settings:
                 raise SettingsError(
                     f"{env_name(setting)} must be one of {', '.join(choices)}, got {getattr(settings, setting.name)!r}"
                 )
+        location = settings.audio_store_location
+        kind, _, place = location.partition(":")
+        if not (location == "redis" or (kind == "file" and place.strip("/")) or (kind == "s3" and place.strip("/"))):
+            raise SettingsError(
+                f"{ENV_PREFIX}AUDIO_STORE must be file:<dir>, s3://<bucket>/<prefix> or redis, got {location!r}"
+            )
         if settings.task_time_limit_s < settings.task_soft_time_limit_s:
             raise SettingsError(f"{ENV_PREFIX}TASK_TIME_LIMIT_S must be at least {ENV_PREFIX}TASK_SOFT_TIME_LIMIT_S")
         return settings

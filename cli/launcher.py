@@ -2,11 +2,12 @@
 
 First checks that the ports it will listen on are free. Then starts (in this order) a local Redis
 with an append-only file under the data dir (unless a Redis URL is given), the database migrations,
-the workers (one per GPU, or CPU workers), the web app under gunicorn, Flower and the reconciler
-(which re-enqueues jobs Redis has lost); prints the URLs. A part that dies is started again after a
-backoff (Redis on the same port, with the same password and append-only file; what it had not yet
-written there the reconciler sends again). On Ctrl-C or SIGTERM stops the parts in the reverse order:
-the web app and Flower, then the workers after their batch, then Redis (which flushes its file).
+the workers (one per GPU, or CPU workers), the web app under gunicorn, Flower, the reconciler (which
+re-enqueues jobs Redis has lost) and the gc (which deletes audio and jobs past their retention);
+prints the URLs. A part that dies is started again after a backoff (Redis on the same port, with the
+same password and append-only file; what it had not yet written there the reconciler sends again).
+On Ctrl-C or SIGTERM stops the parts in the reverse order: the gc, the reconciler, the web app and
+Flower, then the workers after their batch, then Redis (which flushes its file).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class Launcher:
                 self._spawner("flower", "--address", self.plan.host, "--port", str(self.plan.flower_port)),
             )
             self._keep("reconciler", self._spawner("reconcile", "--every", str(RECONCILE_EVERY_S)))
+            self._keep("gc", self._spawner("gc", "--loop"))
             self._announce()
             return self._watch()
         finally:

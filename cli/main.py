@@ -376,6 +376,33 @@ def keys_revoke(name: str) -> None:
 
 
 @main.command()
+@click.option("--loop", is_flag=True, help="Repeat every CHATTTS_FARM_GC_INTERVAL_S seconds (default: once).")
+def gc(loop: bool) -> None:
+    """Delete audio past CHATTTS_FARM_AUDIO_TTL_S and finished jobs past CHATTTS_FARM_JOB_RETENTION_S."""
+    import time
+
+    from web import create_app
+    from web.retention import collect
+
+    _log_to_stderr()
+    every = _settings().gc_interval_s
+    app = create_app()
+    while True:
+        try:
+            with app.app_context():
+                collected = collect()
+            click.echo(f"deleted {collected.audio} audio file(s) and {collected.jobs} finished job(s)")
+        except Exception as error:
+            if not loop:
+                raise click.ClickException(f"gc failed: {error}") from None
+            # A store or database away for a while: what is left is deleted next time.
+            logger.warning("gc failed; trying again in %s s: %s", every, error)
+        if not loop:
+            return
+        time.sleep(every)
+
+
+@main.command()
 @click.option("--every", type=float, default=None, help="Repeat every this many seconds (default: once).")
 def reconcile(every: float | None) -> None:
     """Enqueue again every unfinished job of the database that Redis has lost."""

@@ -1,6 +1,9 @@
 """Shared fixtures. Tests run on synthetic-tiny weights: the real ChatTTS weights cannot be had here."""
 
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 # One math thread per process: the test process and the worker processes it starts share a small
@@ -8,10 +11,11 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+import requests  # noqa: E402
 
 from chattts_farm.settings import Settings  # noqa: E402
 from cli.local_services import free_port, start_postgres_server, start_redis_server  # noqa: E402
-from tests.support import Workers  # noqa: E402
+from tests.support import S3_BUCKET, Workers  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +35,18 @@ def tiny_assets(data_dir) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_settings(data_dir) -> Settings:
-    return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir)
+    # The audio store named outright: the session's workers (data dir ``data_dir``) write there, and a
+    # test's web app with a data dir of its own must read from there too.
+    audio_store = f"file:{data_dir.resolve() / 'audio'}"
+    return Settings.from_env({}, model="synthetic-tiny", device="cpu", data_dir=data_dir, audio_store=audio_store)
+
+
+@pytest.fixture(scope="session")
+def audio_store(tiny_settings):
+    """The audio store the session's workers write to."""
+    from chattts_farm.audio_store import from_settings
+
+    return from_settings(tiny_settings)
 
 
 @pytest.fixture(scope="session")
@@ -59,3 +74,38 @@ def workers(redis_url, data_dir, tmp_path_factory):
     running = Workers.start(redis_url, data_dir, tmp_path_factory.mktemp("farm") / "workers.log", count=2)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory):
+    """An S3-compatible server, moto's stand-alone one (the most faithful that installs here), with the
+    bucket S3_BUCKET; the AWS variables that boto3 (here and in workers started later) reads are set."""
+    import boto3
+
+    port = free_port()
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
+    server = subprocess.Popen(
+        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, "moto_server exited"
+        try:
+            requests.get(url, timeout=1)
+            break
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, "moto_server did not answer"
+            time.sleep(0.2)
+    with pytest.MonkeyPatch.context() as patch:
+        # Credentials come from the usual AWS variables; moto takes any.
+        patch.setenv("AWS_ACCESS_KEY_ID", "farm")
+        patch.setenv("AWS_SECRET_ACCESS_KEY", "farm-secret")
+        patch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        boto3.client("s3", endpoint_url=url).create_bucket(Bucket=S3_BUCKET)
+        yield url
+    server.terminate()
+    server.wait(timeout=30)
+    log.close()

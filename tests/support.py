@@ -14,6 +14,8 @@ from celery import Celery
 from cli.local_services import free_port
 
 WEB_START_TIMEOUT_S = 120
+# The bucket of the tests' S3 server (the s3_endpoint fixture).
+S3_BUCKET = "farm-audio"
 CLI = str(Path(sys.executable).parent / "chattts-farm")
 
 
@@ -37,13 +39,15 @@ class Workers:
     log_path: Path
 
     @classmethod
-    def start(cls, redis_url: str, data_dir: Path, log_path: Path, count: int) -> "Workers":
-        """Start the workers and wait until every one answers; they log to ``log_path``."""
+    def start(cls, redis_url: str, data_dir: Path, log_path: Path, count: int, **settings: str) -> "Workers":
+        """Start the workers and wait until every one answers; they log to ``log_path``. ``settings``
+        are further environment variables."""
         environment = {
             **os.environ,
             **WORKER_ENVIRONMENT,
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_DATA_DIR": str(data_dir),
+            **settings,
         }
         with log_path.open("w") as log:
             process = subprocess.Popen(

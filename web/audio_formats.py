@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import io
 import struct
+import wave
+from collections.abc import Iterator
 
 import numpy as np
 import soundfile
@@ -169,3 +171,43 @@ def pcm_of(audio: bytes) -> tuple[bytes, int]:
     """The 16-bit mono samples of encoded audio (any format a worker writes), and their rate."""
     samples, sample_rate = soundfile.read(io.BytesIO(audio), dtype="int16", always_2d=False)
     return np.ascontiguousarray(samples, dtype="<i2").tobytes(), sample_rate
+
+
+def pcm_of_pieces(audio_format: str, pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
+    """The 16-bit mono samples of stored audio, read as its pieces come, and their rate. A WAV (16-bit
+    mono, as workers write it) is never whole in memory; the compressed formats are decoded whole."""
+    if audio_format != "wav":
+        pcm, sample_rate = pcm_of(b"".join(pieces))
+        return iter((pcm,)), sample_rate
+    # Read on by the generator below; closing it would close nothing but the pieces' iterator.
+    reader = wave.open(io.BufferedReader(_PiecesReader(pieces)))  # noqa: SIM115
+    if (reader.getsampwidth(), reader.getnchannels()) != (BYTES_PER_SAMPLE, 1):
+        raise ValueError("the stored WAV is not 16-bit mono, as workers write it")
+    return _frames(reader), reader.getframerate()
+
+
+def _frames(reader: wave.Wave_read) -> Iterator[bytes]:
+    while frames := reader.readframes(reader.getframerate()):  # a second at a time
+        yield frames
+
+
+class _PiecesReader(io.RawIOBase):
+    """A file to read from, over an iterator of byte pieces (no seeking)."""
+
+    def __init__(self, pieces: Iterator[bytes]):
+        self.pieces = pieces
+        self.left = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not self.left:
+            piece = next(self.pieces, None)
+            if piece is None:
+                return 0
+            self.left = memoryview(piece)
+        size = min(len(buffer), len(self.left))
+        buffer[:size] = self.left[:size]
+        self.left = self.left[size:]
+        return size

@@ -1,5 +1,5 @@
-"""The web app's handles on the queue: a Celery client to submit jobs and read their state, and Redis
-for audio and the state web processes share (rate limits, quotas, worker heartbeats)."""
+"""The web app's handles on the queue: a Celery client to submit jobs and read their state, Redis for
+the state web processes share (rate limits, quotas, worker heartbeats), and the audio store."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import redis
 from celery import Celery
 from flask import Flask, current_app
 
+from chattts_farm import audio_store
+from chattts_farm.audio_store import AudioStore
 from chattts_farm.celery_client import create_celery
 from chattts_farm.settings import Settings
 
@@ -17,6 +19,7 @@ from chattts_farm.settings import Settings
 class Backends:
     celery: Celery
     redis: redis.Redis
+    audio: AudioStore
 
 
 # A web request must not hang while Redis is away: give up on it within seconds and answer 503.
@@ -41,7 +44,7 @@ def init_app(app: Flask) -> None:
     pool_size = settings.web_connections + 8
     celery.conf.redis_max_connections = pool_size
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S, max_connections=pool_size)
-    app.extensions["backends"] = Backends(celery, client)
+    app.extensions["backends"] = Backends(celery, client, audio_store.from_settings(settings, client))
 
 
 def current() -> Backends:

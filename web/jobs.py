@@ -13,7 +13,7 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from sqlalchemy.orm.attributes import set_committed_value
 
-from chattts_farm import redis_keys
+from chattts_farm.audio_store import StoredAudio
 from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, SynthesisRequest
 from chattts_farm.speech_length import expected_seconds
 from web import access, admission, backends
@@ -124,7 +124,9 @@ def refresh(job: Job) -> Job:
                 progress=1.0,
             )
         else:
-            logger.error("job %s: %s: %.200r", job.id, MALFORMED_RESULT, payload)
+            # A worker writing to another audio store than this web's names another key: say which is expected.
+            expected = backends.current().audio.key(job.id, job.format)
+            logger.error("job %s: %s (audio key expected: %s): %.200r", job.id, MALFORMED_RESULT, expected, payload)
             _finish(job, JobStatus.FAILED, error=MALFORMED_RESULT)
     elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
         _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
@@ -149,15 +151,16 @@ def cancel(job: Job) -> Job:
     return job
 
 
-def audio(job: Job) -> bytes:
-    """The job's audio; 409 while it is not done, 410 once Redis no longer holds it."""
+def open_audio(job: Job) -> StoredAudio:
+    """The job's audio, opened in the audio store (close it when done); 409 while the job is not done,
+    410 once the store no longer holds it."""
     refresh(job)
     if job.status != JobStatus.DONE:
         raise ApiError(409, f"job {job.id} is {job.status}, not done: it has no audio")
-    data = backends.current().redis.get(job.audio_key)
-    if data is None:
+    stored = backends.current().audio.open(job.audio_key)
+    if stored is None:
         raise ApiError(410, f"the audio of job {job.id} has expired")
-    return data
+    return stored
 
 
 def _finish(job: Job, status: str, error: str | None = None, **outcome: Any) -> None:
@@ -199,7 +202,7 @@ def _is_result_of(job: Job, payload: object) -> bool:
         isinstance(payload, dict)
         and _finite(payload.get("duration_s")) is not None
         and payload["duration_s"] >= 0
-        and payload.get("audio_key") == redis_keys.audio(job.id)
+        and payload.get("audio_key") == backends.current().audio.key(job.id, job.format)
         and isinstance(payload.get("voice_embedding"), str | None)
     )
 

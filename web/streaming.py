@@ -23,6 +23,7 @@ from celery import states
 from flask import request
 
 from chattts_farm import streams
+from chattts_farm.audio_store import StoredAudio
 from web import audio_formats, backends, jobs
 from web.errors import ApiError
 from web.models import Job, JobStatus, db
@@ -149,7 +150,20 @@ def _whole(job_id: str, connection, failed_status: int) -> JobAudio:
     job = jobs.refresh(db.session.get(Job, job_id))
     if job.status != JobStatus.DONE:
         raise ApiError(failed_status, f"job {job_id} {job.status}: {job.error}")
-    pcm, sample_rate = audio_formats.pcm_of(jobs.audio(job))
-    audio = JobAudio(job_id, sample_rate, pcm, iter(()), job.result)
+    stored = jobs.open_audio(job)
+    try:
+        pcm, sample_rate = audio_formats.pcm_of_pieces(job.format, stored.chunks())
+        first = next(pcm, b"")
+    except BaseException:
+        stored.close()
+        raise
+    audio = JobAudio(job_id, sample_rate, first, _closing(pcm, stored), job.result)
     db.session.close()
     return audio
+
+
+def _closing(pcm: Iterator[bytes], stored: StoredAudio) -> Iterator[bytes]:
+    try:
+        yield from pcm
+    finally:
+        stored.close()

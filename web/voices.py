@@ -159,7 +159,7 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
     if kept is not None:
         jobs.refresh(kept)
         usable = kept.status in (JobStatus.QUEUED, JobStatus.RUNNING) or (
-            kept.status == JobStatus.DONE and backends.current().redis.exists(kept.audio_key)
+            kept.status == JobStatus.DONE and backends.current().audio.size(kept.audio_key) is not None
         )
         if usable:
             return kept

@@ -18,7 +18,8 @@ import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from chattts_farm import redis_keys
+from chattts_farm import audio_store, redis_keys
+from chattts_farm.audio_store import AudioStore
 from chattts_farm.settings import Settings
 from worker.batcher import Batcher
 from worker.stream_publisher import StreamPublisher
@@ -41,6 +42,7 @@ class WorkerRuntime:
     batcher: Batcher
     redis: redis.Redis
     streams: StreamPublisher
+    audio_store: AudioStore
 
     def beat(self) -> None:
         """Publish this worker's health to Redis every few seconds, for the ops page and /metrics."""
@@ -134,7 +136,8 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     )
     batcher.start()
     publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
-    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher)
+    store = audio_store.from_settings(settings, client)
+    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher, store)
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
     return _runtime

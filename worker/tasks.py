@@ -13,7 +13,6 @@ from celery.exceptions import Ignore
 from celery.signals import worker_init, worker_shutting_down
 from celery.worker import state as worker_state
 
-from chattts_farm import redis_keys
 from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     HEALTH_TASK_NAME,
@@ -115,14 +114,15 @@ def synthesize(self, **arguments) -> dict:
         raise Ignore()
     if isinstance(outcome, Exception):
         raise outcome
-    key = redis_keys.audio(job_id)
-    held.redis.set(key, outcome.audio, ex=held.settings.result_ttl_s)
+    key = held.audio_store.key(job_id, request.format)
+    held.audio_store.write(key, outcome.audio)
     summary = outcome.summary()
     logger.info("job %s done: %.2f s of audio in a batch of %d", job_id, outcome.duration_s, outcome.batch_size)
     result = {
         **summary,
         "job_id": job_id,
         "audio_key": key,
+        "audio_url": held.audio_store.url(key),
         "worker": held.hostname,
         "model": outcome.model["kind"],
         "model_info": outcome.model,

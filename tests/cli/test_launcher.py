@@ -98,6 +98,7 @@ def farm_environment() -> dict[str, str]:
     # The short limits of the worker tests: a job a killed worker held comes back within 90 s.
     environment = {**os.environ, **WORKER_ENVIRONMENT, "CHATTTS_FARM_FLOWER_AUTH": ":".join(AUTH)}
     environment.pop("CHATTTS_FARM_REDIS_URL", None)
+    environment.pop("CHATTTS_FARM_AUDIO_STORE", None)
     return environment
 
 
@@ -127,6 +128,8 @@ def test_up_runs_the_whole_farm(farm):
     web, flower, ports = farm.web, farm.flower, farm.ports
     ready = requests.get(web + "/readyz", timeout=5).json()
     assert ready["workers"] == 1 and ready["models"] == ["synthetic"]
+    children = psutil.Process(farm.process.pid).children()
+    assert any(child.cmdline()[-2:] == ["gc", "--loop"] for child in children), "up runs no gc"
 
     job = requests.post(web + "/api/jobs", json={"text": "Hello from up.", "voice": 5}, timeout=10).json()
     wait_until(lambda: requests.get(web + job["status_url"], timeout=5).json()["status"] == "done", 120, "the job")
@@ -232,12 +235,14 @@ def test_sigterm_stops_the_farm_losing_nothing(farm):
     assert not alive, f"still running: {[p.cmdline() for p in alive]}"
     aof = farm.data_dir / "redis" / "appendonlydir"
     assert aof.exists()
+    # Its audio is in the audio store, by default the data dir's audio directory.
+    assert list((farm.data_dir / "audio").glob(f"*/{in_flight['id']}.wav"))
     # Restart only Redis from its append-only file: the finished job's result is there.
     password = password_file.read_text()
     server = start_redis_server(ports["redis"], farm.data_dir / "redis", "--appendonly", "yes", password=password)
     try:
         with redis.Redis(port=ports["redis"], password=password) as client:
-            assert client.exists(f"chattts:audio:{in_flight['id']}")
+            assert client.exists(f"celery-task-meta-{in_flight['id']}")
     finally:
         server.terminate()
         server.wait()

@@ -78,6 +78,13 @@ def test_redis_keeps_an_append_only_file_never_evicts_and_is_health_checked(comp
     assert "redis-data:/data" in redis["volumes"]
 
 
+def test_gc_runs_in_a_loop_after_the_migrations(compose):
+    gc = compose["services"]["gc"]
+    assert gc["command"][-2:] == ["gc", "--loop"]
+    assert gc["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+    assert gc["restart"] == "unless-stopped"
+
+
 def test_migrations_run_once_before_the_web_app(compose):
     services = compose["services"]
     assert services["migrate"]["command"][-2:] == ["db", "upgrade"] and services["migrate"]["restart"] == "no"

@@ -8,7 +8,7 @@ import pytest
 import soundfile
 
 from tests.web.streams import SAMPLE_RATE, pieces_of, samples
-from web.audio_formats import FORMATS, encoder, pcm_of, wav_header
+from web.audio_formats import FORMATS, encoder, pcm_of, pcm_of_pieces, wav_header
 
 PCM = samples(2.0, seed=7)
 
@@ -53,6 +53,16 @@ def test_mp3_is_sent_at_a_constant_bitrate():
     data = b"".join(encode_in_pieces("mp3"))
     kilobits_a_second = len(data) * 8 / (len(PCM) / 2 / SAMPLE_RATE) / 1000
     assert 60 < kilobits_a_second < 70
+
+
+@pytest.mark.parametrize("piece_bytes", [1, 1000, 10**7])
+def test_a_stored_wav_is_read_back_as_samples_a_piece_at_a_time(piece_bytes):
+    stored = io.BytesIO()
+    soundfile.write(stored, np.frombuffer(PCM, "<i2"), SAMPLE_RATE, format="WAV")
+    data = stored.getvalue()
+    pieces = (data[start : start + piece_bytes] for start in range(0, len(data), piece_bytes))
+    pcm, rate = pcm_of_pieces("wav", pieces)
+    assert rate == SAMPLE_RATE and b"".join(pcm) == PCM
 
 
 @pytest.mark.parametrize("stored_format", ["WAV", "FLAC", "OGG", "MP3"])

@@ -81,9 +81,14 @@ def restartable_redis(tmp_path):
 
 
 @pytest.fixture
-def web_environment(tmp_path):
-    """A web app's environment: its own data dir (and so its own SQLite database); add the Redis URL."""
-    return {**os.environ, "CHATTTS_FARM_DATA_DIR": str(tmp_path / "web")}
+def web_environment(tmp_path, tiny_settings):
+    """A web app's environment: its own data dir (and so its own SQLite database), the workers' audio
+    store; add the Redis URL."""
+    return {
+        **os.environ,
+        "CHATTTS_FARM_DATA_DIR": str(tmp_path / "web"),
+        "CHATTTS_FARM_AUDIO_STORE": tiny_settings.audio_store,
+    }
 
 
 @pytest.fixture

@@ -26,9 +26,9 @@ def web(workers, data_dir, tmp_path_factory):
         yield base
 
 
-def stored_pcm(redis_url, job_id) -> bytes:
+def stored_pcm(audio_store, job_id) -> bytes:
     """The 16-bit samples of a finished job's stored WAV."""
-    with wave.open(io.BytesIO(redis.Redis.from_url(redis_url).get(redis_keys.audio(job_id)))) as stored:
+    with audio_store.open(audio_store.key(job_id, "wav")) as audio, wave.open(io.BytesIO(audio.read())) as stored:
         return stored.readframes(stored.getnframes())
 
 
@@ -38,7 +38,7 @@ def submit(web, **arguments) -> str:
     return answer.json()["id"]
 
 
-def test_a_streaming_job_plays_from_its_first_chunk_and_joined_it_is_the_stored_audio(web, workers):
+def test_a_streaming_job_plays_from_its_first_chunk_and_joined_it_is_the_stored_audio(web, audio_store):
     job_id = submit(web, text=LONG_TEXT, stream=True)
     with requests.get(f"{web}/api/jobs/{job_id}/stream", stream=True, timeout=120) as answer:
         assert answer.status_code == 200 and answer.headers["Content-Type"] == "audio/wav"
@@ -51,10 +51,10 @@ def test_a_streaming_job_plays_from_its_first_chunk_and_joined_it_is_the_stored_
         body = first + b"".join(chunks)
     assert status_at_first_audio != "done"
     assert body[:4] == b"RIFF" and body.count(b"RIFF") == 1 and body[36:40] == b"data"
-    assert body[44:] == stored_pcm(workers.redis_url, job_id)
+    assert body[44:] == stored_pcm(audio_store, job_id)
 
 
-def test_a_stream_read_after_the_job_is_done_is_the_whole_audio_from_the_start(web, workers):
+def test_a_stream_read_after_the_job_is_done_is_the_whole_audio_from_the_start(web, audio_store):
     job_id = submit(web, text="Read me later.", stream=True)
     deadline = time.monotonic() + 60
     while requests.get(f"{web}/api/jobs/{job_id}", timeout=10).json()["status"] != "done":
@@ -63,24 +63,30 @@ def test_a_stream_read_after_the_job_is_done_is_the_whole_audio_from_the_start(w
     answer = requests.get(f"{web}/api/jobs/{job_id}/stream?format=pcm", timeout=60)
     assert answer.status_code == 200 and answer.headers["Content-Type"] == "audio/pcm"
     assert answer.headers["X-Sample-Rate"] == "24000"
-    assert answer.content == stored_pcm(workers.redis_url, job_id)
+    assert answer.content == stored_pcm(audio_store, job_id)
 
 
-def test_a_job_submitted_without_stream_is_served_whole_once_done(web, workers):
+def test_a_job_submitted_without_stream_is_served_whole_once_done(web, audio_store):
     job_id = submit(web, text="No stream asked for.")
     answer = requests.get(f"{web}/api/jobs/{job_id}/stream?format=pcm", timeout=60)
-    assert answer.status_code == 200 and answer.content == stored_pcm(workers.redis_url, job_id)
+    assert answer.status_code == 200 and answer.content == stored_pcm(audio_store, job_id)
+    # Once done, gunicorn serves a byte range of the stored file: a player seeks, a download resumes.
+    with audio_store.open(audio_store.key(job_id, "wav")) as audio:
+        whole = audio.read()
+    part = requests.get(f"{web}/api/jobs/{job_id}/audio", headers={"Range": "bytes=44-1043"}, timeout=30)
+    assert part.status_code == 206 and part.content == whole[44:1044]
+    assert part.headers["Content-Range"] == f"bytes 44-1043/{len(whole)}"
 
 
 @pytest.mark.parametrize(("audio_format", "mime_type"), [("mp3", "audio/mpeg"), ("ogg", "audio/ogg")])
-def test_a_stream_is_encoded_as_it_comes_in_a_compressed_format(web, workers, audio_format, mime_type):
+def test_a_stream_is_encoded_as_it_comes_in_a_compressed_format(web, audio_store, audio_format, mime_type):
     job_id = submit(web, text=LONG_TEXT, stream=True)
     with requests.get(f"{web}/api/jobs/{job_id}/stream?format={audio_format}", stream=True, timeout=120) as answer:
         assert answer.status_code == 200 and answer.headers["Content-Type"] == mime_type
         pieces = list(answer.iter_content(chunk_size=None))
     assert len(pieces) > 1
     samples, rate = decode(b"".join(pieces))
-    stored = len(stored_pcm(workers.redis_url, job_id)) // 2
+    stored = len(stored_pcm(audio_store, job_id)) // 2
     assert rate == 24_000 and abs(samples.size - stored) < 0.1 * rate  # lossy: a frame or two of padding
 
 
@@ -122,7 +128,7 @@ def test_the_openai_sdk_streams_pcm_and_gets_mp3(web):
         assert response.headers["content-type"] == "audio/mpeg" and len(response.read()) > 100
 
 
-def test_the_openai_sdk_reads_sse_audio_deltas_then_done(web, workers):
+def test_the_openai_sdk_reads_sse_audio_deltas_then_done(web, audio_store):
     client = openai.OpenAI(base_url=f"{web}/v1", api_key="unused")
     with client.audio.speech.with_streaming_response.create(
         model="tts-1", voice="7", input=LONG_TEXT, response_format="pcm", stream_format="sse"
@@ -134,7 +140,7 @@ def test_the_openai_sdk_reads_sse_audio_deltas_then_done(web, workers):
     assert len(deltas) > 1 and all(event["type"] == "speech.audio.delta" for event in deltas)
     assert done["type"] == "speech.audio.done" and done["usage"]["output_tokens"] > 0
     pcm = b"".join(base64.b64decode(event["audio"]) for event in deltas)
-    assert pcm == stored_pcm(workers.redis_url, job_id)
+    assert pcm == stored_pcm(audio_store, job_id)
 
 
 def test_a_client_that_hangs_up_a_stream_gives_its_wait_slot_back(web, workers):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import redis
 
+from chattts_farm.audio_store import fetch_audio
 from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     FORMATS,
@@ -24,9 +25,9 @@ from chattts_farm.contract import (
     InvalidRequest,
     JobCancelled,
 )
-from chattts_farm.redis_keys import audio as audio_key
 from chattts_farm.streams import stream_audio
 from tests.edge_texts import EDGE_TEXTS
+from tests.support import wait_until
 from tests.voice_bombs import voice_bomb
 from worker.audio import decode
 
@@ -34,8 +35,8 @@ LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for wo
 
 PLAIN_CLIENT = textwrap.dedent("""
     import json, sys
+    from urllib.parse import urlsplit
     from celery import Celery
-    import redis
 
     url, folder = sys.argv[1], sys.argv[2]
     app = Celery(broker=url, backend=url)
@@ -44,7 +45,9 @@ PLAIN_CLIENT = textwrap.dedent("""
         result = app.send_task("chattts.synthesize", kwargs={
             "text": "Hello from a client that knows nothing of the farm.", "voice": 42, "format": audio_format,
         }).get(timeout=120)
-        audio = redis.Redis.from_url(url).get(result["audio_key"])
+        # The audio store is a directory here: audio_url is a file: URL.
+        with open(urlsplit(result["audio_url"]).path, "rb") as stored:
+            audio = stored.read()
         with open(f"{folder}/out.{audio_format}", "wb") as handle:
             handle.write(audio)
         results[audio_format] = result
@@ -62,7 +65,7 @@ def wait_for_state(result, states, timeout=60):
     raise AssertionError(f"{result.id} stayed {result.state}, not {states}")
 
 
-def test_a_plain_celery_client_gets_valid_audio_in_every_format(workers, tmp_path):
+def test_a_plain_celery_client_gets_valid_audio_in_every_format(workers, audio_store, tmp_path):
     finished = subprocess.run(
         [sys.executable, "-c", PLAIN_CLIENT, workers.redis_url, str(tmp_path)],
         check=False,
@@ -78,7 +81,8 @@ def test_a_plain_celery_client_gets_valid_audio_in_every_format(workers, tmp_pat
         result = report["results"][audio_format]
         assert set(RESULT_FIELDS) <= set(result)
         assert result["format"] == audio_format and result["mime_type"] == MIME_TYPES[audio_format]
-        assert result["model"] == "synthetic" and result["audio_key"] == audio_key(result["job_id"])
+        assert result["model"] == "synthetic" and result["audio_key"] == audio_store.key(result["job_id"], audio_format)
+        assert result["audio_url"] == audio_store.url(result["audio_key"])
         samples, rate = decode((tmp_path / f"out.{audio_format}").read_bytes())
         assert rate == result["sample_rate"]
         assert abs(len(samples) / rate - result["duration_s"]) < 0.05
@@ -128,11 +132,10 @@ def test_voice_embedding_refuses_a_bad_seed_naming_seed(workers, seed):
 def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(workers):
     client = workers.client
     sent = {name: client.send_task(TASK_NAME, kwargs={"text": text}) for name, (text, _) in EDGE_TEXTS.items()}
-    store = redis.Redis.from_url(workers.redis_url)
     for name, (_, refusal) in EDGE_TEXTS.items():
         if refusal is None:
             result = sent[name].get(timeout=120)
-            assert result["duration_s"] > 0 and store.get(result["audio_key"]), name
+            assert result["duration_s"] > 0 and fetch_audio(result), name
         else:
             with pytest.raises(InvalidRequest, match=refusal) as caught:
                 sent[name].get(timeout=60)
@@ -155,7 +158,7 @@ def test_a_long_job_reports_progress(workers):
     assert seen[-1]["segments"] == result.result["segments"]
 
 
-def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(workers):
+def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(workers, audio_store):
     client = workers.client
     running = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT}, queue="cpu0")
     mate = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500]}, queue="cpu0")
@@ -166,7 +169,7 @@ def test_revoking_a_running_job_stops_it_and_its_batch_mate_finishes(workers):
     assert time.monotonic() - revoked_at < 5
     finished_mate = mate.get(timeout=60)
     assert finished_mate["segments"] > 1 and finished_mate["batch_size"] == 2
-    assert redis.Redis.from_url(workers.redis_url).get(audio_key(running.id)) is None
+    assert audio_store.size(audio_store.key(running.id, "wav")) is None
 
 
 def test_a_streaming_job_sends_its_audio_in_order_while_it_runs_and_joined_it_is_the_stored_audio(workers):
@@ -181,7 +184,7 @@ def test_a_streaming_job_sends_its_audio_in_order_while_it_runs_and_joined_it_is
     assert [chunk.seq for chunk in received] == list(range(len(received))) and len(received) > 3
     assert [chunk.segment for chunk in received] == sorted(chunk.segment for chunk in received)
     assert received[-1].segment == summary["segments"] - 1 > 0
-    stored, rate = decode(redis.Redis.from_url(workers.redis_url).get(summary["audio_key"]))
+    stored, rate = decode(fetch_audio(summary))
     streamed = np.frombuffer(b"".join(chunk.pcm for chunk in received), dtype="<i2")
     assert rate == received[0].sample_rate == summary["sample_rate"]
     # The stored WAV holds the very same 16-bit samples.
@@ -210,7 +213,7 @@ def test_a_revoked_streaming_job_ends_its_stream_as_cancelled(workers):
             pass
 
 
-def test_revoking_a_queued_job_means_it_never_runs(workers):
+def test_revoking_a_queued_job_means_it_never_runs(workers, audio_store):
     client = workers.client
     # Both workers hold four long jobs each: the next job waits in Redis.
     busy = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}) for i in range(8)]
@@ -219,11 +222,11 @@ def test_revoking_a_queued_job_means_it_never_runs(workers):
     for result in busy:
         result.get(timeout=120)
     wait_for_state(queued, {"REVOKED"}, timeout=60)
-    assert redis.Redis.from_url(workers.redis_url).get(audio_key(queued.id)) is None
+    assert audio_store.size(audio_store.key(queued.id, "wav")) is None
     assert f"chattts.synthesize[{queued.id}] succeeded" not in workers.log()
 
 
-def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers):
+def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers, audio_store):
     client = workers.client
     victim = client.send_task("chattts.health", queue="cpu1").get(timeout=30)
     jobs = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}, queue="tts") for i in range(8)]
@@ -236,8 +239,9 @@ def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers):
     outputs = [job.get(timeout=300) for job in jobs]
 
     assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
-    store = redis.Redis.from_url(workers.redis_url)
-    assert all(store.get(audio_key(job.id)) for job in jobs)
+    assert all(audio_store.size(output["audio_key"]) for output in outputs)
+    # A worker logs a job's success just after storing its result, which the last get() may beat.
+    wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
     log = workers.log()
     for job in jobs:
         assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", log)) == 1

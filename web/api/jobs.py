@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Response, current_app, request, url_for
 
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
-from web import audio_formats, jobs, streaming, voices
+from web import audio_formats, audio_responses, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
 from web.json_body import json_object
@@ -120,14 +120,7 @@ def list_jobs():
 @bp.get("/jobs/<job_id>/audio")
 def job_audio(job_id: str):
     job = visible_job(job_id)
-    data = jobs.audio(job)
-    return Response(
-        data,
-        mimetype=MIME_TYPES[job.format],
-        headers={
-            "Content-Disposition": f'attachment; filename="chattts-{job.id}.{job.format}"',
-        },
-    )
+    return audio_responses.send(jobs.open_audio(job), MIME_TYPES[job.format], f"chattts-{job.id}.{job.format}")
 
 
 @bp.get("/jobs/<job_id>/stream")

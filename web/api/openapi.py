@@ -26,6 +26,7 @@ _ERROR_MEANINGS = {
     409: "not now: a name already taken, or a job that is not done",
     410: "the job's audio has expired",
     413: "the body is larger than CHATTTS_FARM_MAX_REQUEST_BYTES",
+    416: "the Range asked for starts past the audio's end (Content-Range gives its length)",
     422: "the catalog has no voice of that name or id",
     429: "over one of the key's limits (rate, daily audio quota, jobs waiting): Retry-After says when to try again",
     502: "the job failed or was cancelled",
@@ -228,13 +229,23 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "/api/jobs/{job_id}/audio": {
                 "get": {
                     "summary": "A finished job's audio",
+                    "description": (
+                        "Streamed from the audio store. A Range header of one byte range gets 206 with those "
+                        "bytes (If-Range honoured); If-None-Match and If-Modified-Since get 304 where the store "
+                        "keeps an ETag and a write time (file and S3 stores)."
+                    ),
                     "parameters": job_id,
                     "responses": {
                         "200": {
                             "description": "the audio",
                             "content": {f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")},
                         },
-                        **_errors(404, 409, 410, 503),
+                        "206": {
+                            "description": "the byte range asked for (Content-Range says which)",
+                            "content": {f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")},
+                        },
+                        "304": {"description": "the client's copy (If-None-Match, If-Modified-Since) is current"},
+                        **_errors(404, 409, 410, 416, 503),
                     },
                 },
             },

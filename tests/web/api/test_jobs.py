@@ -26,6 +26,8 @@ pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
 
 # More than a web process's database connections (SQLAlchemy's pool: 5, and 10 more at a pinch).
 POOL_OVERFLOWING_REQUESTS = 24
+
+OTHER_JOB = str(uuid.uuid4())
 LONG_TEXT = " ".join(f"Sentence {word} of a long job." for word in "abcdefghijklmnopqrstuvwxyz" * 2)
 
 
@@ -62,7 +64,7 @@ def test_a_job_is_accepted_recorded_and_done_with_downloadable_audio(client, app
     assert abs(len(samples) / rate - done["result"]["duration_s"]) < 0.05
 
 
-def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, workers):
+def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, workers, audio_store):
     job_id = client.post("/api/jobs", json={"text": LONG_TEXT}).get_json()["id"]
     early = client.get(f"/api/jobs/{job_id}/audio")
     assert early.status_code == 409 and "error" in early.get_json()
@@ -70,7 +72,7 @@ def test_audio_is_409_until_done_404_when_unknown_410_once_expired(client, worke
     assert client.get("/api/jobs/no-such-job").status_code == 404
     assert client.get("/api/jobs/%00").status_code == 404  # PostgreSQL refuses NUL in text: no 500
     wait_for(client, job_id, {"done"})
-    redis.Redis.from_url(workers.redis_url).delete(redis_keys.audio(job_id))
+    assert audio_store.delete(audio_store.key(job_id, "wav"))
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 410
 
 
@@ -237,8 +239,14 @@ def test_a_request_after_postgresql_closed_every_pooled_connection_is_answered(
 
 @pytest.mark.parametrize(
     "forged",
-    ["a string", ["a", "list"], {"duration_s": "long"}, {"duration_s": 1.0, "audio_key": "chattts:session:x"}],
-    ids=["string", "list", "dict-without-audio", "another-keys-audio"],
+    [
+        "a string",
+        ["a", "list"],
+        {"duration_s": "long"},
+        {"duration_s": 1.0, "audio_key": "chattts:session:x"},
+        {"duration_s": 1.0, "audio_key": f"{OTHER_JOB[:2]}/{OTHER_JOB}.wav", "audio_url": f"file:///{OTHER_JOB}.wav"},
+    ],
+    ids=["string", "list", "dict-without-audio", "another-keys-audio", "another-jobs-audio"],
 )
 def test_a_forged_result_in_redis_fails_the_job_with_a_clear_error(app, client, forged):
     with app.app_context():
