@@ -129,6 +129,12 @@ class Settings:
     )
 
     # Workers: jobs.
+    node_name: str = _setting(
+        "",
+        "the host part of this host's worker names (`gpu0@<node>`): default the host name; set it where "
+        "hosts share one (containers, clones of one image), as every worker's name must be its own",
+        role="worker",
+    )
     max_jobs_in_flight: int = _setting(
         512,
         "jobs a worker process holds at once (a thread each; it takes another from Redis only as one ends): "

@@ -73,7 +73,7 @@ class WorkerSpec:
             str(settings.max_jobs_in_flight),
             # Celery's own default queue too: a plain client's send_task without routing lands there.
             "--hostname",
-            f"{self.name}@%h",
+            f"{self.name}@{settings.node_name or '%h'}",
             "--queues",
             f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.name}",
             "--prefetch-multiplier",

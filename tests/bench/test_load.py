@@ -1,16 +1,19 @@
-"""bench/load.py in a short form: a worker started by `chattts-farm up` holds concurrent clients, and the
-run reports the memory of the farm's Redis."""
+"""bench/load.py in a short form: a worker started by `chattts-farm up` holds concurrent clients, on SQLite and
+on PostgreSQL, and the run reports the memory of the farm's Redis and the size of its audio store."""
 
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
+@pytest.mark.parametrize("database", ["sqlite", "postgresql"])
+def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job(database):
     finished = subprocess.run(
-        [sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "10", "--seconds", "15"],
+        [sys.executable, str(ROOT / "bench" / "load.py"), "--clients", "10", "--seconds", "15", "--database", database],
         capture_output=True,
         text=True,
         timeout=600,
@@ -28,3 +31,5 @@ def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
     assert figures["jobs done"] == figures["jobs accepted"]
     assert figures["failed requests"] == figures["failed jobs"] == figures["lost jobs"] == "0"
     assert 0 < float(figures["Redis used MiB"]) <= float(figures["Redis peak MiB"])
+    # The audio went to the file store, not to Redis: each job's WAV is there.
+    assert float(figures["audio store MiB"]) > 0
