@@ -79,8 +79,9 @@ class Settings:
     )
     max_text_chars: int = _setting(5000, "longest text one request may carry", minimum=1)
     stream_ttl_s: int = _setting(
-        3600,
-        "how long a streaming job's chunks stay readable in Redis (its whole audio is kept in the audio store)",
+        120,
+        "how long a streaming job's chunks stay readable in Redis after its last one (its whole audio is in "
+        "the audio store); they take Redis memory: 48 KB an audio second while they last (docs/capacity.md)",
         minimum=60,
     )
     stream_max_entries: int = _setting(
