@@ -11,11 +11,15 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+import redis  # noqa: E402
 import requests  # noqa: E402
 
 from chattts_farm.settings import Settings  # noqa: E402
 from cli.local_services import free_port, start_postgres_server, start_redis_server  # noqa: E402
 from tests.support import S3_BUCKET, Workers  # noqa: E402
+
+# A database of the session's Redis that no worker reads (the farm's is 0).
+IDLE_REDIS_DB = 13
 
 
 @pytest.fixture(scope="session")
@@ -57,6 +61,14 @@ def redis_url(tmp_path_factory):
     yield f"redis://127.0.0.1:{port}/0"
     process.terminate()
     process.wait(timeout=20)
+
+
+@pytest.fixture
+def idle_redis_url(redis_url):
+    """A database of the session's Redis that no worker reads, emptied: jobs sent there stay queued."""
+    url = redis_url.rsplit("/", 1)[0] + f"/{IDLE_REDIS_DB}"
+    redis.Redis.from_url(url).flushdb()
+    return url
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,6 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import flask_migrate
-import pytest
-import redis
 
 from chattts_farm import backlog, redis_keys
 from chattts_farm.contract import DEFAULT_QUEUE, InvalidRequest
@@ -19,16 +17,7 @@ from tests.web.access.support import bearer, make_key
 from web import admission, create_app
 from web.access import api_keys
 
-# A Redis database no worker reads: jobs sent there wait until the test moves them on.
-WAITING_DB = 14
 SUBMITTERS = 16
-
-
-@pytest.fixture
-def idle_redis_url(redis_url):
-    url = redis_url.rsplit("/", 1)[0] + f"/{WAITING_DB}"
-    redis.Redis.from_url(url).flushdb()
-    return url
 
 
 def capped_app(tiny_settings, tmp_path, redis_url, **caps):

@@ -40,19 +40,7 @@ def test_jobs_lost_by_redis_are_enqueued_again_and_every_one_completes(app, clie
     ]
     # Accepted jobs whose messages Redis no longer has (as after a wipe that came before delivery).
     with app.app_context():
-        stranded = []
-        for word in ("four", "five"):
-            job = Job(
-                id=str(uuid.uuid4()),
-                text=f"Job {word} was never delivered.",
-                voice_seed=3,
-                parameters={"format": "wav", "speed": 5},
-                format="wav",
-                status=JobStatus.QUEUED,
-                created_at=utcnow() - timedelta(minutes=1),
-            )
-            db.session.add(job)
-            stranded.append(job.id)
+        stranded = [stranded_job(f"Job {word} was never delivered.") for word in ("four", "five")]
         db.session.commit()
     redis.Redis.from_url(workers.redis_url).flushall()
     time.sleep(reconcile.GRACE.total_seconds())
