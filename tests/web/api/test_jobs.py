@@ -192,7 +192,9 @@ def test_a_chunked_body_past_the_limit_is_a_413_naming_body(redis_url, tmp_path)
         web.stop()
 
 
-def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(postgres_server, workers, tmp_path):
+def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(
+    postgres_server, workers, tiny_settings, tmp_path
+):
     """Production: one gevent web process, PostgreSQL, more requests at once than its connection pool
     holds. psycopg must let other requests run while it waits on the server (a blocked process would
     time these out), and each request give its connection back."""
@@ -201,6 +203,7 @@ def test_gunicorns_gevent_workers_serve_many_requests_at_once_from_postgresql(po
         "CHATTTS_FARM_REDIS_URL": workers.redis_url,
         "CHATTTS_FARM_DATA_DIR": str(tmp_path),
         "CHATTTS_FARM_DATABASE_URL": postgres_server.create_database(),
+        "CHATTTS_FARM_AUDIO_STORE": tiny_settings.audio_store,  # where the session's workers write
     }
     web = Web.start(free_port(), environment, "--workers", "1")  # it migrates the empty database first
     try:
