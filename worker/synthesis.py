@@ -174,9 +174,8 @@ class Synthesizer:
         return synthesizer
 
     def warm_up(self) -> None:
-        """Pay one-time costs (numba compilation in ChatTTS's normaliser, kernel selection) up front."""
+        """Pay one-time costs (first calls of torch's kernels, the decode step's CUDA graphs) up front."""
         started = time.perf_counter()
-        # Mixed scripts, a control tag and a dropped character reach every numba-compiled path.
         warm_up = SynthesisRequest(text="Warm up! [uv_break] 你好。", seed=0, request_id="warm-up")
         outcome = self.synthesize([warm_up])[0]
         if isinstance(outcome, Exception):

@@ -1,4 +1,5 @@
-"""The farm's text normaliser gives exactly the text ChatTTS's own gives, homophones replaced."""
+"""The farm's text normaliser gives exactly the text ChatTTS's own gives (homophones replaced, tags kept,
+characters ChatTTS cannot speak removed), without ChatTTS's numba functions."""
 
 import pytest
 
@@ -25,6 +26,11 @@ def test_every_text_comes_out_as_chatts_normalises_it(stock):
         "Plain English, nothing to replace.",
         f"Emoji 😀 and symbols ♪ beside {homophones[:5]} 🎉",
         "  spaced out  ",
+        f"Tags [uv_break] with emoji 😀 and {homophones[:3]}[laugh] between [lbreak]",
+        f"[uv_break]开头的标签，还有半角字符!?和{homophones[3:8]}。",
+        "An unclosed [tag at the end 🎉",
+        "Nested [[uv_break]] brackets and ] a stray one ♪",
+        "中文句子，没有标签。",
     ]
     for text in texts:
         assert normalise(text) == stock(text, True, True).strip()
