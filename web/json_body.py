@@ -12,35 +12,35 @@ from web.errors import ApiError
 
 
 def json_body() -> Any:
-    """The body's JSON value, or None when the body is not JSON."""
-    try:
-        body = request.get_json(silent=True)
-    except RecursionError:
-        # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
-        raise ApiError(400, "the request body is nested too deeply", "body") from None
-    _check_unicode(body)
+    """The body's JSON value, or None when the body is not JSON; a lone surrogate anywhere in it is a
+    400 naming ``body`` (a value of any shape has no fields to name)."""
+    body = _parsed()
+    _check_value(body, "body")
     return body
 
 
 def json_object() -> dict:
-    body = json_body()
+    """The body's JSON object; a lone surrogate in it is a 400 naming the top-level field that holds it."""
+    body = _parsed()
     if not isinstance(body, dict):
         raise ApiError(400, "the request body must be a JSON object", "body")
-    return body
-
-
-def _check_unicode(body: Any) -> None:
-    """Refuse lone surrogates anywhere in the body, naming the top-level field that holds one: the
-    database, the queue and the model take only valid Unicode."""
-    if not isinstance(body, dict):
-        _check_value(body, "body")
-        return
     for name, value in body.items():
         check_unicode(name, "body")  # a broken key cannot name itself
         _check_value(value, name or "body")  # nor can an empty one
+    return body
+
+
+def _parsed() -> Any:
+    try:
+        return request.get_json(silent=True)
+    except RecursionError:
+        # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
+        raise ApiError(400, "the request body is nested too deeply", "body") from None
 
 
 def _check_value(value: Any, field: str) -> None:
+    """Refuse lone surrogates anywhere in a value, naming ``field``: the database, the queue and the
+    model take only valid Unicode."""
     # A loop, not recursion: the value may nest as deeply as the parser allowed.
     pending = [value]
     while pending:

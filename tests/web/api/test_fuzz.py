@@ -551,6 +551,9 @@ FOUND = {
     ),
     "a lone surrogate in a catalog name": ("POST", "/api/voices", '{"name": "\\ud800", "seed": 1}', 400, "name"),
     "a lone surrogate under an empty key": ("POST", "/api/voices/import", '{"": "\\ud800"}', 400, "body"),
+    # An import is a list: an object's key names none of its fields.
+    "a lone surrogate in an object imported": ("POST", "/api/voices/import", '{"0": "\\ud800"}', 400, "body"),
+    "a lone surrogate under an empty key of a job": ("POST", "/api/jobs", '{"": "\\ud800"}', 400, "body"),
     "a voice id past 64 bits": ("POST", "/api/jobs", {"text": "Hi.", "voice_id": 2**70}, 422, "voice_id"),
     "a path voice id past 64 bits": ("GET", "/api/voices/99999999999999999999", None, 404, None),
     "a seed of 5000 digits": ("POST", "/api/jobs", {"text": "Hi.", "voice": "9" * 5000}, 422, "voice"),
