@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from chattts_farm.contract import InvalidRequest
-from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, KV_BUCKET, ModelRunner, row_buckets
+from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, row_buckets
 from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
 from worker.model import LoadedModel
@@ -173,8 +173,7 @@ class Engine:
     def _decode_step(self) -> None:
         rows = self.row_buckets[bisect.bisect_left(self.row_buckets, self.scheduler.rows_in_use)]
         columns = self._deepest_start + self.decode_steps
-        kv_length = min(self.runner.context, -(-columns // KV_BUCKET) * KV_BUCKET)
-        self.runner.decode_step(rows, kv_length)
+        self.runner.decode_step(rows, self.runner.kv_bucket(columns))
         self.decode_steps += 1
 
     def _retire(self, slot: int) -> Segment:

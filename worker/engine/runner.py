@@ -203,13 +203,18 @@ class ModelRunner:
         if not self.use_graphs:
             return 0
         if self.reads_own_columns:
-            columns = [self.context]
+            kv_lengths = [self.context]
         else:
-            columns = sorted({min(self.context, end) for end in range(KV_BUCKET, self.context + KV_BUCKET, KV_BUCKET)})
+            kv_lengths = sorted({self.kv_bucket(columns) for columns in range(1, self.context + 1)})
         for rows in row_buckets(self.slots):
-            for kv_length in columns:
+            for kv_length in kv_lengths:
                 self.decode_step(rows, kv_length)
         return len(self.graphs)
+
+    def kv_bucket(self, columns: int) -> int:
+        """The cache columns a decode step attends over when its deepest slot has used ``columns``:
+        rounded up to a multiple of KV_BUCKET, so that steps share few shapes (and graphs)."""
+        return min(self.context, -(-columns // KV_BUCKET) * KV_BUCKET)
 
     def interrupt(self, slots: list[int]) -> None:
         """Finish the given slots now, keeping the steps drawn so far (call between steps)."""

@@ -74,7 +74,6 @@ class Vocoder:
         chat = model.chat
         self.decoder = chat.decoder
         self.width = chat.config.gpt.hidden_size
-        self.device = model.device
         self.vocos = chat.vocos
         self.max_windows_per_batch = max_windows_per_batch
         istft = chat.vocos.head.istft
