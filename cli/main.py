@@ -36,17 +36,19 @@ def _settings(**overrides: object) -> Settings:
 
 
 class _ProgressBar:
-    """A terminal progress bar for long first-run work (asset builds), fed (step, done, total) calls."""
+    """A terminal progress bar for long work (asset builds, a long text's synthesis), fed (step, done, total)
+    calls; silent when stderr is not a terminal, so logs and pipes get no carriage-return litter."""
 
-    def __init__(self, description: str) -> None:
+    def __init__(self, description: str, unit: str = "file") -> None:
         self.description = description
+        self.unit = unit
         self.bar = None
 
-    def __call__(self, step: str, done: int, total: int) -> None:
+    def __call__(self, step: str, done: float, total: int) -> None:
         from tqdm import tqdm
 
         if self.bar is None:
-            self.bar = tqdm(total=total, desc=self.description, unit="file", file=sys.stderr)
+            self.bar = tqdm(total=total, desc=self.description, unit=self.unit, file=sys.stderr, disable=None)
         self.bar.set_postfix_str(step, refresh=False)
         self.bar.n = done
         self.bar.refresh()
@@ -55,6 +57,15 @@ class _ProgressBar:
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+
+
+def _segment_progress(bar: _ProgressBar):
+    """Feeds a bar counted in segments from the synthesizer's (request, fraction, done, total) reports."""
+
+    def report(_request: int, fraction: float, done: int, total: int) -> None:
+        bar(f"{done}/{total} segments", round(fraction * total, 2), total)
+
+    return report
 
 
 @click.group()
@@ -111,7 +122,9 @@ def say(
         progress = _ProgressBar("preparing the model")
         synthesizer = Synthesizer.load(settings, progress=progress)
         progress.close()
-        outcome = synthesizer.synthesize([request])[0]
+        speaking = _ProgressBar("speaking", unit="segment")
+        outcome = synthesizer.synthesize([request], on_progress=_segment_progress(speaking))[0]
+        speaking.close()
         if isinstance(outcome, Exception):
             raise outcome
     except FarmError as error:

@@ -1,8 +1,12 @@
 """The chattts-farm command line, run as a user runs it: a separate process."""
 
+import fcntl
 import json
 import os
+import pty
+import struct
 import subprocess
+import termios
 
 from cli.settings_docs import EXAMPLE_PASSWORD
 from tests.support import CLI
@@ -39,6 +43,40 @@ def test_say_writes_the_audio_and_describes_it(tmp_path, data_dir):
     assert summary["model"]["kind"] == "synthetic" and summary["seed"] == 3 and summary["format"] == "mp3"
     samples, rate = decode(output.read_bytes())
     assert abs(len(samples) / rate - summary["duration_s"]) < 0.05
+
+
+LONG_TEXT = " ".join(f"Sentence number {word} of a text that takes several segments." for word in "abcdefghijkl")
+
+
+def run_cli_on_a_terminal(*arguments, data_dir) -> tuple[int, str]:
+    """Runs the CLI with its stderr on a pseudo-terminal, as a person at a shell sees it."""
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # rows, columns
+    environment = {**os.environ, "CHATTTS_FARM_DATA_DIR": str(data_dir)}
+    process = subprocess.Popen([CLI, *arguments], stdout=subprocess.DEVNULL, stderr=terminal, env=environment)
+    os.close(terminal)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # the terminal's other end closed: the process has exited
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(controller)
+    return process.wait(timeout=300), seen.decode(errors="replace")
+
+
+def test_say_shows_the_progress_of_a_long_text_on_a_terminal_only(tmp_path, data_dir):
+    arguments = ("say", LONG_TEXT, "-o", str(tmp_path / "long.wav"), "--model", "synthetic-tiny")
+    returncode, terminal = run_cli_on_a_terminal(*arguments, data_dir=data_dir)
+    assert returncode == 0, terminal
+    assert "speaking: 100%" in terminal and "segments" in terminal, terminal
+
+    piped = run_cli(*arguments, data_dir=data_dir)
+    assert piped.returncode == 0, piped.stderr
+    assert "speaking" not in piped.stderr
 
 
 def test_say_refuses_bad_input_on_stderr_with_a_failing_exit(tmp_path, data_dir):
