@@ -9,9 +9,11 @@ AUDIO_PREFIX = "chattts:audio:"
 STREAM_PREFIX = "chattts:stream:"
 # Each worker keeps its health report (chattts.health's answer) under this prefix + its node name,
 # refreshed every few seconds and expiring when the worker is gone: the ops page and /metrics read it.
+# The same beat appends a sample to the worker's recent history (see chattts_farm.ops_series).
 HEARTBEAT_PREFIX = "chattts:worker:"
-HEARTBEAT_INTERVAL_S = 5
+HEARTBEAT_INTERVAL_S = 2
 HEARTBEAT_TTL_S = 20
+OPS_SERIES_PREFIX = "chattts:ops-series:"
 # Kombu's Redis transport keeps delivered, unacknowledged messages in this hash.
 UNACKED_HASH = "unacked"
 # Messages a worker took off a queue and could not take as a job (not JSON, a broken envelope, an
@@ -39,6 +41,11 @@ def stream(job_id: str) -> str:
 
 def heartbeat(worker_name: str) -> str:
     return HEARTBEAT_PREFIX + worker_name
+
+
+def ops_series(worker_name: str) -> str:
+    """A worker's samples of the last minutes, oldest first, for the ops page's charts."""
+    return OPS_SERIES_PREFIX + worker_name
 
 
 def rate_counter(kind: str, key_hash: str, minute: int) -> str:

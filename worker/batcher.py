@@ -35,6 +35,7 @@ class JobHandle:
     submitted_at: float = field(default_factory=time.monotonic)
     started_at: float | None = None  # monotonic, for time limits
     started_wall: float | None = None  # epoch seconds, reported to callers
+    first_audio_at: float | None = None  # monotonic: when a streaming job's first audio went out
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | Exception | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
@@ -59,6 +60,8 @@ class JobHandle:
         fresh = samples[max(0, self._sent - self._position) :]
         self._position += samples.size
         if fresh.size:
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic()
             self._sent += fresh.size
             self.on_audio(segment, fresh)
 

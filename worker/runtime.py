@@ -12,16 +12,18 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import redis
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
-from chattts_farm import audio_store, redis_keys
+from chattts_farm import audio_store, ops_series, redis_keys
 from chattts_farm.audio_store import AudioStore
+from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE
 from chattts_farm.settings import Settings
-from worker.batcher import Batcher
+from worker.batcher import Batcher, JobHandle
 from worker.stream_publisher import StreamPublisher
 
 logger = logging.getLogger(__name__)
@@ -43,18 +45,46 @@ class WorkerRuntime:
     redis: redis.Redis
     streams: StreamPublisher
     audio_store: AudioStore
+    # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
+    finished: deque = field(default_factory=deque)
+
+    def job_finished(self, handle: JobHandle, duration_s: float) -> None:
+        """Note a finished job for the next sample of the ops page's history; latencies count from the
+        job's arrival in this worker."""
+        now = time.monotonic()
+        first_chunk = None if handle.first_audio_at is None else handle.first_audio_at - handle.submitted_at
+        self.finished.append((duration_s, now - handle.submitted_at, first_chunk))
 
     def beat(self) -> None:
-        """Publish this worker's health to Redis every few seconds, for the ops page and /metrics."""
+        """Publish this worker's health to Redis every few seconds, for the ops page and /metrics, and a
+        sample of what it did since the beat before to its history (see chattts_farm.ops_series)."""
         key = redis_keys.heartbeat(self.hostname)
         while True:
             try:
-                self.redis.set(
-                    key, json.dumps({**self.health(), "heartbeat": time.time()}), ex=redis_keys.HEARTBEAT_TTL_S
-                )
+                health = self.health()
+                self.redis.set(key, json.dumps({**health, "heartbeat": time.time()}), ex=redis_keys.HEARTBEAT_TTL_S)
+                ops_series.record(self.redis, self.hostname, self.sample(health))
             except redis.RedisError as error:
                 logger.warning("heartbeat not published: %s", error)
             time.sleep(redis_keys.HEARTBEAT_INTERVAL_S)
+
+    def sample(self, health: dict) -> ops_series.Sample:
+        """The jobs finished since the last sample, the GPU now and the depth of this worker's queues."""
+        taken = [self.finished.popleft() for _ in range(len(self.finished))]
+        queues = (DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, self.hostname.split("@")[0])
+        pipeline = self.redis.pipeline(transaction=False)
+        for queue in queues:
+            pipeline.llen(queue)
+        gpu = health["gpu"]
+        return ops_series.Sample(
+            at=time.time(),
+            jobs=len(taken),
+            audio_s=round(sum(audio for audio, _, _ in taken), 3),
+            latencies_s=[round(latency, 4) for _, latency, _ in taken],
+            first_chunks_s=[round(first, 4) for _, _, first in taken if first is not None],
+            queues=dict(zip(queues, pipeline.execute(), strict=True)),
+            gpu=None if gpu is None else {name: gpu[name] for name in ops_series.GPU_FIELDS},
+        )
 
     def exit_once_redis_stays_away(self) -> None:
         """While the worker shuts down: end the process when Redis stays unreachable (SHUTDOWN_REDIS_GRACE_S)."""
@@ -109,8 +139,20 @@ class WorkerRuntime:
                 "reserved_mb": round(reserved / 2**20, 1),
                 "peak_allocated_mb": round(torch.cuda.max_memory_allocated(model.device) / 2**20, 1),
                 "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
+                "utilisation": _utilisation(model.device),
             }
         return report
+
+
+def _utilisation(device) -> float | None:
+    """The GPU's busy fraction over NVML's last sample period; None where NVML cannot be read."""
+    import torch
+
+    try:
+        return torch.cuda.utilization(device) / 100
+    except Exception as error:  # noqa: BLE001 - no NVML library, no driver support, a MIG slice...
+        logger.debug("no GPU utilisation: %r", error)
+        return None
 
 
 _runtime: WorkerRuntime | None = None

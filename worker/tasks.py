@@ -117,6 +117,8 @@ def synthesize(self, **arguments) -> dict:
     key = held.audio_store.key(job_id, request.format)
     held.audio_store.write(key, outcome.audio)
     summary = outcome.summary()
+    if handle.first_audio_at is not None:
+        summary["timings"]["first_chunk_s"] = round(handle.first_audio_at - handle.started_at, 4)
     logger.info("job %s done: %.2f s of audio in a batch of %d", job_id, outcome.duration_s, outcome.batch_size)
     result = {
         **summary,
@@ -131,6 +133,7 @@ def synthesize(self, **arguments) -> dict:
     }
     if request.stream:
         held.streams.end(job_id, result)
+    held.job_finished(handle, outcome.duration_s)
     return result
 
 

@@ -161,6 +161,46 @@ def test_the_ops_page_lists_the_workers_and_refreshes_itself(browser, web_server
         time.sleep(0.5)
 
 
+# Pixels of a chart's canvas drawn in its lines' colours (the axes and grid have other colours).
+LINE_PIXELS = """figure => {
+  const style = getComputedStyle(document.documentElement);
+  const colours = [1, 2, 3, 4, 5, 6].map((n) => style.getPropertyValue(`--series-${n}`).trim())
+    .map((hex) => [1, 3, 5].map((at) => parseInt(hex.slice(at, at + 2), 16)));
+  const canvas = figure.querySelector("canvas");
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let index = 0; index < pixels.length; index += 4) {
+    const near = (colour) => colour.every((value, channel) => Math.abs(pixels[index + channel] - value) < 24);
+    if (pixels[index + 3] > 200 && colours.some(near)) count += 1;
+  }
+  return count;
+}"""
+
+
+def test_the_ops_page_charts_what_the_farm_finishes_without_a_reload(browser, web_server):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.goto(web_server + "/ops")
+    for stream in (True, False):
+        requests.post(
+            web_server + "/api/jobs", json={"text": "Chart me on the ops page.", "stream": stream}, timeout=10
+        ).raise_for_status()
+
+    def points(chart: str) -> int:
+        return int(page.get_attribute(f"[data-chart={chart}]", "data-points") or 0)
+
+    deadline = time.monotonic() + 90
+    while not (points("throughput") and points("latency") and points("queues")):
+        assert time.monotonic() < deadline, "the charts never showed a finished job"
+        time.sleep(0.5)
+    for chart in ("throughput", "latency", "queues"):
+        assert page.eval_on_selector(f"[data-chart={chart}]", LINE_PIXELS) > 20, f"no line drawn on the {chart} chart"
+    assert page.is_visible("#ops-no-gpu")  # the farm's workers here are CPU workers
+    assert problems == []
+
+
 def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, keyed_web_server):
     base, key = keyed_web_server
     page = browser.new_page()

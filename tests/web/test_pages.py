@@ -60,3 +60,12 @@ def test_with_keys_on_the_catalog_page_offers_changes_only_of_voices_the_signed_
     assert "voice-save" in rows["Alice&#39;s"] and "voice-delete" in rows["Alice&#39;s"]
     assert "voice-save" not in rows["Bob&#39;s"] and "voice-delete" not in rows["Bob&#39;s"]
     assert "voice-preview" in rows["Bob&#39;s"] and "disabled" in rows["Bob&#39;s"]
+
+
+def test_the_favicon_answers_where_browsers_ask_for_it_even_before_sign_in(client, make_app):
+    for app_client in (client, make_app(require_api_key=True).test_client()):
+        linked = re.search(r'rel="icon" href="([^"]+)"', app_client.get("/sign-in").get_data(as_text=True)).group(1)
+        for path in ("/favicon.ico", linked):
+            answer = app_client.get(path)
+            assert answer.status_code == 200 and answer.mimetype == "image/svg+xml", path
+            assert answer.get_data().startswith(b"<svg")

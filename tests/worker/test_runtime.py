@@ -9,6 +9,7 @@ import time
 
 import redis
 
+from chattts_farm import ops_series
 from chattts_farm.contract import PROGRESS_STATE, TASK_NAME
 from chattts_farm.redis_keys import UNACKED_HASH
 from cli.local_services import free_port, start_redis_server
@@ -72,3 +73,20 @@ def test_a_warm_shutdown_with_redis_away_gives_up_within_seconds_and_leaves_its_
             workers.stop()
         server.terminate()
         server.wait(timeout=20)
+
+
+def test_workers_chart_their_finished_jobs_and_time_a_streamed_jobs_first_chunk(workers):
+    client = redis.Redis.from_url(workers.redis_url)
+    streamed = workers.client.send_task(TASK_NAME, kwargs={"text": "Time my first chunk.", "stream": True})
+    result = streamed.get(timeout=60)
+
+    assert 0 < result["timings"]["first_chunk_s"] < result["finished_at"] - result["started_at"]
+
+    def charted() -> bool:
+        return any(ops_series.read(client, time.time())["first_chunk"]["p95_s"])
+
+    wait_until(charted, timeout=15, what="the first chunk's latency in the workers' history")
+    series = ops_series.read(client, time.time())
+    assert any(series["jobs_per_s"]) and any(series["audio_s_per_s"])
+    assert series["gpus"] == {}  # CPU workers
+    assert set(series["queues"]) >= {"tts", "cpu0", "cpu1"}

@@ -23,7 +23,7 @@ from web.models import ApiKey
 PUBLIC_PATHS = ("/api/openapi.json",)
 PROTECTED_PREFIXES = ("/api/", "/v1/")
 # Pages behind sign-in when keys are on; the sign-in page itself is open.
-PAGE_ENDPOINTS_OPEN = {"pages.sign_in", "static"}
+PAGE_ENDPOINTS_OPEN = {"pages.sign_in", "pages.favicon", "static"}
 SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 
 

@@ -369,6 +369,35 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     },
                 }
             },
+            "/api/ops/series": {
+                "get": {
+                    "summary": "The farm's last 15 minutes on one time axis (the ops page's charts)",
+                    "description": (
+                        "One point every step_s seconds (t, Unix seconds): audio seconds and jobs finished per"
+                        " second, latency and first-chunk latency p50/p95 over the minute before (from a job's"
+                        " arrival in its worker), each queue's depth, and each GPU worker's memory (MiB),"
+                        " fragmentation and utilisation (0..1, null without NVML). null: nothing was measured."
+                    ),
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "step_s": {"type": "integer"},
+                                    "t": {"type": "array", "items": {"type": "number"}},
+                                    "audio_s_per_s": {"type": "array"},
+                                    "jobs_per_s": {"type": "array"},
+                                    "latency": {"type": "object"},
+                                    "first_chunk": {"type": "object"},
+                                    "queues": {"type": "object"},
+                                    "gpus": {"type": "object"},
+                                },
+                            }
+                        ),
+                        **_errors(503),
+                    },
+                }
+            },
             "/api/openapi.json": {
                 "get": {"summary": "This description", "responses": {"200": _json({"type": "object"})}}
             },

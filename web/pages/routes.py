@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from flask import abort, current_app, redirect, render_template, request, url_for
+from flask import abort, current_app, redirect, render_template, request, send_from_directory, url_for
 
 from web import jobs, voices
 from web.access import api_keys, sessions
@@ -50,6 +50,12 @@ def voice_catalog():
     return render_template(
         "voices.html", voices=voices.find(tags, query or None), tags=", ".join(voices.normalise_tags(tags)), query=query
     )
+
+
+@bp.get("/favicon.ico")
+def favicon():
+    """Browsers ask for /favicon.ico whatever a page links: the farm's icon, not a 404 on every page."""
+    return send_from_directory(current_app.static_folder, "favicon.svg", mimetype="image/svg+xml", max_age=86400)
 
 
 @bp.get("/ops")
