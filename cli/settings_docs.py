@@ -21,8 +21,12 @@ TABLE_END = "<!-- end of settings table -->"
 EXAMPLE_PASSWORD = "change-me"
 # What docker-compose.yml's .env sets; every other setting is listed commented out, at its default.
 COMPOSE_VALUES = {"model": "huggingface", "flower_auth": f"ops:{EXAMPLE_PASSWORD}"}
-# docker-compose.yml builds the Redis and PostgreSQL URLs from these variables of .env: whose password.
-COMPOSE_PASSWORDS = {ENV_PREFIX + "REDIS_PASSWORD": "Redis's", ENV_PREFIX + "POSTGRES_PASSWORD": "PostgreSQL's"}
+# The passwords docker-compose.yml takes from .env (Redis's and PostgreSQL's go into their URLs): whose each is.
+COMPOSE_PASSWORDS = {
+    ENV_PREFIX + "REDIS_PASSWORD": "Redis's",
+    ENV_PREFIX + "POSTGRES_PASSWORD": "PostgreSQL's",
+    ENV_PREFIX + "GRAFANA_PASSWORD": "Grafana's admin",
+}
 # docker-compose.yml sets these itself (service names and volumes).
 SET_BY_COMPOSE = {"redis_url", "data_dir", "require_api_key", "database_url"}
 

@@ -25,6 +25,8 @@ bp = Blueprint("monitoring", __name__)
 HISTOGRAM_JOBS = 10_000
 WAIT_BUCKETS = (0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
 SYNTHESIS_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 900)
+JOB_BUCKETS = (0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800)
+FIRST_CHUNK_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30)
 
 
 @bp.get("/healthz")
@@ -89,14 +91,26 @@ class _FarmCollector:
             .order_by(Job.finished_at.desc())
             .limit(HISTOGRAM_JOBS)
         ).all()
-        waits, synthesis = [], []
+        waits, synthesis, whole, first_chunks = [], [], [], []
         for created_at, result in recent:
             if result and result.get("started_at") and result.get("finished_at"):
-                waits.append(max(0.0, result["started_at"] - created_at.timestamp()))
+                wait = max(0.0, result["started_at"] - created_at.timestamp())
+                waits.append(wait)
                 synthesis.append(max(0.0, result["finished_at"] - result["started_at"]))
+                whole.append(max(0.0, result["finished_at"] - created_at.timestamp()))
+                first_chunk = (result.get("timings") or {}).get("first_chunk_s")
+                if first_chunk is not None:
+                    first_chunks.append(wait + first_chunk)
         yield _histogram("chattts_queue_wait_seconds", "From submission to the start of synthesis", waits, WAIT_BUCKETS)
         yield _histogram(
             "chattts_synthesis_seconds", "From the start of synthesis to the result", synthesis, SYNTHESIS_BUCKETS
+        )
+        yield _histogram("chattts_job_seconds", "From submission to the result", whole, JOB_BUCKETS)
+        yield _histogram(
+            "chattts_first_chunk_seconds",
+            "From submission to a streamed job's first audio",
+            first_chunks,
+            FIRST_CHUNK_BUCKETS,
         )
 
         try:
@@ -128,16 +142,35 @@ class _FarmCollector:
         fragmentation = GaugeMetricFamily(
             "chattts_gpu_fragmentation_ratio", "1 - allocated / reserved GPU memory", labels=["worker", "gpu"]
         )
+        allocated = GaugeMetricFamily("chattts_gpu_allocated_bytes", "GPU memory allocated", labels=["worker", "gpu"])
+        reserved = GaugeMetricFamily(
+            "chattts_gpu_reserved_bytes", "GPU memory reserved by the allocator", labels=["worker", "gpu"]
+        )
+        utilisation = GaugeMetricFamily(
+            "chattts_gpu_utilisation_ratio", "Share of time the GPU was busy (NVML)", labels=["worker", "gpu"]
+        )
+        # Counted by each worker process since it started: rate() over them is the farm's throughput,
+        # and Prometheus reads a restarted worker's drop to zero as a counter reset.
+        jobs_done = CounterMetricFamily("chattts_worker_jobs_done", "Jobs a worker has finished", labels=["worker"])
+        audio_done = CounterMetricFamily(
+            "chattts_worker_audio_seconds", "Seconds of audio a worker has produced", labels=["worker"]
+        )
         for report in alive:
-            batch.add_metric([report["worker"], "current"], report["current_batch"])
-            batch.add_metric([report["worker"], "last"], report.get("last_batch_size", 0))
+            worker = report["worker"]
+            batch.add_metric([worker, "current"], report["current_batch"])
+            batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
+            jobs_done.add_metric([worker], report["jobs_done"])
+            audio_done.add_metric([worker], report.get("audio_seconds_done", 0.0))
             if report.get("gpu"):
                 gpu = report["gpu"]
-                peak.add_metric([report["worker"], gpu["name"]], gpu["peak_allocated_mb"] * 2**20)
-                fragmentation.add_metric([report["worker"], gpu["name"]], gpu["fragmentation"])
-        yield batch
-        yield peak
-        yield fragmentation
+                labels = [worker, gpu["name"]]
+                peak.add_metric(labels, gpu["peak_allocated_mb"] * 2**20)
+                fragmentation.add_metric(labels, gpu["fragmentation"])
+                allocated.add_metric(labels, gpu["allocated_mb"] * 2**20)
+                reserved.add_metric(labels, gpu["reserved_mb"] * 2**20)
+                if gpu.get("utilisation") is not None:
+                    utilisation.add_metric(labels, gpu["utilisation"])
+        yield from (batch, peak, fragmentation, allocated, reserved, utilisation, jobs_done, audio_done)
 
 
 def _histogram(name: str, documentation: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:

@@ -47,6 +47,7 @@ class WorkerRuntime:
     audio_store: AudioStore
     # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
     finished: deque = field(default_factory=deque)
+    audio_seconds_done: float = 0.0
 
     def job_finished(self, handle: JobHandle, duration_s: float) -> None:
         """Note a finished job for the next sample of the ops page's history; latencies count from the
@@ -54,6 +55,7 @@ class WorkerRuntime:
         now = time.monotonic()
         first_chunk = None if handle.first_audio_at is None else handle.first_audio_at - handle.submitted_at
         self.finished.append((duration_s, now - handle.submitted_at, first_chunk))
+        self.audio_seconds_done += duration_s
 
     def beat(self) -> None:
         """Publish this worker's health to Redis every few seconds, for the ops page and /metrics, and a
@@ -123,6 +125,7 @@ class WorkerRuntime:
             "batch_jobs": self.batcher.max_jobs,  # the health answer keeps its published name
             "batches": self.batcher.stats.batches,
             "jobs_done": self.batcher.stats.jobs_done,
+            "audio_seconds_done": round(self.audio_seconds_done, 3),
             "current_batch": self.batcher.stats.current_batch,
             "last_batch_size": self.batcher.stats.last_batch_size,
             "gpu": None,

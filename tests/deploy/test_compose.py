@@ -10,8 +10,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-# The stores the farm's own services use; each runs its own image.
+# The stores the farm's own services use, and the monitoring profile's services: each runs its own image.
 STORES = {"redis", "postgres"}
+MONITORING = {"prometheus", "grafana"}
 
 
 @pytest.fixture(scope="module")
@@ -41,6 +42,7 @@ def test_docker_compose_config_accepts_the_file():
             **os.environ,
             "CHATTTS_FARM_REDIS_PASSWORD": "a-chosen-password",
             "CHATTTS_FARM_POSTGRES_PASSWORD": "another-chosen-password",
+            "CHATTTS_FARM_GRAFANA_PASSWORD": "a-third-chosen-password",
         },
     )
     assert finished.returncode == 0, finished.stderr
@@ -49,7 +51,7 @@ def test_docker_compose_config_accepts_the_file():
 def test_services_share_one_image(compose):
     services = compose["services"]
     assert STORES | {"migrate", "web", "worker-gpu0", "flower"} <= set(services)
-    farm_services = [name for name in services if name not in STORES]
+    farm_services = [name for name in services if name not in STORES | MONITORING]
     assert {services[name]["image"] for name in farm_services} == {"chattts-farm:latest"}
     assert (ROOT / "Dockerfile").is_file() and (ROOT / ".env.example").is_file()
 
@@ -61,7 +63,7 @@ def test_redis_wants_a_password_and_only_the_farm_reaches_it(compose):
     assert redis["environment"]["REDISCLI_AUTH"].startswith("${CHATTTS_FARM_REDIS_PASSWORD:?")
     assert "requirepass" in " ".join(redis["command"]) and "--requirepass" not in " ".join(redis["command"])
     for name, service in compose["services"].items():
-        if name not in STORES:
+        if name not in STORES | MONITORING:
             assert service["environment"]["CHATTTS_FARM_REDIS_URL"].startswith(
                 "redis://:${CHATTTS_FARM_REDIS_PASSWORD:?"
             ), name
@@ -105,7 +107,14 @@ def test_each_gpu_worker_reserves_its_own_gpu(compose):
 
 
 def test_named_volumes_hold_every_piece_of_state(compose):
-    assert set(compose["volumes"]) == {"redis-data", "postgres-data", "farm-data", "huggingface-cache"}
+    assert set(compose["volumes"]) == {
+        "redis-data",
+        "postgres-data",
+        "farm-data",
+        "huggingface-cache",
+        "prometheus-data",
+        "grafana-data",
+    }
     assert "farm-data:/data" in compose["services"]["web"]["volumes"]
 
 
@@ -150,3 +159,18 @@ def test_every_part_that_uses_the_database_points_at_postgresql_once_it_is_healt
         assert service["depends_on"]["postgres"]["condition"] == "service_healthy", name
     for name in ("web", "reconciler"):
         assert compose["services"][name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_the_monitoring_profile_runs_prometheus_and_grafana_provisioned_from_the_repository(compose):
+    services = compose["services"]
+    assert all(services[name]["profiles"] == ["monitoring"] for name in MONITORING)
+    assert not any("profiles" in service for name, service in services.items() if name not in MONITORING)
+    for name in MONITORING:
+        for volume in services[name]["volumes"]:
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), f"{name} mounts {source}, which the repository lacks"
+    grafana = services["grafana"]
+    assert grafana["environment"]["GF_SECURITY_ADMIN_PASSWORD"].startswith("${CHATTTS_FARM_GRAFANA_PASSWORD:?")
+    assert "CHATTTS_FARM_GRAFANA_PASSWORD=\n" in (ROOT / ".env.example").read_text()
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090"]  # no login: the host's loopback only

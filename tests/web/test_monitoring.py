@@ -1,8 +1,18 @@
-"""The probes: what /readyz says when the farm is not ready."""
+"""The probes (what /readyz says when the farm is not ready) and /metrics against the Grafana dashboard."""
 
 import dataclasses
+import json
+import re
+import time
+from pathlib import Path
 
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from chattts_farm import redis_keys
 from web import create_app
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/monitoring/grafana/dashboards/chattts-farm.json"
 
 
 def test_readyz_says_redis_is_unreachable_without_the_connection_details(tiny_settings, tmp_path):
@@ -10,3 +20,65 @@ def test_readyz_says_redis_is_unreachable_without_the_connection_details(tiny_se
     answer = create_app({"TESTING": True, "SETTINGS": settings}).test_client().get("/readyz")
     assert answer.status_code == 503
     assert answer.get_json() == {"ready": False, "redis": False, "error": "Redis could not be reached", "workers": 0}
+
+
+# PromQL's words that are not metric names: functions, aggregations and their modifiers.
+PROMQL_WORDS = {"sum", "rate", "histogram_quantile", "by", "le", "irate", "avg", "max", "min", "increase", "without"}
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+A_GPU_WORKER = {
+    "worker": "gpu0@host",
+    "model": "synthetic",
+    "model_info": {"kind": "synthetic"},
+    "current_batch": 3,
+    "last_batch_size": 8,
+    "jobs_done": 12,
+    "audio_seconds_done": 120.5,
+    "gpu": {
+        "name": "NVIDIA H200",
+        "allocated_mb": 1000.0,
+        "reserved_mb": 1200.0,
+        "peak_allocated_mb": 1100.0,
+        "fragmentation": 0.1667,
+        "utilisation": 0.93,
+    },
+}
+
+
+def metric_names(expression: str) -> set[str]:
+    without_labels = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", expression)
+    words = set(re.findall(r"[a-zA-Z_:][a-zA-Z0-9_:]*", without_labels)) - PROMQL_WORDS
+    return {word for word in words if not re.fullmatch(r"[0-9.]+", word)}
+
+
+def exported_families(metrics_text: str) -> set[str]:
+    return set(re.findall(r"^# TYPE (\S+)", metrics_text, re.MULTILINE))
+
+
+def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis_url):
+    # A GPU worker's heartbeat, as a worker on a GPU writes it (none runs here), so per-GPU metrics appear.
+    report = {**A_GPU_WORKER, "heartbeat": time.time()}
+    redis.Redis.from_url(redis_url).set(redis_keys.heartbeat(report["worker"]), json.dumps(report), ex=30)
+    metrics = client.get("/metrics").get_data(as_text=True)
+    exported = exported_families(metrics)
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    gpu = (("gpu", "NVIDIA H200"), ("worker", "gpu0@host"))
+    assert samples["chattts_gpu_utilisation_ratio", gpu] == 0.93
+    assert samples["chattts_gpu_reserved_bytes", gpu] == 1200 * 2**20
+    assert samples["chattts_worker_audio_seconds_total", (("worker", "gpu0@host"),)] == 120.5
+
+    queried = {
+        name
+        for panel in json.loads(DASHBOARD.read_text())["panels"]
+        for target in panel["targets"]
+        for name in metric_names(target["expr"])
+    }
+    assert queried, "the dashboard queries nothing"
+    for name in queried:
+        family = name.removesuffix("_total")
+        for suffix in HISTOGRAM_SUFFIXES:
+            family = family.removesuffix(suffix)
+        assert family in exported or name in exported, f"the dashboard queries {name}, which /metrics lacks"
