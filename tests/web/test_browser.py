@@ -83,6 +83,53 @@ def test_fill_the_form_watch_progress_and_play_the_audio(browser, web_server):
     assert len(requests.get(web_server + "/api/jobs").json()["jobs"]) == 1
 
 
+# Pixels of the waveform's canvas that are painted (its background is the element's, not the canvas's).
+PAINTED_PIXELS = """canvas => {
+  const pixels = canvas.getContext("2d").getImageData(0, 0, canvas.width, canvas.height).data;
+  let count = 0;
+  for (let index = 3; index < pixels.length; index += 4) if (pixels[index] > 0) count += 1;
+  return count;
+}"""
+
+
+def test_a_finished_jobs_page_shows_its_details_and_waveform_and_seeks_where_clicked(browser, web_server):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    job = requests.post(web_server + "/api/jobs", json={"text": LONG_TEXT[:400], "voice": 7}, timeout=10).json()
+    page.goto(web_server + f"/jobs/{job['id']}")
+    page.wait_for_selector("#job-result", state="visible", timeout=120_000)
+
+    deadline = time.monotonic() + 30
+    while page.get_attribute("#job-waveform", "data-samples") is None:
+        assert time.monotonic() < deadline, "the waveform never drew"
+        time.sleep(0.2)
+    width, height = page.eval_on_selector("#job-waveform", "canvas => [canvas.width, canvas.height]")
+    assert page.eval_on_selector("#job-waveform", PAINTED_PIXELS) > width  # more than the playhead's column
+    facts = dict(
+        zip(
+            page.locator("#job-facts dt").all_inner_texts(),
+            page.locator("#job-facts dd").all_inner_texts(),
+            strict=True,
+        )
+    )
+    assert facts["Voice"] == "seed 7" and facts["Format"] == "wav"
+    assert facts["Duration"].endswith(" s") and facts["Worker"].startswith("cpu")
+    assert "ran alone" in facts["GPU passes shared with"] or "batch of" in facts["GPU passes shared with"]
+    assert "in the queue" in facts["Started"] and "of synthesis" in facts["Finished"]
+    assert facts["First audio"] == "not streamed"
+
+    while page.eval_on_selector("#job-audio", "audio => audio.readyState") < 1:
+        assert time.monotonic() < deadline, "the audio never loaded its metadata"
+        time.sleep(0.1)
+    page.click("#job-waveform", position={"x": width * 3 / 4, "y": height / 2})
+    duration, position = page.eval_on_selector("#job-audio", "audio => [audio.duration, audio.currentTime]")
+    assert abs(position - duration * 3 / 4) < duration * 0.05
+    assert page.get_attribute("#job-download", "download") == f"chattts-{job['id']}.wav"
+    assert problems == []
+
+
 def test_the_job_page_plays_the_audio_from_its_first_chunk_before_the_job_is_done(browser, web_server):
     page = browser.new_page()
     failed = []

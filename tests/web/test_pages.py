@@ -2,10 +2,11 @@
 
 import dataclasses
 import re
+import uuid
 
 from tests.web.access.support import bearer, signed_in
 from web.access import api_keys
-from web.models import Voice, db
+from web.models import Job, Voice, db
 
 
 def test_the_form_page_offers_every_setting(client):
@@ -69,3 +70,21 @@ def test_the_favicon_answers_where_browsers_ask_for_it_even_before_sign_in(clien
             answer = app_client.get(path)
             assert answer.status_code == 200 and answer.mimetype == "image/svg+xml", path
             assert answer.get_data().startswith(b"<svg")
+
+
+def test_a_jobs_page_names_its_catalog_voice_with_a_link_to_it_and_its_format(client, app):
+    with app.app_context():
+        voice = Voice(name="Warm narrator", spk_emb="蘁淰敕欀" * 8, seed=41)
+        db.session.add(voice)
+        db.session.flush()
+        named_id, seeded_id = str(uuid.uuid4()), str(uuid.uuid4())
+        db.session.add(Job(id=named_id, text="Hi.", parameters={}, format="ogg", voice_id=voice.id, voice_seed=41))
+        db.session.add(Job(id=seeded_id, text="Hi.", parameters={}, format="wav", voice_seed=2222))
+        db.session.commit()
+
+    named = client.get(f"/jobs/{named_id}").get_data(as_text=True)
+    seeded = client.get(f"/jobs/{seeded_id}").get_data(as_text=True)
+
+    assert re.search(r'<a href="/voices\?q=Warm\+narrator">Warm narrator</a>\s*\(seed 41\)', named)
+    assert '<dd id="fact-format">ogg</dd>' in named and f'download="chattts-{named_id}.ogg"' in named
+    assert re.search(r'<dd id="fact-voice">\s*seed 2222\s*</dd>', seeded)

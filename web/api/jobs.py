@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 from flask import Response, current_app, request, url_for
 
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
@@ -56,6 +58,9 @@ def describe(job: Job) -> dict:
             "sample_rate": job.result.get("sample_rate"),
             "segments": job.result.get("segments"),
             "batch_size": job.result.get("batch_size"),
+            "worker": job.result.get("worker"),
+            "started_at": _iso(job.result.get("started_at")),
+            "first_chunk_s": (job.result.get("timings") or {}).get("first_chunk_s"),
             "model": job.result.get("model"),
             "seed": job.result.get("seed"),
             "quality": job.result.get("quality"),
@@ -69,13 +74,17 @@ def describe(job: Job) -> dict:
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "text": job.text,
-        "voice": {"catalog_id": job.voice_id, "seed": job.voice_seed},
+        "voice": {"catalog_id": job.voice_id, "name": job.voice.name if job.voice else None, "seed": job.voice_seed},
         "format": job.format,
         "parameters": job.parameters,
         "status_url": url_for("api.get_job", job_id=job.id),
         "audio_url": audio_url,
         "result": result,
     }
+
+
+def _iso(epoch_seconds: float | None) -> str | None:
+    return None if epoch_seconds is None else datetime.fromtimestamp(epoch_seconds, UTC).isoformat()
 
 
 @bp.post("/jobs")

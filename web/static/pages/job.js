@@ -1,12 +1,110 @@
-// The job page: progress, live playback and the finished audio; shared helpers (sendJson, splitTags, onPage) are in farm.js.
+// The job page: progress, live playback, the finished audio with its waveform, and the job's details;
+// shared helpers (sendJson, splitTags, onPage) are in farm.js.
 "use strict";
 
+const TIME_FORMAT = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "medium" });
+
+function showTime(element, iso) {
+  if (!iso) return;
+  element.dateTime = iso;
+  element.textContent = TIME_FORMAT.format(new Date(iso));
+}
+
+function seconds(value) {
+  return value < 10 ? `${value.toFixed(2)} s` : `${value.toFixed(1)} s`;
+}
+
+// What the worker's result says of a finished job, in the details list.
+function showFacts(section, job) {
+  const fact = (name) => section.querySelector(`#fact-${name}`);
+  const result = job.result;
+  fact("duration").textContent = seconds(result.duration_s);
+  fact("worker").textContent = result.worker || "–";
+  const others = (result.batch_size || 1) - 1;
+  fact("batch").textContent = others ? `${others} other job${others === 1 ? "" : "s"} (a batch of ${result.batch_size})` : "none: it ran alone";
+  showTime(fact("started"), result.started_at);
+  showTime(fact("finished"), job.finished_at);
+  const queued = Date.parse(job.created_at);
+  if (result.started_at) {
+    const started = Date.parse(result.started_at);
+    fact("wait").textContent = `after ${seconds((started - queued) / 1000)} in the queue`;
+    if (job.finished_at) fact("synthesis").textContent = `after ${seconds((Date.parse(job.finished_at) - started) / 1000)} of synthesis`;
+    if (result.first_chunk_s !== null && result.first_chunk_s !== undefined) {
+      fact("first-chunk").textContent = `${seconds((started - queued) / 1000 + result.first_chunk_s)} after it was queued (streamed)`;
+    }
+  }
+  if (result.first_chunk_s === null || result.first_chunk_s === undefined) fact("first-chunk").textContent = "not streamed";
+}
+
+// The audio's waveform on a canvas: the lowest and highest sample under each column of pixels, in the
+// page's accent colour, sharp on high-density screens; a playhead follows playback and a click seeks.
+class Waveform {
+  constructor(canvas, audio) {
+    this.canvas = canvas;
+    this.audio = audio;
+    this.samples = null;
+    canvas.addEventListener("click", (event) => {
+      if (!this.audio.duration) return;
+      const box = canvas.getBoundingClientRect();
+      this.audio.currentTime = ((event.clientX - box.left) / box.width) * this.audio.duration;
+      this.draw();
+    });
+    audio.addEventListener("timeupdate", () => this.draw());
+    audio.addEventListener("seeked", () => this.draw());
+    window.addEventListener("resize", () => this.draw());
+  }
+
+  async load(url) {
+    const response = await fetch(url, { credentials: "same-origin" });
+    if (!response.ok) throw new Error(`the audio could not be read (${response.status})`);
+    const context = new OfflineAudioContext(1, 1, 24000);
+    const decoded = await context.decodeAudioData(await response.arrayBuffer());
+    this.samples = decoded.getChannelData(0);
+    this.canvas.dataset.samples = String(this.samples.length);
+    this.draw();
+  }
+
+  draw() {
+    if (!this.samples) return;
+    const ratio = window.devicePixelRatio || 1;
+    const width = Math.max(1, Math.round(this.canvas.clientWidth * ratio));
+    const height = Math.max(1, Math.round(this.canvas.clientHeight * ratio));
+    if (this.canvas.width !== width || this.canvas.height !== height) {
+      this.canvas.width = width;
+      this.canvas.height = height;
+    }
+    const style = getComputedStyle(document.documentElement);
+    const paint = this.canvas.getContext("2d");
+    paint.clearRect(0, 0, width, height);
+    const middle = height / 2;
+    const perColumn = this.samples.length / width;
+    const played = this.audio.duration ? this.audio.currentTime / this.audio.duration : 0;
+    for (let column = 0; column < width; column += 1) {
+      let low = 0;
+      let high = 0;
+      const end = Math.min(this.samples.length, Math.floor((column + 1) * perColumn));
+      for (let index = Math.floor(column * perColumn); index < end; index += 1) {
+        const value = this.samples[index];
+        if (value < low) low = value;
+        if (value > high) high = value;
+      }
+      paint.fillStyle = column / width <= played ? style.getPropertyValue("--accent") : style.getPropertyValue("--muted");
+      const top = middle - high * middle;
+      paint.fillRect(column, top, 1, Math.max(1, (high - low) * middle));
+    }
+    paint.fillStyle = style.getPropertyValue("--fg");
+    paint.fillRect(Math.round(played * width), 0, Math.max(1, Math.round(ratio)), height);
+  }
+}
+
 function setUpJobPage(section) {
+  showTime(section.querySelector("#fact-queued"), section.querySelector("#fact-queued").dateTime);
   const status = section.querySelector("#job-status");
   const progress = section.querySelector("#job-progress");
   const error = section.querySelector("#job-error");
   const result = section.querySelector("#job-result");
   const audio = section.querySelector("#job-audio");
+  const waveform = new Waveform(section.querySelector("#job-waveform"), audio);
   let listening = false;
   async function poll() {
     let job;
@@ -18,6 +116,7 @@ function setUpJobPage(section) {
       return;
     }
     status.textContent = job.status;
+    status.className = `status-${job.status}`;
     progress.value = job.progress;
     if (!listening && job.parameters.stream && (job.status === "queued" || job.status === "running")) {
       listening = true;
@@ -27,6 +126,9 @@ function setUpJobPage(section) {
     if (job.status === "done") {
       audio.src = job.result.audio_url;
       result.hidden = false;
+      section.querySelector("#save-voice").hidden = false;
+      showFacts(section, job);
+      waveform.load(job.result.audio_url).catch((failure) => { error.textContent = failure.message; });
     } else if (job.status === "queued" || job.status === "running") {
       window.setTimeout(poll, 500);
     }
