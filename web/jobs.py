@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 import uuid
+from datetime import datetime
 from typing import Any
 
 from celery.result import AsyncResult
@@ -40,11 +41,51 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     """Admit the job past the queue's caps, reserve its expected audio against its key's quota, record the
     job, then enqueue it under the same id. A job refused by a cap or the quota leaves nothing behind; a
     queue that cannot be reached fails the job."""
+    return submit_together([(request, voice)])[0]
+
+
+def submit_together(requests: list[tuple[SynthesisRequest, Voice | None]]) -> list[Job]:
+    """Submit jobs all or none (as :func:`submit` does one): when the caps or the quota refuse one, none
+    is recorded or sent. Sent back to back, they reach a worker together and share its GPU passes."""
     api_key = access.current_key()
+    created_at = utcnow()
+    batch = [_new_job(request, voice, api_key, created_at) for request, voice in requests]
+    admitted: list[Job] = []
+    reserved: list[Job] = []
+    try:
+        for job, (request, _) in zip(batch, requests, strict=True):
+            admission.admit(api_key, job.id)
+            admitted.append(job)
+            limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
+            reserved.append(job)
+    except ApiError:
+        for job in reserved:
+            limits.settle_audio(job, 0)
+        for job in admitted:
+            admission.release(api_key, job.id)
+        raise
+    db.session.add_all(batch)
+    db.session.commit()
+    for job in batch:
+        try:
+            enqueue(job)
+        # kombu raises OperationalError for the broker; Celery's Redis result backend, which subscribes to
+        # the job's result channel as it is sent, gives up with a RuntimeError after its own retries.
+        except (OperationalError, RedisError, RuntimeError) as error:
+            logger.error("job %s could not be enqueued: %s", job.id, error)
+            for unsent in batch[batch.index(job) :]:
+                _finish(unsent, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
+            raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
+        admission.sent(api_key, job.id)
+        logger.info("job %s queued", job.id)
+    return batch
+
+
+def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | None, created_at: datetime) -> Job:
     arguments = request.as_arguments()
-    job = Job(
+    return Job(
         id=str(uuid.uuid4()),
-        created_at=utcnow(),
+        created_at=created_at,
         text=request.text,
         voice_id=voice.id if voice else None,
         voice_seed=request.voice_seed,
@@ -54,25 +95,6 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
         status=JobStatus.QUEUED,
         api_key_id=api_key.id if api_key else None,
     )
-    admission.admit(api_key, job.id)
-    try:
-        limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
-    except ApiError:
-        admission.release(api_key, job.id)
-        raise
-    db.session.add(job)
-    db.session.commit()
-    try:
-        enqueue(job)
-    # kombu raises OperationalError for the broker; Celery's Redis result backend, which subscribes to
-    # the job's result channel as it is sent, gives up with a RuntimeError after its own retries.
-    except (OperationalError, RedisError, RuntimeError) as error:
-        logger.error("job %s could not be enqueued: %s", job.id, error)
-        _finish(job, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
-        raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
-    admission.sent(api_key, job.id)
-    logger.info("job %s queued", job.id)
-    return job
 
 
 def enqueue(job: Job) -> None:

@@ -8,6 +8,7 @@ texts: control and invisible characters are dropped (:func:`chattts_farm.text.dr
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from sqlalchemy import or_
@@ -23,13 +24,17 @@ from chattts_farm.contract import (
 from chattts_farm.text import drop_invisible
 from web import access, backends
 from web.errors import ApiError
-from web.models import Job, JobStatus, Tag, Voice, db
+from web.models import Job, JobStatus, Tag, Voice, db, voice_tags
 
 EMBEDDING_TIMEOUT_S = 60
 # Voice ids are PostgreSQL's 32-bit integers (SQLite's, counted up from 1, never get near): a larger
 # number names no voice, and is not looked up (PostgreSQL would refuse it rather than find nothing).
 MAX_ID = 2**31 - 1
 PREVIEW_TEXT = "Hello! This is how I sound. [laugh] Nice to meet you."
+# The voice workshop speaks one sentence in new random voices, all in one request (and one GPU batch).
+WORKSHOP_TEXT = "Hello there. This is one of the new voices you could keep in your catalog."
+WORKSHOP_VOICES_DEFAULT = 6
+WORKSHOP_VOICES_MAX = 16
 MAX_NAME_CHARS = 100
 MAX_TAG_CHARS = 64
 _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
@@ -50,6 +55,12 @@ def find(tags: list[str], query: str | None) -> list[Voice]:
             or_(Voice.name.ilike(pattern, escape=_LIKE_ESCAPE), Voice.description.ilike(pattern, escape=_LIKE_ESCAPE))
         )
     return list(db.session.execute(select).scalars())
+
+
+def tags_in_use() -> list[str]:
+    """Every tag some voice carries, alphabetically: the catalog page's filter chips."""
+    in_use = db.select(Tag.name).join(voice_tags, voice_tags.c.tag_id == Tag.id).distinct().order_by(Tag.name)
+    return list(db.session.execute(in_use).scalars())
 
 
 def named(name: str) -> Voice | None:
@@ -170,6 +181,28 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
     job.is_preview = True
     db.session.commit()
     return job
+
+
+def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
+    """One sentence (``text``) in ``count`` new voices, each of a fresh random seed, submitted together:
+    all or none pass the queue's caps and the key's quota, and a worker runs them in one batch."""
+    from web import jobs
+
+    count = fields.get("count", WORKSHOP_VOICES_DEFAULT)
+    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= WORKSHOP_VOICES_MAX:
+        raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
+    unknown = sorted(set(fields) - {"text", "count"})
+    if unknown:
+        raise ApiError(400, f"the workshop takes text and count only, not {unknown[0]}", unknown[0])
+    seeds: set[int] = set()
+    while len(seeds) < count:
+        seeds.add(secrets.randbelow(MAX_SEED + 1))
+    text = fields.get("text", WORKSHOP_TEXT)
+    requests = [
+        (SynthesisRequest.from_arguments({"text": text, "voice": seed}, max_text_chars=max_text_chars), None)
+        for seed in sorted(seeds)
+    ]
+    return jobs.submit_together(requests)
 
 
 def delete(voice: Voice) -> None:

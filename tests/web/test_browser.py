@@ -172,6 +172,54 @@ def test_create_a_tagged_voice_and_find_it_by_tag(browser, web_server):
     assert page.locator("tr.voice").count() == 0
 
 
+def test_the_workshop_makes_new_voices_together_and_keeps_one_in_the_catalog(browser, web_server):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+    page.goto(web_server + "/voices")
+    # Long enough that each job takes a while even on the tiny model: sent together, they overlap.
+    page.fill("#workshop-text", LONG_TEXT[:300])
+    page.fill("#workshop-count", "3")
+    page.click("#workshop-submit")
+
+    cards = page.locator("#workshop-voices .voice-card")
+    deadline = time.monotonic() + 120
+    while cards.count() < 3 or page.locator(".card-keep-button:enabled").count() < 3:
+        assert time.monotonic() < deadline, f"the voices never became playable: {cards.all_inner_texts()}"
+        time.sleep(0.25)
+    while not all(
+        ready >= 1 for ready in page.eval_on_selector_all(".card-audio", "all => all.map(a => a.readyState)")
+    ):
+        assert time.monotonic() < deadline, "a workshop voice never loaded"
+        time.sleep(0.1)
+    assert all(duration > 0 for duration in page.eval_on_selector_all(".card-audio", "all => all.map(a => a.duration)"))
+    seeds = cards.locator(".card-seed").all_inner_texts()
+    assert len(set(seeds)) == 3
+    jobs = [
+        requests.get(f"{web_server}/api/jobs/{card_id}", timeout=10).json()
+        for card_id in page.eval_on_selector_all(".voice-card", "all => all.map(card => card.dataset.jobId)")
+    ]
+    # Sent together, they share GPU passes: two CPU workers take the three, so at least two go together.
+    assert max(job["result"]["batch_size"] for job in jobs) > 1
+
+    second = cards.nth(1)
+    second.locator(".card-name").fill("Workshop find")
+    second.locator(".card-tags").fill("found, bright")
+    second.locator(".card-keep-button").click()
+    page.wait_for_selector("#voices tr.kept:has-text('Workshop find')")
+    kept = requests.get(web_server + "/api/voices?q=Workshop+find", timeout=10).json()["voices"]
+    assert [(voice["seed"], voice["tags"]) for voice in kept] == [(int(seeds[1]), ["bright", "found"])]
+    assert problems == []
+
+    page.goto(web_server + "/voices")  # the chips filter the catalog by tag, and show which are on
+    page.click(".chips a:text-is('found')")
+    page.wait_for_url("**tags=found**")
+    assert page.locator("tr.voice").all_inner_texts() != [] and all(
+        "found" in tags for tags in page.eval_on_selector_all(".voice-tags", "all => all.map(input => input.value)")
+    )
+    assert page.get_attribute(".chips a:text-is('found')", "aria-current") == "true"
+
+
 def test_a_voice_named_like_markup_shows_as_text_and_runs_nothing(browser, web_server):
     hostile = "<img src=x onerror=alert(1)><script>alert(2)</script>"
     page = browser.new_page()

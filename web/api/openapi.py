@@ -320,6 +320,39 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "responses": {"204": {"description": "deleted"}, **_errors(404), **owner_only},
                 },
             },
+            "/api/voices/workshop": {
+                "post": {
+                    "summary": "Speak one sentence in new random voices, all submitted together (one GPU batch)",
+                    "description": (
+                        "Each job speaks text (default: a sample sentence) in a voice of a fresh random seed;"
+                        " keep the ones you like with POST /api/voices/from-job/{job_id}. All or none are"
+                        " accepted: the queue's caps and the key's quota count every one."
+                    ),
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {
+                                "schema": {
+                                    "type": "object",
+                                    "properties": {
+                                        "text": {"type": "string"},
+                                        "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 6},
+                                    },
+                                    "additionalProperties": False,
+                                }
+                            }
+                        },
+                    },
+                    "responses": {
+                        "202": _json(
+                            {"type": "object", "properties": {"jobs": {"type": "array", "items": job}}},
+                            "the jobs, on their way",
+                        ),
+                        **_errors(400, 429),
+                        "503": _error(503, _QUEUE_FULL),
+                    },
+                },
+            },
             "/api/voices/{voice_id}/preview": {
                 "post": {
                     "summary": "The caller's preview job of the voice, generated once for each key and kept",

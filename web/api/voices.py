@@ -60,6 +60,13 @@ def voice_from_job(job_id: str):
     return voices.describe(voices.from_job(job, json_object())), 201
 
 
+@bp.post("/voices/workshop")
+def voice_workshop():
+    """New random voices to audition: one sentence spoken in each, submitted as one batch."""
+    made = voices.workshop(json_object(), current_app.config["SETTINGS"].max_text_chars)
+    return {"jobs": [describe(job) for job in made]}, 202
+
+
 @bp.post("/voices/<int:voice_id>/preview")
 def preview_voice(voice_id: int):
     """The caller's kept preview job of the voice: the existing one while its audio lives, else a new one."""

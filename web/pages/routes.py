@@ -45,10 +45,26 @@ def job_list():
 
 @bp.get("/voices")
 def voice_catalog():
-    tags = [tag for tag in request.args.get("tags", "").split(",") if tag.strip()]
+    tags = voices.normalise_tags([tag for tag in request.args.get("tags", "").split(",") if tag.strip()])
     query = request.args.get("q", "").strip()
+    # Each chip is a link to the catalog with its tag toggled: the filter works without scripts.
+    chips = [
+        {
+            "name": tag,
+            "active": tag in tags,
+            "href": url_for("pages.voice_catalog", tags=",".join(sorted(set(tags) ^ {tag})) or None, q=query or None),
+        }
+        for tag in voices.tags_in_use()
+    ]
     return render_template(
-        "voices.html", voices=voices.find(tags, query or None), tags=", ".join(voices.normalise_tags(tags)), query=query
+        "voices.html",
+        voices=voices.find(tags, query or None),
+        tags=", ".join(tags),
+        query=query,
+        chips=chips,
+        workshop_text=voices.WORKSHOP_TEXT,
+        workshop_default=voices.WORKSHOP_VOICES_DEFAULT,
+        workshop_max=voices.WORKSHOP_VOICES_MAX,
     )
 
 

@@ -1,19 +1,105 @@
-// The voice catalog; shared helpers (sendJson, splitTags, onPage) are in farm.js.
+// The voice catalog and its workshop; shared helpers (sendJson, splitTags, onPage) are in farm.js.
 "use strict";
 
-async function preview(row) {
-  const audio = row.querySelector(".voice-audio");
-  const job = await sendJson("POST", `/api/voices/${row.dataset.voiceId}/preview`);
+// A job's state once it has ended (done, or failed: then an error), polled every half second.
+async function finished(job, onState = () => {}) {
   for (;;) {
-    const state = await sendJson("GET", `/api/jobs/${job.id}`);
-    if (state.status === "done") {
-      audio.src = state.result.audio_url;
-      audio.hidden = false;
-      return;
-    }
+    const state = await sendJson("GET", job.status_url);
+    onState(state);
+    if (state.status === "done") return state;
     if (state.status !== "queued" && state.status !== "running") throw new Error(state.error || state.status);
     await new Promise((resolve) => window.setTimeout(resolve, 500));
   }
+}
+
+// Auditions a catalog voice in its own row: its kept preview, made once and played where it is.
+async function preview(row) {
+  const audio = row.querySelector(".voice-audio");
+  const button = row.querySelector(".voice-preview");
+  button.disabled = true;
+  button.textContent = "Making…";
+  try {
+    const job = await sendJson("POST", `/api/voices/${row.dataset.voiceId}/preview`);
+    const state = await finished(job);
+    audio.src = state.result.audio_url;
+    audio.hidden = false;
+    await audio.play().catch(() => {});  // a browser that wants a click on the player first shows it
+  } finally {
+    button.disabled = false;
+    button.textContent = "Listen";
+  }
+}
+
+// A kept voice joins the catalog table at once (read-only until the page is loaded again).
+function addCatalogRow(voice) {
+  const body = document.querySelector("#voices tbody");
+  const row = document.createElement("tr");
+  row.className = "voice kept";
+  row.dataset.voiceId = String(voice.id);
+  row.dataset.voiceName = voice.name;
+  for (const text of [voice.name, voice.tags.join(", "), String(voice.rating), voice.seed === null ? "" : String(voice.seed), "new"]) {
+    const cell = document.createElement("td");
+    cell.textContent = text;
+    row.append(cell);
+  }
+  body.prepend(row);
+}
+
+function setUpWorkshop(section) {
+  const form = section.querySelector("#workshop-form");
+  const list = section.querySelector("#workshop-voices");
+  const template = section.querySelector("#workshop-card");
+  const message = section.querySelector("#workshop-message");
+
+  function showCard(job) {
+    const card = template.content.firstElementChild.cloneNode(true);
+    card.dataset.jobId = job.id;
+    card.querySelector(".card-seed").textContent = String(job.voice.seed);
+    const state = card.querySelector(".card-state");
+    const keep = card.querySelector(".card-keep");
+    list.append(card);
+    finished(job, (now) => { state.textContent = now.status; }).then((done) => {
+      card.querySelector(".card-audio").src = done.result.audio_url;
+      state.textContent = "ready";
+      keep.querySelector(".card-keep-button").disabled = false;
+    }, (failure) => { state.textContent = `failed: ${failure.message}`; });
+    keep.addEventListener("submit", async (event) => {
+      event.preventDefault();
+      const said = keep.querySelector(".card-message");
+      try {
+        const voice = await sendJson("POST", `/api/voices/from-job/${job.id}`, {
+          name: keep.querySelector(".card-name").value,
+          tags: splitTags(keep.querySelector(".card-tags").value),
+        });
+        said.textContent = `Kept as "${voice.name}".`;
+        card.classList.add("kept");
+        for (const control of keep.querySelectorAll("input, button")) control.disabled = true;
+        addCatalogRow(voice);
+      } catch (failure) {
+        said.textContent = failure.message;
+      }
+    });
+  }
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const button = form.querySelector("#workshop-submit");
+    button.disabled = true;
+    message.textContent = "";
+    try {
+      const made = await sendJson("POST", section.dataset.url, {
+        text: form.querySelector("#workshop-text").value,
+        count: Number(form.querySelector("#workshop-count").value),
+      });
+      list.replaceChildren();
+      made.jobs.forEach(showCard);
+      message.textContent = `${made.jobs.length} new voices on their way.`;
+    } catch (failure) {
+      message.textContent = failure.message;
+    } finally {
+      button.disabled = false;
+    }
+  });
 }
 
 function setUpVoices(table) {
@@ -52,3 +138,4 @@ function setUpVoices(table) {
 }
 
 onPage("voices", setUpVoices);
+onPage("workshop", setUpWorkshop);

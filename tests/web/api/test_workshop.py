@@ -1,0 +1,77 @@
+"""The voice workshop: one request speaks a sentence in new random voices, submitted all or none."""
+
+import pytest
+
+from tests.web.access.support import bearer, make_key
+from tests.web.test_admission import capped_app, queued_messages, reserved_jobs, waiting
+from web.voices import WORKSHOP_TEXT, WORKSHOP_VOICES_DEFAULT, WORKSHOP_VOICES_MAX
+
+
+def test_the_workshop_speaks_one_sentence_in_as_many_new_voices_as_asked_all_in_one_queue(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url)
+    client = app.test_client()
+
+    default = client.post("/api/voices/workshop", json={})
+    chosen = client.post("/api/voices/workshop", json={"text": "Pick me.", "count": 3})
+
+    assert default.status_code == 202 and chosen.status_code == 202
+    made = default.get_json()["jobs"]
+    assert len(made) == WORKSHOP_VOICES_DEFAULT and {job["text"] for job in made} == {WORKSHOP_TEXT}
+    assert len({job["voice"]["seed"] for job in made}) == WORKSHOP_VOICES_DEFAULT  # each its own new voice
+    assert [job["text"] for job in chosen.get_json()["jobs"]] == ["Pick me."] * 3
+    # Sent back to back (Redis's queue lists hold the newest first), so that a worker takes them together.
+    assert set(queued_messages(app)[:3]) == {job["id"] for job in chosen.get_json()["jobs"]}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"count": 0}, "count"),
+        ({"count": WORKSHOP_VOICES_MAX + 1}, "count"),
+        ({"count": "6"}, "count"),
+        ({"count": True}, "count"),
+        ({"count": 2.5}, "count"),
+        ({"text": "   "}, "text"),
+        ({"text": 42}, "text"),
+        ({"voice": 7}, "voice"),
+        ([], "body"),
+    ],
+)
+def test_a_bad_workshop_request_is_a_400_naming_its_field_and_queues_nothing(
+    tiny_settings, tmp_path, idle_redis_url, body, field
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url)
+
+    answer = app.test_client().post("/api/voices/workshop", json=body)
+
+    assert answer.status_code == 400 and answer.get_json()["field"] == field, answer.get_json()
+    assert waiting(app) == 0 and app.test_client().get("/api/jobs").get_json()["jobs"] == []
+
+
+def test_voices_past_the_queues_cap_are_refused_all_together_and_none_is_left_behind(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True, max_queued_jobs_per_key=4)
+    client, key = app.test_client(), make_key(app, "auditioner")
+    first = client.post("/api/voices/workshop", json={"count": 3}, headers=bearer(key))
+
+    refused = client.post("/api/voices/workshop", json={"count": 2}, headers=bearer(key))  # 3 + 2 > 4
+
+    assert first.status_code == 202 and refused.status_code == 429 and refused.headers["Retry-After"]
+    accepted = {job["id"] for job in first.get_json()["jobs"]}
+    assert {job["id"] for job in client.get("/api/jobs", headers=bearer(key)).get_json()["jobs"]} == accepted
+    assert waiting(app) == 3 and reserved_jobs(app, key) == accepted
+    assert client.post("/api/voices/workshop", json={"count": 1}, headers=bearer(key)).status_code == 202
+
+
+def test_a_workshop_voice_is_its_keys_own(tiny_settings, tmp_path, idle_redis_url):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True)
+    client, ann, bob = app.test_client(), make_key(app, "ann"), make_key(app, "bob")
+
+    (job,) = client.post("/api/voices/workshop", json={"count": 1}, headers=bearer(ann)).get_json()["jobs"]
+
+    assert client.get(job["status_url"], headers=bearer(ann)).status_code == 200
+    assert client.get(job["status_url"], headers=bearer(bob)).status_code == 404
+    assert client.post("/api/voices/workshop", json={"count": 1}).status_code == 401
