@@ -22,6 +22,15 @@ from tests.support import S3_BUCKET, Workers  # noqa: E402
 IDLE_REDIS_DB = 13
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--screenshots",
+        metavar="DIR",
+        default=None,
+        help="where the page tour (tests/web/test_page_tour.py) keeps its screenshots (default: a temporary folder)",
+    )
+
+
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory) -> Path:
     """Where synthetic assets are built: CHATTTS_FARM_DATA_DIR when set, so runs can share one build."""

@@ -1,59 +1,12 @@
 """The pages in a real headless Chromium (Debian's), against the real web server and workers."""
 
-import re
-import shutil
-import subprocess
 import time
 
-import pytest
 import requests
-
-from tests.support import CLI, serve_web
 
 LONG_TEXT = " ".join(
     f"This is sentence {word} of a text long enough to watch." for word in "abcdefghijklmnopqrstuvwxyz" * 3
 )
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-sync",
-    "--disable-background-networking",
-    "--disable-component-update",
-    # The streaming job page plays its audio on arrival; a person's browser asks for a click first.
-    "--autoplay-policy=no-user-gesture-required",
-]
-
-
-@pytest.fixture(scope="module")
-def web_server(workers, data_dir, tmp_path_factory):
-    for base, _ in serve_web(workers, data_dir, tmp_path_factory.mktemp("web") / "farm.db"):
-        yield base
-
-
-@pytest.fixture(scope="module")
-def keyed_web_server(workers, data_dir, tmp_path_factory):
-    """A web server that requires API keys, and a key made with `chattts-farm keys create`."""
-    for base, environment in serve_web(
-        workers, data_dir, tmp_path_factory.mktemp("keyed-web") / "farm.db", CHATTTS_FARM_REQUIRE_API_KEY="true"
-    ):
-        created = subprocess.run(
-            [CLI, "keys", "create", "browser-user"], env=environment, capture_output=True, text=True, check=True
-        )
-        yield base, re.search(r"cf_\S+", created.stdout).group(0)
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    executable = shutil.which("chromium")
-    assert executable, "chromium is missing: scripts/test installs it (apt-get install chromium)"
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
-        yield launched
-        launched.close()
 
 
 def test_fill_the_form_watch_progress_and_play_the_audio(browser, web_server):

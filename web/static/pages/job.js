@@ -60,6 +60,8 @@ class Waveform {
     const context = new OfflineAudioContext(1, 1, 24000);
     const decoded = await context.decodeAudioData(await response.arrayBuffer());
     this.samples = decoded.getChannelData(0);
+    // Drawn to the loudest sample's height: a quiet recording still shows its shape.
+    this.peak = this.samples.reduce((loudest, value) => Math.max(loudest, Math.abs(value)), 0) || 1;
     this.canvas.dataset.samples = String(this.samples.length);
     this.draw();
   }
@@ -77,6 +79,7 @@ class Waveform {
     const paint = this.canvas.getContext("2d");
     paint.clearRect(0, 0, width, height);
     const middle = height / 2;
+    const scale = middle / this.peak;
     const perColumn = this.samples.length / width;
     const played = this.audio.duration ? this.audio.currentTime / this.audio.duration : 0;
     for (let column = 0; column < width; column += 1) {
@@ -89,8 +92,7 @@ class Waveform {
         if (value > high) high = value;
       }
       paint.fillStyle = column / width <= played ? style.getPropertyValue("--accent") : style.getPropertyValue("--muted");
-      const top = middle - high * middle;
-      paint.fillRect(column, top, 1, Math.max(1, (high - low) * middle));
+      paint.fillRect(column, middle - high * scale, 1, Math.max(1, (high - low) * scale));
     }
     paint.fillStyle = style.getPropertyValue("--fg");
     paint.fillRect(Math.round(played * width), 0, Math.max(1, Math.round(ratio)), height);

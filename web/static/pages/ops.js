@@ -92,10 +92,8 @@ class Chart {
     this.shape = "";
   }
 
-  show(times, spec) {
+  show(times, spec, from) {
     const shape = spec.lines.map((line) => `${line.label}/${line.scale}`).join("|");
-    const measured = spec.lines.map((line) => line.values.findIndex((value) => value !== null)).filter((at) => at >= 0);
-    const from = measured.length ? Math.max(0, Math.min(...measured) - LEAD_POINTS) : 0;
     const data = [times.slice(from), ...spec.lines.map((line) => line.values.slice(from))];
     if (shape !== this.shape) {
       this.plot?.destroy();
@@ -155,7 +153,7 @@ function setUpOps(section) {
   const gpuCharts = new Map();  // worker -> Chart
   const gpuArea = section.querySelector("#ops-gpu-charts");
 
-  function showGpus(series) {
+  function showGpus(series, from) {
     for (const [worker, chart] of gpuCharts) {
       if (!(worker in series.gpus)) {
         chart.figure.remove();
@@ -173,7 +171,7 @@ function setUpOps(section) {
         gpuArea.append(figure);
         gpuCharts.set(worker, new Chart(figure));
       }
-      gpuCharts.get(worker).show(series.t, gpuChart(gpu));
+      gpuCharts.get(worker).show(series.t, gpuChart(gpu), from);
     }
     section.querySelector("#ops-no-gpu").hidden = gpuCharts.size > 0;
   }
@@ -189,10 +187,13 @@ function setUpOps(section) {
         String(w.current_batch), String(w.jobs_done), `${w.heartbeat_age_s} s ago`,
       ]));
       fillRows(section.querySelector("#ops-queues"), Object.entries(data.queues).map(([q, n]) => [q, String(n)]));
-      charts.throughput.show(series.t, throughputChart(series));
-      charts.queues.show(series.t, queueChart(series));
-      charts.latency.show(series.t, latencyChart(series));
-      showGpus(series);
+      // Every chart starts where the farm's history does (workers sample even when idle), on one time axis.
+      const measured = series.jobs_per_s.findIndex((value) => value !== null);
+      const from = measured < 0 ? 0 : Math.max(0, measured - LEAD_POINTS);
+      charts.throughput.show(series.t, throughputChart(series), from);
+      charts.queues.show(series.t, queueChart(series), from);
+      charts.latency.show(series.t, latencyChart(series), from);
+      showGpus(series, from);
       section.querySelector("#ops-error").textContent = "";
     } catch (failure) {
       section.querySelector("#ops-error").textContent = failure.message;

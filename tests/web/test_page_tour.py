@@ -1,0 +1,109 @@
+"""Every page, as a person sees it on a phone (375 px) and on a desktop (1280 px), in a real headless
+Chromium against the real web server and workers: it loads with no console error, no failed request and
+no response of 400 or more (a favicon's 404 included), nothing wider than the screen, and what it draws
+(charts, a waveform) drawn. Each visit leaves a screenshot: `scripts/screenshots` keeps them in
+docs/screenshots."""
+
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from tests.web.test_browser import LONG_TEXT
+
+WIDTHS = {"phone": 375, "desktop": 1280}
+# Pages also shown in dark mode (the system setting), on a desktop.
+DARK = {"ops", "job", "voices"}
+
+
+@pytest.fixture(scope="module")
+def screenshots(request, tmp_path_factory) -> Path:
+    chosen = request.config.getoption("--screenshots")
+    folder = Path(chosen) if chosen else tmp_path_factory.mktemp("screenshots")
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def farm_with_history(web_server):
+    """A farm that has done some work: a tagged voice, a streamed job and a finished job to look at."""
+    for name, seed, tags in (("Calm narrator", 11, ["calm", "narrator"]), ("Bright host", 12, ["bright"])):
+        added = requests.post(web_server + "/api/voices", json={"name": name, "seed": seed, "tags": tags}, timeout=30)
+        added.raise_for_status()
+    requests.post(web_server + "/api/jobs", json={"text": LONG_TEXT[:200], "stream": True}, timeout=10)
+    job = requests.post(
+        web_server + "/api/jobs", json={"text": LONG_TEXT[:300], "voice": "Calm narrator"}, timeout=10
+    ).json()
+    deadline = time.monotonic() + 120
+    while requests.get(web_server + job["status_url"], timeout=10).json()["status"] != "done":
+        assert time.monotonic() < deadline, "the tour's job never finished"
+        time.sleep(0.5)
+    return {"job": f"/jobs/{job['id']}"}
+
+
+def pages(farm_with_history) -> dict[str, str]:
+    return {
+        "speak": "/",
+        "jobs": "/jobs",
+        "job": farm_with_history["job"],
+        "voices": "/voices",
+        "ops": "/ops",
+        "sign-in": "/sign-in",
+    }
+
+
+def drawn(page, name: str) -> bool:
+    """Whether a page that draws has drawn: the ops charts their points, the job page its waveform."""
+    if name == "ops":
+        return int(page.get_attribute("[data-chart=throughput]", "data-points") or 0) > 0
+    if name == "job":
+        return page.get_attribute("#job-waveform", "data-samples") is not None
+    return True
+
+
+# The elements that reach past the right edge of the screen (none when the page fits).
+WIDER_THAN_THE_SCREEN = """() => document.documentElement.scrollWidth <= window.innerWidth ? [] :
+  [...document.querySelectorAll("body *")]
+    .filter((element) => element.getBoundingClientRect().right > window.innerWidth)
+    .filter((element) => !element.closest(".table-scroll"))
+    .map((element) => `${element.tagName.toLowerCase()}#${element.id}.${element.className}`).slice(0, 10)"""
+
+
+def open_page(browser, url: str, width: int, scheme: str):
+    """A fresh page at ``url``, and the list its problems go to as they happen."""
+    context = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=scheme)
+    page = context.new_page()
+    problems = []
+    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+    page.on("pageerror", lambda error: problems.append(str(error)))
+    page.on("requestfailed", lambda failed: real_failure(failed) and problems.append(f"failed: {failed.url}"))
+    page.on("response", lambda answer: answer.status >= 400 and problems.append(f"{answer.status}: {answer.url}"))
+    page.goto(url)
+    page.wait_for_load_state("networkidle")
+    return context, page, problems
+
+
+def real_failure(request) -> bool:
+    # A media element drops its first request once it has read what it needs (preload="metadata").
+    return not (request.resource_type == "media" and request.failure == "net::ERR_ABORTED")
+
+
+@pytest.mark.parametrize("width", WIDTHS)
+def test_every_page_loads_cleanly_fits_the_screen_and_draws(browser, web_server, farm_with_history, screenshots, width):
+    for name, path in pages(farm_with_history).items():
+        for scheme in ("light", "dark") if width == "desktop" and name in DARK else ("light",):
+            context, page, problems = open_page(browser, web_server + path, WIDTHS[width], scheme)
+            deadline = time.monotonic() + 30
+            while not drawn(page, name):
+                assert time.monotonic() < deadline, f"{name} at {width} never drew"
+                time.sleep(0.2)
+
+            shot = screenshots / f"{name}-{WIDTHS[width]}{'-dark' if scheme == 'dark' else ''}.png"
+            page.screenshot(path=shot, full_page=True)
+
+            overflow = page.evaluate(WIDER_THAN_THE_SCREEN)
+            assert overflow == [], f"{name} at {width}: wider than the screen: {overflow}"
+            assert problems == [], f"{name} at {width} ({scheme}): {problems}"
+            assert shot.stat().st_size > 5000
+            context.close()
