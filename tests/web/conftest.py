@@ -105,3 +105,31 @@ def browser():
         launched = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_FLAGS)
         yield launched
         launched.close()
+
+
+def _real_failure(request) -> bool:
+    # A media element drops its first request once it has read what it needs (preload="metadata").
+    return not (request.resource_type == "media" and request.failure == "net::ERR_ABORTED")
+
+
+@pytest.fixture
+def watched_page(browser):
+    """Opens a page in a fresh browser context; gives it with the list its problems go to as they happen:
+    console errors, uncaught exceptions, failed requests and responses of 400 or more."""
+    contexts = []
+
+    def open_page(url: str, width: int = 1280, scheme: str = "light"):
+        context = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=scheme)
+        contexts.append(context)
+        page = context.new_page()
+        problems = []
+        page.on("console", lambda message: message.type == "error" and problems.append(message.text))
+        page.on("pageerror", lambda error: problems.append(str(error)))
+        page.on("requestfailed", lambda failed: _real_failure(failed) and problems.append(f"failed: {failed.url}"))
+        page.on("response", lambda answer: answer.status >= 400 and problems.append(f"{answer.status}: {answer.url}"))
+        page.goto(url)
+        return page, problems
+
+    yield open_page
+    for context in contexts:
+        context.close()

@@ -45,13 +45,9 @@ PAINTED_PIXELS = """canvas => {
 }"""
 
 
-def test_a_finished_jobs_page_shows_its_details_and_waveform_and_seeks_where_clicked(browser, web_server):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
-    page.on("pageerror", lambda error: problems.append(str(error)))
+def test_a_finished_jobs_page_shows_its_details_and_waveform_and_seeks_where_clicked(watched_page, web_server):
     job = requests.post(web_server + "/api/jobs", json={"text": LONG_TEXT[:400], "voice": 7}, timeout=10).json()
-    page.goto(web_server + f"/jobs/{job['id']}")
+    page, problems = watched_page(web_server + f"/jobs/{job['id']}")
     page.wait_for_selector("#job-result", state="visible", timeout=120_000)
 
     deadline = time.monotonic() + 30
@@ -125,11 +121,8 @@ def test_create_a_tagged_voice_and_find_it_by_tag(browser, web_server):
     assert page.locator("tr.voice").count() == 0
 
 
-def test_the_workshop_makes_new_voices_together_and_keeps_one_in_the_catalog(browser, web_server):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
-    page.goto(web_server + "/voices")
+def test_the_workshop_makes_new_voices_together_and_keeps_one_in_the_catalog(watched_page, web_server):
+    page, problems = watched_page(web_server + "/voices")
     # Long enough that each job takes a while even on the tiny model: sent together, they overlap.
     page.fill("#workshop-text", LONG_TEXT[:300])
     page.fill("#workshop-count", "3")
@@ -225,12 +218,8 @@ LINE_PIXELS = """figure => {
 }"""
 
 
-def test_the_ops_page_charts_what_the_farm_finishes_without_a_reload(browser, web_server):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
-    problems = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.goto(web_server + "/ops")
+def test_the_ops_page_charts_what_the_farm_finishes_without_a_reload(watched_page, web_server):
+    page, problems = watched_page(web_server + "/ops")
     for stream in (True, False):
         requests.post(
             web_server + "/api/jobs", json={"text": "Chart me on the ops page.", "stream": stream}, timeout=10

@@ -70,30 +70,14 @@ WIDER_THAN_THE_SCREEN = """() => document.documentElement.scrollWidth <= window.
     .map((element) => `${element.tagName.toLowerCase()}#${element.id}.${element.className}`).slice(0, 10)"""
 
 
-def open_page(browser, url: str, width: int, scheme: str):
-    """A fresh page at ``url``, and the list its problems go to as they happen."""
-    context = browser.new_context(viewport={"width": width, "height": 800}, color_scheme=scheme)
-    page = context.new_page()
-    problems = []
-    page.on("console", lambda message: message.type == "error" and problems.append(message.text))
-    page.on("pageerror", lambda error: problems.append(str(error)))
-    page.on("requestfailed", lambda failed: real_failure(failed) and problems.append(f"failed: {failed.url}"))
-    page.on("response", lambda answer: answer.status >= 400 and problems.append(f"{answer.status}: {answer.url}"))
-    page.goto(url)
-    page.wait_for_load_state("networkidle")
-    return context, page, problems
-
-
-def real_failure(request) -> bool:
-    # A media element drops its first request once it has read what it needs (preload="metadata").
-    return not (request.resource_type == "media" and request.failure == "net::ERR_ABORTED")
-
-
 @pytest.mark.parametrize("width", WIDTHS)
-def test_every_page_loads_cleanly_fits_the_screen_and_draws(browser, web_server, farm_with_history, screenshots, width):
+def test_every_page_loads_cleanly_fits_the_screen_and_draws(
+    watched_page, web_server, farm_with_history, screenshots, width
+):
     for name, path in pages(farm_with_history).items():
         for scheme in ("light", "dark") if width == "desktop" and name in DARK else ("light",):
-            context, page, problems = open_page(browser, web_server + path, WIDTHS[width], scheme)
+            page, problems = watched_page(web_server + path, WIDTHS[width], scheme)
+            page.wait_for_load_state("networkidle")
             deadline = time.monotonic() + 30
             while not drawn(page, name):
                 assert time.monotonic() < deadline, f"{name} at {width} never drew"
@@ -106,4 +90,3 @@ def test_every_page_loads_cleanly_fits_the_screen_and_draws(browser, web_server,
             assert overflow == [], f"{name} at {width}: wider than the screen: {overflow}"
             assert problems == [], f"{name} at {width} ({scheme}): {problems}"
             assert shot.stat().st_size > 5000
-            context.close()
