@@ -55,10 +55,13 @@ def record(client, worker: str, sample: Sample) -> None:
 def read(client, now: float, window_s: int = WINDOW_S) -> dict:
     """Every worker's history of the last ``window_s``, as series on one time axis (see :func:`fold`)."""
     keys = sorted(client.scan_iter(match=redis_keys.ops_series("*")))
-    histories = {}
+    pipeline = client.pipeline(transaction=False)
     for key in keys:
+        pipeline.lrange(key, 0, -1)
+    histories = {}
+    for key, raws in zip(keys, pipeline.execute(), strict=True):
         worker = (key.decode() if isinstance(key, bytes) else key).removeprefix(redis_keys.OPS_SERIES_PREFIX)
-        histories[worker] = [Sample(**json.loads(raw)) for raw in client.lrange(key, 0, -1)]
+        histories[worker] = [Sample(**json.loads(raw)) for raw in raws]
     return fold(histories, now, window_s)
 
 
