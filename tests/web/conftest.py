@@ -108,8 +108,10 @@ def browser():
 
 
 def _real_failure(request) -> bool:
-    # A media element drops its first request once it has read what it needs (preload="metadata").
-    return not (request.resource_type == "media" and request.failure == "net::ERR_ABORTED")
+    # ERR_ABORTED is the page stopping a load itself: a media element once it has read what it needs
+    # (preload="metadata"), a streamed response read to its end. A server that fails a load shows as
+    # another error (a reset connection, an empty response, an unfinished chunked body).
+    return not (request.resource_type in ("media", "fetch") and request.failure == "net::ERR_ABORTED")
 
 
 @pytest.fixture
@@ -125,7 +127,10 @@ def watched_page(browser):
         problems = []
         page.on("console", lambda message: message.type == "error" and problems.append(message.text))
         page.on("pageerror", lambda error: problems.append(str(error)))
-        page.on("requestfailed", lambda failed: _real_failure(failed) and problems.append(f"failed: {failed.url}"))
+        page.on(
+            "requestfailed",
+            lambda failed: _real_failure(failed) and problems.append(f"failed ({failed.failure}): {failed.url}"),
+        )
         page.on("response", lambda answer: answer.status >= 400 and problems.append(f"{answer.status}: {answer.url}"))
         page.goto(url)
         return page, problems

@@ -348,7 +348,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             {"type": "object", "properties": {"jobs": {"type": "array", "items": job}}},
                             "the jobs, on their way",
                         ),
-                        **_errors(400, 429),
+                        **_errors(400, 413),
                         "503": _error(503, _QUEUE_FULL),
                     },
                 },
