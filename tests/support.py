@@ -23,9 +23,9 @@ WORKER_ENVIRONMENT = {
     "CHATTTS_FARM_MODEL": "synthetic-tiny",
     "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": "4",
     # Short limits keep the SIGKILL test short: a dead worker's jobs return after
-    # 2 * 30 + 30 = 90 s (see Settings.visibility_timeout_s); tiny jobs take a few seconds.
-    "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "25",
-    "CHATTTS_FARM_TASK_TIME_LIMIT_S": "30",
+    # 2 * 25 + 30 = 80 s (see Settings.visibility_timeout_s); tiny jobs take a few seconds.
+    "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "20",
+    "CHATTTS_FARM_TASK_TIME_LIMIT_S": "25",
     "CHATTTS_FARM_UNACKED_RESTORE_INTERVAL_S": "2",
 }
 

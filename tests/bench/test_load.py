@@ -8,7 +8,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
+def test_ten_clients_for_eight_seconds_fail_no_request_and_lose_no_job():
     # On PostgreSQL, the production database: SQLite, the default, is what every other farm test runs on.
     finished = subprocess.run(
         [
@@ -17,7 +17,7 @@ def test_ten_clients_for_fifteen_seconds_fail_no_request_and_lose_no_job():
             "--clients",
             "10",
             "--seconds",
-            "15",
+            "8",
             "--database",
             "postgresql",
         ],

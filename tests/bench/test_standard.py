@@ -9,7 +9,7 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     finished = run_bench(
         "standard",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "6", "--stock", "1"),
-        *("--soak-s", "5", "--soak-every-s", "1", "--seconds", "1-2", "--workdir", str(tmp_path)),
+        *("--soak-s", "3", "--soak-every-s", "1", "--seconds", "1-2", "--workdir", str(tmp_path)),
         data_dir=data_dir,
     )
     lines = finished.stdout.splitlines()

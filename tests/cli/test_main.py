@@ -46,7 +46,7 @@ def test_say_writes_the_audio_and_describes_it(tmp_path, data_dir):
     assert abs(len(samples) / rate - summary["duration_s"]) < 0.05
 
 
-LONG_TEXT = " ".join(f"Sentence number {word} of a text that takes several segments." for word in "abcdefghijkl")
+LONG_TEXT = " ".join(f"Sentence number {word} of a text that takes several segments." for word in "abcdef")
 
 
 def run_cli_on_a_terminal(*arguments, data_dir) -> tuple[int, str]:

@@ -110,7 +110,9 @@ class Chart {
   options(spec) {
     const colours = palette();
     const scales = { x: { time: true } };
-    for (const axis of spec.axes) scales[axis.scale] = axis.range ? { range: axis.range } : { auto: true };
+    // Every figure charted is a count, a rate, a size or a time: each axis starts at zero.
+    const fromZero = (plot, min, max) => [0, max > 0 ? max * 1.1 : 1];
+    for (const axis of spec.axes) scales[axis.scale] = { range: axis.range ?? fromZero };
     return {
       width: this.width(),
       height: CHART_HEIGHT,
