@@ -92,6 +92,10 @@ def _require_keys(paths: dict) -> None:
             operation["responses"] = dict(sorted({**refusals, **operation["responses"]}.items()))
 
 
+def _json_body(schema: dict) -> dict:
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 def _json(schema: dict, description: str = "ok") -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
@@ -183,7 +187,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "/api/jobs": {
                 "post": {
                     "summary": "Submit a synthesis job",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": job_request}}},
+                    "requestBody": _json_body(job_request),
                     "responses": {
                         "202": _json(
                             {
@@ -291,7 +295,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 },
                 "post": {
                     "summary": "Add a voice from a seed or an embedding",
-                    "requestBody": {"required": True, "content": {"application/json": {"schema": new_voice}}},
+                    "requestBody": _json_body(new_voice),
                     "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 503)},
                 },
             },
@@ -304,14 +308,9 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 "patch": {
                     "summary": "Edit a voice",
                     "parameters": voice_id,
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {"type": "object", "additionalProperties": False, "properties": voice_fields}
-                            }
-                        },
-                    },
+                    "requestBody": _json_body(
+                        {"type": "object", "additionalProperties": False, "properties": voice_fields}
+                    ),
                     "responses": {"200": _json(voice), **_errors(400, 404, 409, 413), **owner_only},
                 },
                 "delete": {
@@ -328,21 +327,16 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                         " keep the ones you like with POST /api/voices/from-job/{job_id}. All or none are"
                         " accepted: the queue's caps and the key's quota count every one."
                     ),
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "properties": {
-                                        "text": {"type": "string"},
-                                        "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 6},
-                                    },
-                                    "additionalProperties": False,
-                                }
-                            }
-                        },
-                    },
+                    "requestBody": _json_body(
+                        {
+                            "type": "object",
+                            "properties": {
+                                "text": {"type": "string"},
+                                "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 6},
+                            },
+                            "additionalProperties": False,
+                        }
+                    ),
                     "responses": {
                         "202": _json(
                             {"type": "object", "properties": {"jobs": {"type": "array", "items": job}}},
@@ -369,19 +363,14 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 "post": {
                     "summary": "Keep the voice a job used",
                     "parameters": job_id,
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["name"],
-                                    "additionalProperties": False,
-                                    "properties": voice_fields,
-                                }
-                            }
-                        },
-                    },
+                    "requestBody": _json_body(
+                        {
+                            "type": "object",
+                            "required": ["name"],
+                            "additionalProperties": False,
+                            "properties": voice_fields,
+                        }
+                    ),
                     "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413, 503)},
                 },
             },
@@ -437,37 +426,29 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "/api/voices/import": {
                 "post": {
                     "summary": "Add exported voices (existing names are skipped)",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": {"type": "array", "items": exported_voice}}},
-                    },
+                    "requestBody": _json_body({"type": "array", "items": exported_voice}),
                     "responses": {"200": _json({"type": "object"}), **_errors(400, 413)},
                 }
             },
             "/v1/audio/speech": {
                 "post": {
                     "summary": "OpenAI-compatible speech",
-                    "requestBody": {
-                        "required": True,
-                        "content": {
-                            "application/json": {
-                                "schema": {
-                                    "type": "object",
-                                    "required": ["input", "voice"],
-                                    "properties": {
-                                        "model": {"type": "string"},
-                                        "input": text,
-                                        "voice": _SPEECH_VOICE,
-                                        "response_format": {
-                                            "type": "string",
-                                            "enum": ["mp3", "opus", "flac", "wav", "pcm"],
-                                        },
-                                        "speed": {"type": "number", "minimum": 0.25, "maximum": 4},
-                                    },
-                                }
-                            }
-                        },
-                    },
+                    "requestBody": _json_body(
+                        {
+                            "type": "object",
+                            "required": ["input", "voice"],
+                            "properties": {
+                                "model": {"type": "string"},
+                                "input": text,
+                                "voice": _SPEECH_VOICE,
+                                "response_format": {
+                                    "type": "string",
+                                    "enum": ["mp3", "opus", "flac", "wav", "pcm"],
+                                },
+                                "speed": {"type": "number", "minimum": 0.25, "maximum": 4},
+                            },
+                        }
+                    ),
                     "responses": {
                         "200": {"description": "the audio"},
                         **_errors(400, 413, 502, 504),
