@@ -6,7 +6,7 @@ from tests.support import run_bench
 def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     finished = run_bench(
         "engine_phases",
-        *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "6", "--slots", "4"),
+        *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "4", "--slots", "4"),
         *("--kv-dtypes", "model,fp8", "--seconds", "1-2"),
         data_dir=data_dir,
         timeout_s=300,

@@ -6,7 +6,7 @@ from tests.support import markdown_table, run_bench
 def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, data_dir, tmp_path):
     finished = run_bench(
         "latency",
-        *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "2", "--workdir", str(tmp_path)),
+        *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "1", "--workdir", str(tmp_path)),
         "--engine",
         "--web",
         data_dir=data_dir,
