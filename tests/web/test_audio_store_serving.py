@@ -61,8 +61,14 @@ def test_the_whole_audio_is_the_stored_file_with_its_validators(stored):
 
 @pytest.mark.parametrize(
     ("asked", "first", "stop"),
-    [("bytes=0-43", 0, 44), ("bytes=100-", 100, None), ("bytes=-10", -10, None), ("bytes=5-999999999", 5, None)],
-    ids=["header", "from-an-offset", "last-bytes", "past-the-end-is-cut"],
+    [
+        ("bytes=0-43", 0, 44),
+        ("bytes=100-", 100, None),
+        ("bytes=-10", -10, None),
+        ("bytes=5-999999999", 5, None),
+        ("bytes=0-", 0, None),
+    ],
+    ids=["header", "from-an-offset", "last-bytes", "past-the-end-is-cut", "all-from-the-start"],
 )
 def test_a_range_is_answered_206_with_exactly_its_bytes(stored, asked, first, stop):
     client, job, data = stored
@@ -96,6 +102,37 @@ def test_a_client_holding_the_current_version_gets_304(stored):
     tag = client.get(job["audio_url"]).headers["ETag"]
     again = client.get(job["audio_url"], headers={"If-None-Match": tag})
     assert again.status_code == 304 and again.data == b""
+
+
+def test_a_suffix_longer_than_the_audio_is_all_of_it_and_an_empty_one_is_416(stored):
+    client, job, data = stored
+    for longer in (len(data), len(data) + 1000):
+        whole = client.get(job["audio_url"], headers={"Range": f"bytes=-{longer}"})
+        assert whole.status_code == 206 and whole.data == data
+        assert whole.headers["Content-Range"] == f"bytes 0-{len(data) - 1}/{len(data)}"
+    empty = client.get(job["audio_url"], headers={"Range": "bytes=-0"})
+    assert empty.status_code == 416 and empty.get_json()["field"] == "Range"
+    assert empty.headers["Content-Range"] == f"bytes */{len(data)}"
+
+
+def test_if_match_of_another_version_is_412_and_of_this_one_or_any_is_the_audio(stored):
+    client, job, data = stored
+    tag = client.get(job["audio_url"]).headers["ETag"]
+    other = client.get(job["audio_url"], headers={"If-Match": '"another-version"'})
+    assert other.status_code == 412 and other.get_json()["field"] == "If-Match"
+    # If-Match compares strongly: the weak form of the current tag does not match it.
+    weak = client.get(job["audio_url"], headers={"If-Match": f"W/{tag}"})
+    assert weak.status_code == 412
+    for matching in (tag, "*", f'"another-version", {tag}'):
+        answer = client.get(job["audio_url"], headers={"If-Match": matching})
+        assert answer.status_code == 200 and answer.data == data, matching
+
+
+def test_an_if_range_with_a_weak_tag_never_holds(stored):
+    client, job, data = stored
+    tag = client.get(job["audio_url"]).headers["ETag"]
+    weak = client.get(job["audio_url"], headers={"Range": "bytes=0-9", "If-Range": f"W/{tag}"})
+    assert weak.status_code == 200 and weak.data == data
 
 
 def run_gc(app, tiny_settings) -> str:
