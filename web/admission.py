@@ -1,18 +1,26 @@
 """Back-pressure: a job is admitted only while the farm's backlog (jobs accepted, not yet started) is under
-``CHATTTS_FARM_MAX_QUEUED_JOBS`` and, with keys on, its key's under ``CHATTTS_FARM_MAX_QUEUED_JOBS_PER_KEY``.
-Past either it is refused (503, or 429 for the key's own, with ``Retry-After``) before anything of it
-exists: no row, no message, no quota reserved.
+``CHATTTS_FARM_MAX_QUEUED_JOBS`` and, with keys on, its key's under ``CHATTTS_FARM_MAX_QUEUED_JOBS_PER_KEY``
+and under its fair share of the farm's cap. Past any of them it is refused (503 for the farm's, 429 for a
+key's, with ``Retry-After``) before anything of it exists: no row, no message, no quota reserved.
+
+The fair share: once the backlog reaches half the farm's cap, a key may hold at most
+``cap // (keys with jobs waiting, its own included, + 1)`` waiting jobs (at least one). The ``+ 1`` is room
+for a key yet to come; below half, whatever the others hold, the room left is more than any share.
 
 Admission is one Redis script, atomic across threads and web processes, so two submissions at the edge
 cannot both pass. Its counts are derived from the truth or lapse by themselves:
 
 - the backlog is the queue lists' lengths plus the jobs admitted and not yet sent
   (:mod:`chattts_farm.backlog`); an admission lasts until its message is sent, or lapses
-  (``ADMISSION_S``) when its web process dies first;
+  (``ADMISSION_S``) when its web process dies first; a cancelled job's message is taken out of its list
+  (:func:`withdraw`);
 - a key's waiting jobs are a set of its admitted job ids; once the set is full, the jobs whose task has a
   state in the result backend (started, finished, failed, revoked) are dropped from it before it is judged
   full. A job that ends (cancelled, say) leaves it at once; an admission not followed by its message lapses,
-  and every entry lapses with the results (``CHATTTS_FARM_RESULT_TTL_S``).
+  and every entry lapses with the results (``CHATTTS_FARM_RESULT_TTL_S``);
+- the keys with jobs waiting are an index of their sets (:data:`QUEUING_KEYS`),
+  read only while the backlog is past half the cap: a key counts while its oldest entry has no state, and
+  the entries that have one are dropped on the way (each once), a set left empty leaving the index.
 """
 
 from __future__ import annotations
@@ -34,49 +42,97 @@ logger = logging.getLogger(__name__)
 ADMISSION_S = 60
 # A waiting job starts within seconds once workers drain the queue: ask again soon.
 RETRY_AFTER_S = 10
-KEY_FULL, FARM_FULL = 1, 2
+ADMITTED, KEY_FULL, FARM_FULL, OVER_FAIR_SHARE = 0, 1, 2, 3
+# The keys that may have jobs waiting: a sorted set, a key's queued-jobs set -> the Unix time all its
+# entries have lapsed by.
+QUEUING_KEYS = "chattts:queuing-keys"
 
-# KEYS: the key's queued jobs (job id -> when its entry lapses), then backlog.waiting_keys().
-# ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap), ADMISSION_S, the result backend's
-# key prefix, the results' lifetime (no entry outlives it). A task's state key is read by a name made
-# here, not passed as a key: the farm's Redis is one server, never a cluster. Answers 0 (admitted),
-# KEY_FULL or FARM_FULL.
+# KEYS: the key's queued jobs (job id -> when its entry lapses), the index of keys queuing, then
+# backlog.waiting_keys(). ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap),
+# ADMISSION_S, the result backend's key prefix, the results' lifetime (no entry outlives it). Task state
+# keys and other keys' sets are read by names made or found here, not passed as keys: the farm's Redis is
+# one server, never a cluster. Answers {ADMITTED, KEY_FULL, FARM_FULL or OVER_FAIR_SHARE; the limit that
+# refused; the keys with jobs waiting, when the fair share was reckoned}. A contended admission reads
+# every queuing key's oldest entry: about a millisecond for a thousand keys.
 _ADMIT = (
     backlog.WAITING_JOBS_LUA
     + """
-if waiting_jobs(KEYS[2], {unpack(KEYS, 3)}) >= tonumber(ARGV[2]) then
-    return 2
+local function drop_started(queued, state_prefix)
+    for _, job_id in ipairs(redis.call('ZRANGE', queued, 0, -1)) do
+        if redis.call('EXISTS', state_prefix .. job_id) == 1 then
+            redis.call('ZREM', queued, job_id)
+        end
+    end
+end
+
+local function has_waiting_jobs(queued, state_prefix, now)
+    redis.call('ZREMRANGEBYSCORE', queued, '-inf', now)
+    while true do
+        local oldest = redis.call('ZRANGE', queued, 0, 0)[1]
+        if oldest == nil then
+            return false
+        end
+        if redis.call('EXISTS', state_prefix .. oldest) == 0 then
+            return true
+        end
+        redis.call('ZREM', queued, oldest)
+    end
+end
+
+local function other_keys_waiting(index, own, state_prefix, now)
+    redis.call('ZREMRANGEBYSCORE', index, '-inf', now)
+    local count = 0
+    for _, queued in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+        if queued ~= own then
+            if has_waiting_jobs(queued, state_prefix, now) then
+                count = count + 1
+            else
+                redis.call('ZREM', index, queued)
+            end
+        end
+    end
+    return count
+end
+
+local farm_cap = tonumber(ARGV[2])
+local waiting = waiting_jobs(KEYS[3], {unpack(KEYS, 4)})
+if waiting >= farm_cap then
+    return {2, farm_cap, 0}
 end
 local now = tonumber(redis.call('TIME')[1])
 local lapses = now + tonumber(ARGV[4])
 local key_cap = tonumber(ARGV[3])
 if key_cap > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-    if redis.call('ZCARD', KEYS[1]) >= key_cap then
-        for _, job_id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-            if redis.call('EXISTS', ARGV[5] .. job_id) == 1 then
-                redis.call('ZREM', KEYS[1], job_id)
-            end
-        end
-        if redis.call('ZCARD', KEYS[1]) >= key_cap then
-            return 1
+    local limit, keys = key_cap, 0
+    if waiting * 2 >= farm_cap then
+        keys = other_keys_waiting(KEYS[2], KEYS[1], ARGV[5], now) + 1
+        limit = math.min(key_cap, math.max(1, math.floor(farm_cap / (keys + 1))))
+    end
+    if redis.call('ZCARD', KEYS[1]) >= limit then
+        drop_started(KEYS[1], ARGV[5])
+        if redis.call('ZCARD', KEYS[1]) >= limit then
+            return {limit < key_cap and 3 or 1, limit, keys}
         end
     end
     redis.call('ZADD', KEYS[1], lapses, ARGV[1])
     redis.call('EXPIRE', KEYS[1], ARGV[6])
+    local indexed_until = lapses + tonumber(ARGV[6])
+    redis.call('ZADD', KEYS[2], indexed_until, KEYS[1])
+    redis.call('EXPIREAT', KEYS[2], indexed_until)
 end
-redis.call('ZADD', KEYS[2], lapses, ARGV[1])
-return 0
+redis.call('ZADD', KEYS[3], lapses, ARGV[1])
+return {0, 0, 0}
 """
 )
 
 
 def admit(api_key: ApiKey | None, job_id: str) -> None:
     """Admit a job about to be recorded and sent, or refuse it: 503 when the farm's backlog is full, 429
-    when its key's is."""
+    when its key's is, or the key holds its fair share of the farm's."""
     settings = current_app.config["SETTINGS"]
-    answer = backends.current().redis.register_script(_ADMIT)(
-        keys=[_queued_jobs(api_key), *backlog.waiting_keys()],
+    answer, limit, keys = backends.current().redis.register_script(_ADMIT)(
+        keys=[_queued_jobs(api_key), QUEUING_KEYS, *backlog.waiting_keys()],
         args=[
             job_id,
             settings.max_queued_jobs,
@@ -87,18 +143,34 @@ def admit(api_key: ApiKey | None, job_id: str) -> None:
         ],
     )
     if answer == FARM_FULL:
-        logger.info("job %s refused: %d jobs wait already", job_id, settings.max_queued_jobs)
+        logger.info("job %s refused: %d jobs wait already", job_id, limit)
         raise try_again_later(
-            503,
-            f"the farm has {settings.max_queued_jobs} jobs waiting to start, as many as it queues: try again shortly",
-            RETRY_AFTER_S,
+            503, f"the farm has {limit} jobs waiting to start, as many as it queues: try again shortly", RETRY_AFTER_S
         )
     if answer == KEY_FULL:
         raise too_many_requests(
-            f"this key has {settings.max_queued_jobs_per_key} jobs waiting to start, as many as one key may queue:"
+            f"this key has {limit} jobs waiting to start, as many as one key may queue:"
             " try again once some have started",
             RETRY_AFTER_S,
         )
+    if answer == OVER_FAIR_SHARE:
+        logger.info("job %s refused: its key holds its fair share, %d, of %d keys queuing", job_id, limit, keys)
+        raise too_many_requests(
+            f"this key has {limit} jobs waiting to start, its fair share of the farm's queue while {keys} keys"
+            f" have jobs waiting (at most {settings.max_queued_jobs} in all): try again once some have started",
+            RETRY_AFTER_S,
+        )
+
+
+def withdraw(job_id: str) -> None:
+    """A cancelled job's message leaves its queue list, if it still waits there: the farm's backlog stops
+    counting it at once, and no worker takes it. Redis away here leaves the message for a worker to drop
+    (the task is revoked)."""
+    try:
+        if backlog.withdraw(backends.current().redis, job_id):
+            logger.info("job %s: its message was taken out of the queue", job_id)
+    except RedisError as error:
+        logger.warning("job %s: its message could not be taken out of the queue: %s", job_id, error)
 
 
 def sent(api_key: ApiKey | None, job_id: str) -> None:

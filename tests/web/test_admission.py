@@ -63,17 +63,77 @@ def test_past_the_farms_cap_a_job_is_a_503_with_retry_after_and_nothing_of_it_is
     tiny_settings, tmp_path, idle_redis_url
 ):
     app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True, max_queued_jobs=3)
-    client, key = app.test_client(), make_key(app, "ann")
-    accepted = [submit(client, key).get_json()["id"] for _ in range(3)]
+    client, ann = app.test_client(), make_key(app, "ann")
+    # Three keys, a job each: none holds more than its fair share, the farm's cap is what refuses.
+    ann_job = submit(client, ann).get_json()["id"]
+    accepted = [ann_job, *(submit(client, make_key(app, name)).get_json()["id"] for name in ("bob", "cy"))]
 
-    refused = submit(client, key)
+    refused = submit(client, ann)
 
     assert_try_again_later(refused, 503)
-    assert [job["id"] for job in client.get("/api/jobs", headers=bearer(key)).get_json()["jobs"]] == accepted[::-1]
+    assert [job["id"] for job in client.get("/api/jobs", headers=bearer(ann)).get_json()["jobs"]] == [ann_job]
     assert sorted(queued_messages(app)) == sorted(accepted)
-    assert reserved_jobs(app, key) == set(accepted)
+    assert reserved_jobs(app, ann) == {ann_job}
     assert app.extensions["backends"].redis.zcard(redis_keys.ADMISSIONS) == 0
     assert waiting(app) == 3
+
+
+def test_a_key_holds_at_most_its_fair_share_of_a_contended_farm_and_another_key_still_finds_room(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    # The keys' own cap (1000) is far above the farm's: only the fair share stops them.
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True, max_queued_jobs=6)
+    client, ann, bob = app.test_client(), make_key(app, "ann"), make_key(app, "bob")
+
+    # Alone, ann may hold half the farm's cap (6 // (1 key + 1)), whatever her own cap: the rest waits
+    # for whoever comes next.
+    assert [submit(client, ann).status_code for _ in range(4)] == [202, 202, 202, 429]
+    # Bob has 6 // (2 keys + 1); ann, over hers now, is refused until some of hers have started.
+    assert [submit(client, bob).status_code for _ in range(3)] == [202, 202, 429]
+    over_share = submit(client, ann)
+
+    assert_try_again_later(over_share, 429)
+    assert "fair share" in over_share.get_json()["error"] and "2 keys" in over_share.get_json()["error"]
+    assert over_share.get_json()["field"] == "Authorization"
+    assert waiting(app) == len(queued_messages(app)) == 5
+    assert submit(client, make_key(app, "cy")).status_code == 202
+
+
+def test_a_key_no_longer_counts_among_the_keys_waiting_once_its_jobs_have_started(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True, max_queued_jobs=12)
+    client, ann, bob, cy = (app.test_client(), *(make_key(app, name) for name in ("ann", "bob", "cy")))
+    for _ in range(3):
+        assert submit(client, cy).status_code == 202 and submit(client, ann).status_code == 202
+    bobs = [submit(client, bob).get_json()["id"] for _ in range(2)]
+    assert submit(client, ann).status_code == 429  # 12 // (3 keys + 1) = 3
+
+    # Bob's jobs start on a worker: written as a worker writes a start, taken off the queue as it takes them.
+    redis = app.extensions["backends"].redis
+    for raw in redis.lrange(DEFAULT_QUEUE, 0, -1):
+        if json.loads(raw)["headers"]["id"] in bobs:
+            redis.lrem(DEFAULT_QUEUE, 1, raw)
+    for job_id in bobs:
+        app.extensions["backends"].celery.backend.store_result(job_id, None, "STARTED")
+
+    assert waiting(app) == 6  # still contended: half the cap
+    assert submit(client, ann).status_code == 202  # 12 // (2 keys + 1) = 4
+
+
+def test_a_cancelled_jobs_message_leaves_the_queue_at_once_and_its_place_in_the_farms_cap_with_it(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, max_queued_jobs=2)
+    client = app.test_client()
+    first, second = (submit(client).get_json() for _ in range(2))
+    assert submit(client).status_code == 503
+
+    assert client.delete(first["status_url"]).get_json()["status"] == "cancelled"
+
+    # No worker can take it: a worker takes jobs only from the queue lists.
+    assert queued_messages(app) == [second["id"]] and waiting(app) == 1
+    assert submit(client).status_code == 202
 
 
 def test_past_its_own_cap_a_key_gets_a_429_and_other_keys_are_still_served(tiny_settings, tmp_path, idle_redis_url):
