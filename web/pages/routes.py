@@ -10,6 +10,7 @@ from web.models import Job, JobStatus, db
 from web.pages import bp
 
 RECENT_JOBS = 100
+NOT_A_LOCAL_TARGET = "The page to go to after sign-in is not a page of this site: sign in to go to the home page."
 
 
 @bp.app_context_processor
@@ -83,6 +84,8 @@ def ops():
 def sign_in():
     """With keys on, a browser signs in with an API key; its session then stands for that key."""
     target = _local_target(request.values.get("next", ""))
+    if target is None:
+        return render_template("sign_in.html", next=url_for("pages.index"), error=NOT_A_LOCAL_TARGET), 400
     if request.method == "GET":
         return render_template("sign_in.html", next=target)
     if not sessions.csrf_ok(request.form.get(sessions.CSRF_FORM_FIELD)):
@@ -102,9 +105,15 @@ def sign_out():
     return redirect(url_for("pages.sign_in"))
 
 
-def _local_target(target: str) -> str:
-    """Where to go after sign-in: a path on this site only, never another host."""
+def _local_target(target: str) -> str | None:
+    """Where to go after sign-in (the home page unless asked): a path on this site only, never another
+    host, and with no control character (a CR or LF would split the Location header); None for any other."""
+    if not target:
+        return url_for("pages.index")
+    # Checked before urlsplit, which drops tabs and line breaks from what it reads.
+    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in target):
+        return None
     parts = urlsplit(target)
     if parts.scheme or parts.netloc or not target.startswith("/") or target.startswith("//") or "\\" in target:
-        return url_for("pages.index")
+        return None
     return target

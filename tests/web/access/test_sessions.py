@@ -27,13 +27,28 @@ def test_with_keys_on_the_pages_ask_for_sign_in_and_refuse_a_wrong_key_or_a_forg
     assert browser.get("/api/jobs").status_code == 200  # the session stands for the key on the API
 
 
-def test_sign_in_sends_the_browser_only_to_pages_of_this_site(keyed_app):
+def test_sign_in_sends_the_browser_only_to_pages_of_this_site_and_refuses_any_other_place(keyed_app):
     key = make_key(keyed_app, "frank")
-    for target in ("https://evil.example/", "//evil.example/", "/\\evil.example", "javascript:alert(1)"):
+    redis = keyed_app.extensions["backends"].redis
+    elsewhere = ("https://evil.example/", "//evil.example/", "/\\evil.example", "javascript:alert(1)")
+    # A CR or LF would split the Location header (Werkzeug refuses it: it was a 500, a session signed in).
+    with_control_characters = ("/\r\nSet-Cookie: a=b", "/jobs\n", "/jobs\x00", "/jobs\tx", "/jobs\x7f")
+    for target in elsewhere + with_control_characters:
         browser = keyed_app.test_client()
         token = csrf_of(browser.get("/sign-in"))
+        before = set(redis.keys())
+
         answer = browser.post("/sign-in", data={"key": key, "csrf_token": token, "next": target})
-        assert answer.status_code == 302 and answer.headers["Location"] == "/", target
+
+        assert answer.status_code == 400 and "not a page of this site" in answer.get_data(as_text=True), repr(target)
+        assert 'name="next" value="/"' in answer.get_data(as_text=True)
+        assert set(redis.keys()) == before, repr(target)  # no session written
+        assert browser.get("/").status_code == 302
+    assert keyed_app.test_client().get("/sign-in", query_string={"next": "/\r\nX: y"}).status_code == 400
+    browser = keyed_app.test_client()
+    token = csrf_of(browser.get("/sign-in"))
+    home = browser.post("/sign-in", data={"key": key, "csrf_token": token})
+    assert home.status_code == 302 and home.headers["Location"] == "/"
 
 
 def test_a_signed_in_session_changes_nothing_without_its_csrf_token(keyed_app):
