@@ -1,6 +1,6 @@
-"""Per-key limits: requests a minute (one budget for reads, one for changes) and a daily quota of audio
-seconds. They count in Redis, so they hold across every web process; over a limit is a 429 with
-Retry-After.
+"""Per-key limits: requests a minute (one budget for reads, one for changes, where a request that makes
+several jobs counts each of them) and a daily quota of audio seconds. They count in Redis, so they hold
+across every web process; over a limit is a 429 with Retry-After.
 
 The quota is reserved at submit, not merely checked: a job holds its expected audio (the workers' own
 length rule, :mod:`chattts_farm.speech_length`) against its key's quota for the day it was submitted, so
@@ -33,6 +33,20 @@ SECONDS_PER_DAY = 86_400
 QUOTA_COUNTS_TTL_S = 2 * SECONDS_PER_DAY
 # When only jobs still running stand in the way, their end frees the quota: retry soon, not at midnight.
 RUNNING_JOBS_RETRY_AFTER_S = 30
+
+# The counters of a minute outlive it, so that a request at its end still finds its count.
+RATE_COUNTER_TTL_S = 120
+
+# KEYS: a minute's counter of changes. ARGV: the jobs to count, the budget, the counter's lifetime.
+# Counts them all if they fit in the budget, else none; answers 1 if counted.
+_COUNT_JOBS = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') + tonumber(ARGV[1]) > tonumber(ARGV[2]) then
+    return 0
+end
+redis.call('INCRBY', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 
 # KEYS: the day's charged seconds, the day's reservations (job id -> seconds).
 # ARGV: the job id, its expected seconds, the quota, the counts' lifetime.
@@ -68,16 +82,30 @@ return 1
 def count_request(api_key: ApiKey, settings: Settings, *, reading: bool) -> None:
     """Count this request against its key's budget for the minute; 429 once it is spent."""
     per_minute = settings.read_rate_limit_per_minute if reading else settings.rate_limit_per_minute
-    window = int(time.time() // 60)
-    counter = redis_keys.rate_counter("read" if reading else "change", api_key.key_hash, window)
-    client = backends.current().redis
-    pipeline = client.pipeline()
+    counter = _rate_counter("read" if reading else "change", api_key)
+    pipeline = backends.current().redis.pipeline()
     pipeline.incr(counter)
-    pipeline.expire(counter, 120)
+    pipeline.expire(counter, RATE_COUNTER_TTL_S)
     count = pipeline.execute()[0]
     if count > per_minute:
         what = "reads" if reading else "requests that change something"
-        raise too_many_requests(f"more than {per_minute} {what} a minute with this key", 60 - int(time.time()) % 60)
+        raise too_many_requests(f"more than {per_minute} {what} a minute with this key", _seconds_to_next_minute())
+
+
+def count_jobs(api_key: ApiKey | None, jobs: int) -> None:
+    """Count a request that makes ``jobs`` jobs as that many changes against its key's budget for the
+    minute, all or none: the request counted itself (:func:`count_request`), its other jobs count now, and
+    when they do not all fit it is a 429 and nothing more is counted. Keys off: no budget."""
+    if api_key is None or jobs <= 1:
+        return
+    per_minute = current_app.config["SETTINGS"].rate_limit_per_minute
+    if not _script(_COUNT_JOBS)(
+        keys=[_rate_counter("change", api_key)], args=[jobs - 1, per_minute, RATE_COUNTER_TTL_S]
+    ):
+        raise too_many_requests(
+            f"these {jobs} jobs would pass the {per_minute} jobs and other changes a minute of this key",
+            _seconds_to_next_minute(),
+        )
 
 
 def reserve_audio(api_key: ApiKey | None, job_id: str, submitted_at: datetime, seconds: float) -> None:
@@ -122,6 +150,14 @@ def _day_counts(api_key: ApiKey, submitted_at: datetime) -> list[str]:
     """The Redis keys of a key's seconds charged and reserved for the day (UTC) a job was submitted."""
     day = f"{submitted_at:%Y%m%d}"
     return [redis_keys.audio_quota(api_key.key_hash, day), redis_keys.audio_quota_reservations(api_key.key_hash, day)]
+
+
+def _rate_counter(kind: str, api_key: ApiKey) -> str:
+    return redis_keys.rate_counter(kind, api_key.key_hash, int(time.time() // 60))
+
+
+def _seconds_to_next_minute() -> int:
+    return 60 - int(time.time()) % 60
 
 
 def _seconds_to_midnight() -> int:

@@ -14,7 +14,7 @@ from chattts_farm import redis_keys
 from chattts_farm.contract import InvalidRequest
 from chattts_farm.speech_length import expected_seconds
 from tests.support import wait_until
-from tests.web.access.support import bearer, make_key
+from tests.web.access.support import bearer, make_key, well_inside_a_minute
 from web import create_app
 from web.access import api_keys
 
@@ -115,8 +115,7 @@ def test_a_job_polled_by_many_requests_as_it_finishes_is_charged_once(keyed_app,
 def test_the_rate_limits_answer_429_with_retry_after_across_app_instances(keyed_app):
     settings = dataclasses.replace(keyed_app.config["SETTINGS"], rate_limit_per_minute=2, read_rate_limit_per_minute=3)
     key = make_key(keyed_app, "dave")
-    if time.time() % 60 > 55:  # the counts are per clock minute: start well inside one
-        time.sleep(60 - time.time() % 60)
+    well_inside_a_minute()
     # Two app instances (as two web processes) share the counts through Redis.
     first = create_app({"TESTING": True, "SETTINGS": settings}).test_client()
     second = create_app({"TESTING": True, "SETTINGS": settings}).test_client()

@@ -1,8 +1,10 @@
 """The voice workshop: one request speaks a sentence in new random voices, submitted all or none."""
 
+import dataclasses
+
 import pytest
 
-from tests.web.access.support import bearer, make_key
+from tests.web.access.support import bearer, make_key, well_inside_a_minute
 from tests.web.test_admission import capped_app, queued_messages, reserved_jobs, waiting
 from web.voices import WORKSHOP_TEXT, WORKSHOP_VOICES_DEFAULT, WORKSHOP_VOICES_MAX
 
@@ -75,3 +77,22 @@ def test_a_workshop_voice_is_its_keys_own(tiny_settings, tmp_path, idle_redis_ur
     assert client.get(job["status_url"], headers=bearer(ann)).status_code == 200
     assert client.get(job["status_url"], headers=bearer(bob)).status_code == 404
     assert client.post("/api/voices/workshop", json={"count": 1}).status_code == 401
+
+
+def test_the_rate_limit_counts_a_workshops_jobs_not_its_one_request(tiny_settings, tmp_path, idle_redis_url):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url, require_api_key=True)
+    app.config["SETTINGS"] = dataclasses.replace(app.config["SETTINGS"], rate_limit_per_minute=4)
+    client, ann, bob = app.test_client(), make_key(app, "ann"), make_key(app, "bob")
+    well_inside_a_minute()
+
+    too_many = client.post("/api/voices/workshop", json={"count": 5}, headers=bearer(ann))
+    four = client.post("/api/voices/workshop", json={"count": 4}, headers=bearer(bob))
+    after_four = client.post("/api/jobs", json={"text": "One more."}, headers=bearer(bob))
+
+    assert too_many.status_code == 429 and too_many.get_json()["field"] == "Authorization"
+    assert 1 <= int(too_many.headers["Retry-After"]) <= 60 and "a minute" in too_many.get_json()["error"]
+    assert client.get("/api/jobs", headers=bearer(ann)).get_json()["jobs"] == [] and reserved_jobs(app, ann) == set()
+    assert four.status_code == 202 and len(four.get_json()["jobs"]) == 4
+    assert after_four.status_code == 429
+    # All or none: ann's refused workshop counted as its one request, so three jobs fit still.
+    assert client.post("/api/voices/workshop", json={"count": 3}, headers=bearer(ann)).status_code == 202
