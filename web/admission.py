@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 ADMISSION_S = 60
 # A waiting job starts within seconds once workers drain the queue: ask again soon.
 RETRY_AFTER_S = 10
-ADMITTED, KEY_FULL, FARM_FULL, OVER_FAIR_SHARE = 0, 1, 2, 3
+KEY_FULL, FARM_FULL, OVER_FAIR_SHARE = 1, 2, 3
 # The keys that may have jobs waiting: a sorted set, a key's queued-jobs set -> the Unix time all its
 # entries have lapsed by.
 QUEUING_KEYS = "chattts:queuing-keys"
@@ -51,7 +51,7 @@ QUEUING_KEYS = "chattts:queuing-keys"
 # backlog.waiting_keys(). ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap),
 # ADMISSION_S, the result backend's key prefix, the results' lifetime (no entry outlives it). Task state
 # keys and other keys' sets are read by names made or found here, not passed as keys: the farm's Redis is
-# one server, never a cluster. Answers {ADMITTED, KEY_FULL, FARM_FULL or OVER_FAIR_SHARE; the limit that
+# one server, never a cluster. Answers {0 (admitted), KEY_FULL, FARM_FULL or OVER_FAIR_SHARE; the limit that
 # refused; the keys with jobs waiting, when the fair share was reckoned}. A contended admission reads
 # every queuing key's oldest entry: about a millisecond for a thousand keys.
 _ADMIT = (
