@@ -180,7 +180,19 @@ class Settings:
     # to be fair between (a client's address is a proxy's, or forged), only the server to protect.
     max_waits_per_key: int = _setting(
         64,
-        "requests of one key held open waiting for their audio (`/v1/audio/speech`); keys off: one bound for all",
+        "requests of one key held open on their audio (`/v1/audio/speech`, a job's stream), however long they "
+        "wait or take to read; keys off: one bound for all",
+        minimum=1,
+        role="web",
+    )
+    # Renewed while its request lives (every third of it, or of the send timeout if shorter): only a dead
+    # web process lets a slot lapse.
+    wait_slot_lease_s: int = _setting(
+        60, "how long the wait slots of a web process that died stay taken", minimum=1, role="web"
+    )
+    stream_send_timeout_s: int = _setting(
+        30,
+        "a client that takes nothing of its streamed audio for this long is disconnected, freeing its wait slot",
         minimum=1,
         role="web",
     )

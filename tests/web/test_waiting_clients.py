@@ -6,6 +6,7 @@ every stream carries what the test writes to it with the contract's ``append`` (
 tested in tests/worker).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -28,6 +29,10 @@ from web.errors import ApiError
 from web.waiting import WaitSlot, job_watcher
 
 WAITERS = 200
+# Short enough for a test to outlast, long enough that a web process busy with 200 calls on a loaded
+# two-core machine still renews its leases in time (a third of the shorter, every round).
+LEASE_S = 4
+SEND_TIMEOUT_S = 3
 # A quick answer, with room for a busy two-core test machine.
 QUICK_S = 0.2
 
@@ -50,8 +55,33 @@ class PausedFarm:
         return answer.json()["jobs"]
 
     def waits_of(self, name: str) -> int:
-        """How many of this key's speech calls hold a wait slot now, as the web processes count them in Redis."""
-        return self.redis.zcard(redis_keys.wait_slots(hash_key(self.keys[name])[:16]))
+        """How many of this key's requests hold a wait slot now, as the web processes count them in Redis:
+        the slots whose lease has not ended."""
+        return self.redis.zcount(redis_keys.wait_slots(hash_key(self.keys[name])[:16]), time.time(), "+inf")
+
+    def submit_stream(self, name: str) -> str:
+        """A queued job of this key that streams: the id."""
+        answer = requests.post(
+            f"{self.web.url}/api/jobs",
+            json={"text": "Streamed.", "stream": True},
+            headers=self.headers(name),
+            timeout=10,
+        )
+        assert answer.status_code == 202, answer.text
+        return answer.json()["id"]
+
+    def open_stream(self, name: str, job_id: str, receive_buffer: int | None = None) -> socket.socket:
+        """A listener of the job's stream (raw PCM) on a raw socket, left unread; ``receive_buffer``
+        shrinks its socket's receive buffer, so that the server's sends soon block."""
+        call = socket.socket()
+        if receive_buffer is not None:
+            call.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        call.connect(("127.0.0.1", self.port))
+        call.sendall(
+            f"GET /api/jobs/{job_id}/stream?format=pcm HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {self.keys[name]}\r\n\r\n".encode()
+        )
+        return call
 
     def open_speech_call(self, name: str) -> socket.socket:
         """A speech call sent on a raw socket, left open and unread: a client waiting for its audio."""
@@ -80,6 +110,8 @@ def paused_farm(tmp_path_factory):
         "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{directory / 'farm.db'}",
         "CHATTTS_FARM_REQUIRE_API_KEY": "true",
         "CHATTTS_FARM_MAX_WAITS_PER_KEY": str(WAITERS),
+        "CHATTTS_FARM_WAIT_SLOT_LEASE_S": str(LEASE_S),
+        "CHATTTS_FARM_STREAM_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
         # The test's own submissions must not hit the per-minute budget.
         "CHATTTS_FARM_RATE_LIMIT_PER_MINUTE": "10000",
     }
@@ -87,7 +119,7 @@ def paused_farm(tmp_path_factory):
         web = Web.start(web_port, environment)
         try:
             keys = {}
-            for name in ("patient", "other", "hangs-up", *LISTENERS):
+            for name in ("patient", "other", "hangs-up", "held", *LISTENERS):
                 created = subprocess.run(
                     [CLI, "keys", "create", name], env=environment, capture_output=True, text=True, check=True
                 )
@@ -248,17 +280,26 @@ def test_a_client_that_hangs_up_frees_its_wait_slot_and_its_job_stays(paused_far
 
 
 def test_slots_a_killed_process_never_gave_back_come_free_when_their_lease_ends(app):
-    app.config["SETTINGS"] = replace(app.config["SETTINGS"], max_waits_per_key=2)
+    app.config["SETTINGS"] = replace(app.config["SETTINGS"], max_waits_per_key=2, wait_slot_lease_s=1)
     with app.test_request_context("/v1/audio/speech", method="POST"):
-        # Taken and never given back, as by a web process SIGKILLed in the middle of two waits.
+        # Taken, then lost without being given back: nothing renews them, as in a web process SIGKILLed in
+        # the middle of two waits.
         for _ in range(2):
-            WaitSlot.take(lease_s=1)
+            WaitSlot.take()
         with pytest.raises(ApiError) as refused:
-            WaitSlot.take(lease_s=1)
+            WaitSlot.take()
         assert refused.value.status == 429
         time.sleep(1.5)
-        with WaitSlot.take(lease_s=1):
+        with WaitSlot.take():
             pass
+
+
+def test_a_streamed_answer_closed_before_it_started_gives_its_slot_back(app):
+    """As the server closes the body of a HEAD request (Werkzeug answers one with the GET view's headers)."""
+    with app.test_request_context("/v1/audio/speech", method="POST"):
+        slot = WaitSlot.take()
+        slot.held_while(iter([b"audio never asked for"])).close()
+        assert app.extensions["backends"].redis.zcard(slot.key) == 0
 
 
 def test_every_request_awaiting_one_job_is_woken_when_it_finishes(app):
@@ -271,3 +312,63 @@ def test_every_request_awaiting_one_job_is_woken_when_it_finishes(app):
         watcher.forget("one-job", first)
         watcher.forget("one-job", second)
         assert watcher.waiting == {}
+
+
+def test_requests_held_past_the_lease_keep_their_slots_and_the_cap(paused_farm, patient_calls):
+    """The patient calls wait for their queued jobs; a stream that has sent a chunk waits for the next.
+    Neither renews its slot by sending anything, and the key's bound holds past the lease."""
+    job_id = paused_farm.submit_stream("held")
+    StreamWriter(paused_farm.redis, job_id).audio(samples(0.1))
+    with paused_farm.open_stream("held", job_id):
+        wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the stream to hold its slot")
+        time.sleep(1.5 * LEASE_S)
+        assert paused_farm.waits_of("held") == 1
+        assert paused_farm.waits_of("patient") == WAITERS
+        took, answer = timed(
+            "POST",
+            paused_farm.web.url + "/v1/audio/speech",
+            json={"input": "One too many.", "voice": 7},
+            headers=paused_farm.headers("patient"),
+        )
+        assert answer.status_code == 429 and took < QUICK_S, (answer.status_code, took)
+    wait_until(lambda: paused_farm.waits_of("held") == 0, 5, "the stream's slot to be given back")
+
+
+def test_a_reader_that_takes_nothing_is_disconnected_and_frees_its_slot(paused_farm):
+    job_id = paused_farm.submit_stream("held")
+    stream = StreamWriter(paused_farm.redis, job_id)
+    stream.audio(samples(0.1))
+    with paused_farm.open_stream("held", job_id, receive_buffer=4096) as stalled:
+        wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the stream to hold its slot")
+        # Far more than the socket buffers on both sides take: the server's sends block.
+        stream.audio(*[samples(1.0, seed=second) for second in range(60)])
+        stalled_at = time.monotonic()
+        time.sleep(SEND_TIMEOUT_S / 2)
+        assert paused_farm.waits_of("held") == 1  # a stalled reader is no hung-up one: held up to the timeout
+
+        wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled reader's slot")
+        assert time.monotonic() - stalled_at >= SEND_TIMEOUT_S
+        # Disconnected: what the buffers held drains, then the connection ends short of the audio.
+        stalled.settimeout(5)
+        received = 0
+        with contextlib.suppress(ConnectionResetError):
+            while data := stalled.recv(1 << 16):
+                received += len(data)
+        assert received < len(stream.pcm)
+
+
+def test_a_head_of_a_stream_answers_at_once_and_takes_no_slot(paused_farm):
+    base, held = paused_farm.web.url, paused_farm.headers("held")
+    job_id = paused_farm.submit_stream("held")  # queued, no audio yet: a GET would wait for its first chunk
+    for _ in range(5):
+        took, answer = timed("HEAD", f"{base}/api/jobs/{job_id}/stream?format=wav", headers=held)
+        assert answer.status_code == 200 and took < QUICK_S, (answer.status_code, took)
+        assert answer.headers["Content-Type"] == "audio/wav" and answer.headers["X-Job-Id"] == job_id
+        assert "Content-Length" not in answer.headers  # the GET's body is chunked, not empty
+    assert paused_farm.waits_of("held") == 0
+
+    StreamWriter(paused_farm.redis, job_id).audio(samples(0.1))
+    with requests.get(f"{base}/api/jobs/{job_id}/stream?format=pcm", headers=held, stream=True, timeout=10) as heard:
+        assert heard.status_code == 200
+        assert paused_farm.waits_of("held") == 1
+    wait_until(lambda: paused_farm.waits_of("held") == 0, 5, "the listener's slot to be given back")
