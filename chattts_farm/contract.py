@@ -63,7 +63,9 @@ MIME_TYPES = {
 FORMATS = tuple(MIME_TYPES)
 
 # A ChatTTS speaker embedding is base16384 text (CJK-range code points), never short.
-_EMBEDDING_PATTERN = re.compile(r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$")
+# The pattern is one Python and JSON Schema (ECMA-262) read alike: the web's description uses it.
+EMBEDDING_PATTERN = r"^[\u4e00-\u8dff\u3d00-\u3d0f]{16,}$"
+_EMBEDDING = re.compile(EMBEDDING_PATTERN)
 # An embedding holds one float16 value per dimension of the GPT: 768 in ChatTTS's model, the widest the
 # farm runs (synthetic-tiny is narrower). Workers refuse an embedding of another width.
 MAX_SPEAKER_DIM = 768
@@ -228,6 +230,8 @@ def parse_voice(value: Any, field: str = "voice") -> int | str:
     """
     if isinstance(value, bool):
         raise InvalidRequest(field, "must be an integer seed or a speaker-embedding string, not a boolean")
+    if isinstance(value, float) and (integer := as_integer(value)) is not None:
+        value = integer
     if isinstance(value, int):
         if not 0 <= value <= MAX_SEED:
             raise InvalidRequest(field, f"a seed must be between 0 and {MAX_SEED}")
@@ -252,7 +256,7 @@ def parse_voice(value: Any, field: str = "voice") -> int | str:
 def looks_like_embedding(text: str) -> bool:
     """Whether text is written as a speaker embedding is (base16384), whatever its length: such text is
     taken for an embedding, never for a catalog voice's name."""
-    return bool(_EMBEDDING_PATTERN.match(text.strip()))
+    return bool(_EMBEDDING.match(text.strip()))
 
 
 def check_unicode(value: str, field: str) -> None:
@@ -292,15 +296,25 @@ def _boolean(value: Any, name: str) -> bool:
     raise InvalidRequest(name, "must be true or false")
 
 
+def as_integer(value: Any) -> int | None:
+    """The integer a loosely typed value is, as JSON Schema's ``integer`` counts: 3, or 3.0 (a JSON
+    encoder may write any number so); None for anything else, booleans among them."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
+
+
 def _integer(value: Any, name: str, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        else:
-            raise InvalidRequest(name, f"must be an integer between {low} and {high}")
-    if not low <= value <= high:
-        raise InvalidRequest(name, f"must be between {low} and {high}, got {value}")
-    return value
+    integer = as_integer(value)
+    if integer is None:
+        raise InvalidRequest(name, f"must be an integer between {low} and {high}")
+    if not low <= integer <= high:
+        raise InvalidRequest(name, f"must be between {low} and {high}, got {integer}")
+    return integer
 
 
 def _number(value: Any, name: str, low: float, high: float) -> float:

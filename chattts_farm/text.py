@@ -10,7 +10,10 @@ import re
 import unicodedata
 
 CJK_CHARACTER = re.compile(r"[\u4e00-\u9fff]")
-_SPEAKABLE = re.compile(r"[A-Za-z\u4e00-\u9fff]")
+# What ChatTTS pronounces, as a regular expression both Python and JSON Schema (ECMA-262) read alike:
+# the web's description of text fields says a text must hold one.
+SPEAKABLE_CHARACTER = r"[A-Za-z\u4e00-\u9fff]"
+_SPEAKABLE = re.compile(SPEAKABLE_CHARACTER)
 # ChatTTS control tags such as [uv_break] or [laugh] are spoken as effects, not read out.
 _CONTROL_TAG = re.compile(r"\[[a-z_]+(?:_\d)?\]")
 # Terminal colour codes go whole: dropping the ESC alone would leave "[31m" to be read out.

@@ -72,4 +72,7 @@ def init_app(app: Flask) -> None:
         if not request.path.startswith(JSON_PREFIXES):
             return error  # pages get Werkzeug's plain HTML error page
         field = "body" if error.code == 413 else None
-        return _answer(error.code or 500, error.description or error.name, field)
+        body, status = _answer(error.code or 500, error.description or error.name, field)
+        # Werkzeug's own headers say what the error means: a 405's Allow lists the methods the path takes.
+        headers = {name: value for name, value in error.get_headers() if name.lower() != "content-type"}
+        return body, status, headers

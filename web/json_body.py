@@ -3,6 +3,7 @@ bodies the same way (a 400 naming ``body``, or the field at fault)."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from flask import request
@@ -31,11 +32,25 @@ def json_object() -> dict:
 
 
 def _parsed() -> Any:
+    """The body's JSON value; None when it is not JSON (another content type, or no valid JSON)."""
+    if not request.is_json:
+        return None
     try:
-        return request.get_json(silent=True)
+        return request.json_module.loads(request.get_data(), parse_int=_integer)
     except RecursionError:
         # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
         raise ApiError(400, "the request body is nested too deeply", "body") from None
+    except ValueError:  # not JSON (nor UTF-8)
+        return None
+
+
+def _integer(digits: str) -> int:
+    """A JSON integer. Python converts at most sys.get_int_max_str_digits() digits (4300 unless set; 0 is
+    no limit) and refuses longer ones with a ValueError that would read as "no JSON at all"."""
+    limit, length = sys.get_int_max_str_digits(), len(digits.lstrip("-"))
+    if limit and length > limit:
+        raise ApiError(400, f"a number in the body has {length} digits; at most {limit} are read", "body")
+    return int(digits)
 
 
 def _check_value(value: Any, field: str) -> None:

@@ -18,6 +18,7 @@ from chattts_farm.contract import (
     MAX_SEED,
     InvalidRequest,
     SynthesisRequest,
+    as_integer,
     looks_like_embedding,
     parse_voice,
 )
@@ -138,8 +139,8 @@ def update(voice: Voice, fields: dict[str, Any], *, commit: bool = True) -> Voic
         if "tags" in fields:
             voice.tags = _tags(fields["tags"])
         if "rating" in fields:
-            rating = fields["rating"]
-            if isinstance(rating, bool) or not isinstance(rating, int) or not 0 <= rating <= 5:
+            rating = as_integer(fields["rating"])
+            if rating is None or not 0 <= rating <= 5:
                 raise ApiError(400, "rating must be an integer from 0 to 5", "rating")
             voice.rating = rating
         if "favourite" in fields:
@@ -188,8 +189,8 @@ def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
     all or none pass the queue's caps and the key's quota, and a worker runs them in one batch."""
     from web import jobs
 
-    count = fields.get("count", WORKSHOP_VOICES_DEFAULT)
-    if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= WORKSHOP_VOICES_MAX:
+    count = as_integer(fields.get("count", WORKSHOP_VOICES_DEFAULT))
+    if count is None or not 1 <= count <= WORKSHOP_VOICES_MAX:
         raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
     unknown = sorted(set(fields) - {"text", "count"})
     if unknown:
@@ -251,27 +252,26 @@ def export() -> list[dict[str, Any]]:
 
 
 def import_(entries: Any) -> dict[str, list[str]]:
-    """Add exported voices; a name already in the catalog is skipped, never overwritten."""
+    """Add exported voices; a name already in the catalog is skipped, never overwritten. Every entry is
+    checked whole, skipped or not: a list is imported all or none, whatever the catalog holds."""
     if not isinstance(entries, list):
         raise ApiError(400, "the body must be a JSON list of voices (as GET /api/voices/export gives)", "body")
     added, skipped = [], []
     for position, entry in enumerate(entries):
         if not isinstance(entry, dict) or not entry.get("spk_emb"):
             raise ApiError(400, f"voice {position} must be an object with a name and spk_emb", "body")
-        name = _name(entry.get("name"))
-        if named(name) is not None:
-            skipped.append(name)
-            continue
-        fields = {k: v for k, v in entry.items() if k not in ("seed", "spk_emb")}
         voice = Voice(
-            name=name,
+            name=_name(entry.get("name")),
             seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
             spk_emb=_embedding(entry["spk_emb"]),
             owner_key_id=_caller_key_id(),
         )
-        update(voice, {k: v for k, v in fields.items() if k != "name"}, commit=False)
+        update(voice, {k: v for k, v in entry.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
+        if named(voice.name) is not None:
+            skipped.append(voice.name)
+            continue
         db.session.add(voice)
-        added.append(name)
+        added.append(voice.name)
     db.session.commit()
     return {"added": added, "skipped": skipped}
 
@@ -301,8 +301,9 @@ def normalise_tags(tags: list[str]) -> list[str]:
 def _tags(value: Any) -> list[Tag]:
     texts = isinstance(value, list) and all(isinstance(tag, str) for tag in value)
     names = normalise_tags(value) if texts else []
-    # Lengths are checked as stored: lower-casing may lengthen a tag ("İ" becomes "i" and a combining dot).
-    if not texts or any(len(name) > MAX_TAG_CHARS for name in names):
+    # Lengths are checked as sent (as the description's maxLength counts) and as stored: lower-casing may
+    # lengthen a tag ("İ" becomes "i" and a combining dot).
+    if not texts or any(len(text) > MAX_TAG_CHARS for text in value + names):
         raise ApiError(400, f"tags must be a list of texts of at most {MAX_TAG_CHARS} characters", "tags")
     tags = []
     for name in names:
@@ -312,20 +313,38 @@ def _tags(value: Any) -> list[Tag]:
 
 
 def _name(value: Any) -> str:
-    name = drop_invisible(value).strip() if isinstance(value, str) else ""
-    if not 1 <= len(name) <= MAX_NAME_CHARS:
+    """A voice's name as stored. Its length is counted as sent (as the description's maxLength counts);
+    what is left without invisible characters and surrounding spaces must not be empty."""
+    name = drop_invisible(value).strip() if isinstance(value, str) and len(value) <= MAX_NAME_CHARS else ""
+    if not name:
         raise ApiError(
-            400, f"name is required: text of 1 to {MAX_NAME_CHARS} characters, not counting invisible ones", "name"
+            400, f"name is required: text of at most {MAX_NAME_CHARS} characters, some of them visible", "name"
+        )
+    from web.openai import OPENAI_VOICE_SEEDS  # web.openai speaks catalog voices: it imports this module
+
+    # A catalog voice named like an OpenAI voice is what /v1/audio/speech gives everyone asking for it.
+    if name in OPENAI_VOICE_SEEDS and not _caller_is_admin():
+        raise ApiError(
+            403,
+            f"{name!r} is an OpenAI voice name, which only an admin key may give a catalog voice: every "
+            "/v1/audio/speech call asking for it would be spoken in that voice",
+            "name",
         )
     return name
 
 
 def _optional_text(value: Any, field: str, limit: int) -> str | None:
     """A text field as stored (without control and invisible characters), or None."""
-    text = drop_invisible(value) if isinstance(value, str) else None
-    if value is not None and (text is None or len(text) > limit):
+    text = drop_invisible(value) if isinstance(value, str) and len(value) <= limit else None
+    if value is not None and text is None:
         raise ApiError(400, f"{field} must be text of at most {limit} characters", field)
     return text
+
+
+def _caller_is_admin() -> bool:
+    """Whether the caller holds an admin key; with keys off there are no keys, and everyone is."""
+    key = access.current_key()
+    return key is None or key.is_admin
 
 
 def _caller_key_id() -> int | None:
@@ -335,9 +354,10 @@ def _caller_key_id() -> int | None:
 
 
 def _seed(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_SEED:
+    seed = as_integer(value)
+    if seed is None or not 0 <= seed <= MAX_SEED:
         raise ApiError(400, f"seed must be an integer from 0 to {MAX_SEED}", "seed")
-    return value
+    return seed
 
 
 def _embedding(value: Any) -> str:

@@ -6,6 +6,8 @@ import time
 import numpy as np
 import pytest
 
+from tests.web.access.support import bearer
+from web.access import api_keys
 from web.openai import OPENAI_VOICE_SEEDS, chattts_speed
 from web.waiting import WaitSlot
 from worker.audio import decode
@@ -77,8 +79,8 @@ def test_speed_maps_onto_chattts_levels():
         ({"input": "Hi.", "voice": 1, "speed": 5}, 400, "speed"),
         ({"input": "", "voice": 1}, 400, "input"),
         ({"voice": 1}, 400, "input"),
-        ({"input": "Hi.", "voice": "nobody"}, 400, "voice"),
-        ({"input": "Hi.", "voice": "Alloy"}, 400, "voice"),  # OpenAI's names are lower-case, as its API takes them
+        ({"input": "Hi.", "voice": "nobody"}, 422, "voice"),
+        ({"input": "Hi.", "voice": "Alloy"}, 422, "voice"),  # OpenAI's names are lower-case, as its API takes them
         ({"input": "Hi."}, 400, "voice"),
     ],
 )
@@ -95,3 +97,23 @@ def test_with_keys_off_every_caller_shares_one_bound_of_waits(app, client):
     assert int(answer.headers["Retry-After"]) >= 1
     # Refused before anything was submitted.
     assert client.get("/api/jobs").get_json()["jobs"] == []
+
+
+def test_only_an_admin_key_may_give_a_catalog_voice_an_openai_voice_name(make_app):
+    app = make_app(require_api_key=True)
+    with app.app_context():
+        user, admin = api_keys.create_key("user"), api_keys.create_key("operator", admin=True)
+    client = app.test_client()
+    embedding = "蘁淰敕欀" * 8
+    mine = client.post("/api/voices", json={"name": "my voice", "spk_emb": embedding}, headers=bearer(user))
+    refused = [
+        client.post("/api/voices", json={"name": "alloy", "spk_emb": embedding}, headers=bearer(user)),
+        client.patch(f"/api/voices/{mine.get_json()['id']}", json={"name": " nova "}, headers=bearer(user)),
+        client.post("/api/voices/import", json=[{"name": "echo", "spk_emb": embedding}], headers=bearer(user)),
+    ]
+    assert [(answer.status_code, answer.get_json()["field"]) for answer in refused] == [(403, "name")] * 3
+    given = client.post("/api/voices", json={"name": "alloy", "spk_emb": embedding}, headers=bearer(admin))
+    assert given.status_code == 201
+    # A name that only looks like one is anyone's: OpenAI's names are lower-case, as its API takes them.
+    look_alike = client.post("/api/voices", json={"name": "Alloy", "spk_emb": embedding}, headers=bearer(user))
+    assert look_alike.status_code == 201

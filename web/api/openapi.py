@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from flask import current_app
 
-from chattts_farm.contract import FORMATS, MAX_SEED
+from chattts_farm.contract import EMBEDDING_PATTERN, FORMATS, MAX_EMBEDDING_CHARS, MAX_SEED
+from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
@@ -37,6 +38,7 @@ _NOT_THE_OWNER = (
     "the voice belongs to another key (only its owner or an admin key may change or delete it; a voice "
     "without an owner, only an admin key), or " + _ERROR_MEANINGS[403]
 )
+_RESERVED_NAME = "the name is an OpenAI voice name, which only an admin key may give a catalog voice"
 _TOO_MANY_WAITING = (
     "CHATTTS_FARM_MAX_WAITS_PER_KEY calls of this key (with keys off: of all callers) already wait for their "
     "audio, or " + _ERROR_MEANINGS[429]
@@ -54,6 +56,13 @@ _BEARER = {
         "signed in on the pages may send its session cookie instead, with the page's X-CSRF-Token on every change."
     ),
 }
+_EMBEDDING = {
+    "type": "string",
+    "minLength": 16,
+    "maxLength": MAX_EMBEDDING_CHARS,
+    "pattern": EMBEDDING_PATTERN,
+    "description": "A ChatTTS speaker-embedding string.",
+}
 _VOICE_ARG = {
     "description": "A catalog voice name, an integer seed, or a ChatTTS speaker-embedding string.",
     "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
@@ -61,8 +70,8 @@ _VOICE_ARG = {
 _SPEECH_VOICE = {
     **_VOICE_ARG,
     "description": (
-        f"An OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}: each a fixed seed, unless a catalog voice has "
-        "its name), a catalog voice name, an integer seed, or a ChatTTS speaker-embedding string."
+        f"An OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}: each a fixed seed, unless an admin key gave a "
+        "catalog voice its name), a catalog voice name, an integer seed, or a ChatTTS speaker-embedding string."
     ),
 }
 
@@ -105,9 +114,11 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
         "type": "string",
         "minLength": 1,
         "maxLength": max_text_chars,
+        "pattern": SPEAKABLE_CHARACTER,
         "description": (
             "Plain text (SSML is refused). ChatTTS reads Latin letters and Chinese characters: other characters "
-            "are dropped, control and invisible characters first, and text with nothing left to speak is refused."
+            "are dropped, control and invisible characters first, and text with nothing left to speak is refused "
+            "(the pattern: a letter, not counting those of [control_tags] alone). maxLength counts the text as sent."
         ),
     }
     job_request = {
@@ -138,14 +149,18 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "type": "string",
             "minLength": 1,
             "maxLength": 100,
-            "description": "Unique. Control and invisible characters are dropped, as from tags and job texts.",
+            "description": (
+                "Unique. Control and invisible characters and surrounding spaces are dropped, as from tags and job "
+                "texts; something must be left. maxLength counts the name as sent. An OpenAI voice name "
+                f"({', '.join(OPENAI_VOICE_SEEDS)}) only an admin key may give: 403 naming name otherwise."
+            ),
         },
         "tags": {
             "type": "array",
             "items": {
                 "type": "string",
                 "maxLength": 64,
-                "description": "Stored lower-case, and at most 64 characters so.",
+                "description": "Stored lower-case; at most 64 characters as sent and as stored.",
             },
         },
         "description": {"type": ["string", "null"], "maxLength": 2000},
@@ -162,7 +177,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
         "properties": {
             **voice_fields,
             "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
-            "spk_emb": {"type": "string", "description": "A ChatTTS speaker-embedding string."},
+            "spk_emb": _EMBEDDING,
         },
     }
     exported_voice = {
@@ -178,6 +193,9 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
     job = {"$ref": "#/components/schemas/Job"}
     # Only with keys on are voices owned: with keys off anyone may change any voice.
     owner_only = {"403": _error(403, _NOT_THE_OWNER)} if keys_required else {}
+    # Only with keys on are there admin keys: with keys off anyone may give any name.
+    name_reserved = {"403": _error(403, f"{_RESERVED_NAME}, or {_ERROR_MEANINGS[403]}")} if keys_required else {}
+    renamed = {"403": _error(403, f"{_RESERVED_NAME}, or {_NOT_THE_OWNER}")} if keys_required else {}
     job_id = [{"name": "job_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     voice_id = [{"name": "voice_id", "in": "path", "required": True, "schema": {"type": "integer"}}]
     description = {
@@ -296,7 +314,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 "post": {
                     "summary": "Add a voice from a seed or an embedding",
                     "requestBody": _json_body(new_voice),
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 503)},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 503), **name_reserved},
                 },
             },
             "/api/voices/{voice_id}": {
@@ -311,7 +329,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "requestBody": _json_body(
                         {"type": "object", "additionalProperties": False, "properties": voice_fields}
                     ),
-                    "responses": {"200": _json(voice), **_errors(400, 404, 409, 413), **owner_only},
+                    "responses": {"200": _json(voice), **_errors(400, 404, 409, 413), **renamed},
                 },
                 "delete": {
                     "summary": "Delete a voice",
@@ -331,7 +349,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                         {
                             "type": "object",
                             "properties": {
-                                "text": {"type": "string"},
+                                "text": text,
                                 "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 6},
                             },
                             "additionalProperties": False,
@@ -371,7 +389,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "properties": voice_fields,
                         }
                     ),
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413, 503)},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 404, 409, 413, 503), **name_reserved},
                 },
             },
             "/api/voices/export": {
@@ -427,7 +445,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 "post": {
                     "summary": "Add exported voices (existing names are skipped)",
                     "requestBody": _json_body({"type": "array", "items": exported_voice}),
-                    "responses": {"200": _json({"type": "object"}), **_errors(400, 413)},
+                    "responses": {"200": _json({"type": "object"}), **_errors(400, 413), **name_reserved},
                 }
             },
             "/v1/audio/speech": {
@@ -451,7 +469,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     ),
                     "responses": {
                         "200": {"description": "the audio"},
-                        **_errors(400, 413, 502, 504),
+                        **_errors(400, 413, 422, 502, 504),
                         "503": _error(503, _QUEUE_FULL),
                         # The bound on waiting calls (web.waiting) holds with keys off too.
                         "429": _error(429, _TOO_MANY_WAITING),

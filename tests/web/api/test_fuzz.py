@@ -636,3 +636,73 @@ def test_renaming_a_voice_to_a_taken_name_is_a_409_also_with_new_tags(api):
     taken, renamed = Catalog.make(api.client).voice, Catalog.make(api.client).voice
     answer = api.client.patch(f"/api/voices/{renamed['id']}", json={"name": taken["name"], "tags": ["new"]})
     assert answer.status_code == 409 and answer.get_json()["field"] == "name"
+
+
+def test_a_method_the_path_does_not_take_is_a_json_405_saying_which_it_takes(api):
+    answer = api.client.put("/api/jobs")
+    assert answer.status_code == 405 and answer.is_json
+    assert set(answer.headers["Allow"].split(", ")) >= {"GET", "POST"}
+
+
+def test_an_integer_too_long_for_python_to_read_is_a_400_saying_so(api):
+    answer = api.client.post(
+        "/api/jobs", data='{"text": "Hi.", "seed": ' + "9" * 5000 + "}", content_type="application/json"
+    )
+    assert answer.status_code == 400 and answer.get_json()["field"] == "body"
+    assert "5000 digits" in answer.get_json()["error"]
+
+
+# JSON Schema's integer is any number without a fraction: an encoder may write 0 as 0.0.
+WHOLE_FLOATS = {
+    "a job's seed for a voice": ("/api/jobs", {"text": "Hi.", "voice": 0.0}, 202),
+    "a rating": ("/api/voices", {"spk_emb": EMBEDDING, "rating": 0.0}, 201),
+    # Accepted, then asked of a worker (none serves the fuzzer's Redis).
+    "a catalog voice's seed": ("/api/voices", {"seed": 134217728.0}, 503),
+    "a count of new voices": ("/api/voices/workshop", {"count": 1.0}, 202),
+}
+
+
+@pytest.mark.parametrize(("path", "body", "status"), WHOLE_FLOATS.values(), ids=WHOLE_FLOATS.keys())
+def test_a_whole_number_written_with_a_fraction_is_an_integer(api, path, body, status):
+    if path == "/api/voices":
+        body = {**body, "name": unique_name("whole")}
+    answer = api.client.post(path, json=body)
+    assert answer.status_code == status, answer.get_json()
+
+
+LONG_AS_SENT = {
+    "name": {"name": "n" * 100 + "\u200b", "spk_emb": EMBEDDING},
+    "tags": {"name": "tagged", "spk_emb": EMBEDDING, "tags": ["t" * 64 + "\u200b"]},
+    "description": {"name": "described", "spk_emb": EMBEDDING, "description": "d" * 2000 + "\u200b"},
+}
+
+
+@pytest.mark.parametrize(("field", "body"), LONG_AS_SENT.items(), ids=LONG_AS_SENT.keys())
+def test_a_length_is_counted_as_sent_as_the_description_counts_it(api, field, body):
+    answer = api.client.post("/api/voices", json=body)
+    assert answer.status_code == 400 and answer.get_json()["field"] == field
+
+
+def test_the_description_says_what_text_has_something_to_speak(api):
+    texts = [
+        api.operations["POST /api/jobs"].body_schema["properties"]["text"],
+        api.operations["POST /api/voices/workshop"].body_schema["properties"]["text"],
+        api.operations["POST /v1/audio/speech"].body_schema["properties"]["input"],
+    ]
+    assert all(text["minLength"] == 1 and text["pattern"] == texts[0]["pattern"] for text in texts)
+    assert re.search(texts[0]["pattern"], "0") is None and re.search(texts[0]["pattern"], "Zero 0")
+    for text in ("0", ""):
+        answer = api.client.post("/api/voices/workshop", json={"text": text})
+        assert answer.status_code == 400 and answer.get_json()["field"] == "text"
+
+
+@pytest.mark.parametrize(("field", "value"), [("seed", -1), ("tags", True), ("rating", 9)])
+def test_an_import_checks_every_voice_also_one_whose_name_is_taken(api, field, value):
+    taken = Catalog.make(api.client).voice["name"]
+    new = unique_name("imported")
+    answer = api.client.post(
+        "/api/voices/import",
+        json=[{"name": new, "spk_emb": EMBEDDING}, {"name": taken, "spk_emb": EMBEDDING, field: value}],
+    )
+    assert answer.status_code == 400 and answer.get_json()["field"] == field
+    assert all(voice["name"] != new for voice in api.client.get("/api/voices").get_json()["voices"])
