@@ -232,8 +232,10 @@ def web(host: str, port: int, workers: int) -> None:
     gunicorn = shutil.which("gunicorn", path=os.path.dirname(sys.executable)) or shutil.which("gunicorn")
     if gunicorn is None:
         raise click.ClickException("gunicorn is not installed: pip install 'chattts-farm[web]'")
+    settings = _settings()
     # gevent: a request waiting on its job (/v1/audio/speech) is a parked greenlet, not a thread, so
-    # thousands of them leave the process free to answer everyone else (see web.waiting).
+    # thousands of them leave the process free to answer everyone else (see web.waiting). Its worker
+    # class here answers gunicorn's own refusals (414, 431) in JSON, as the app answers the rest.
     os.execv(
         gunicorn,
         [
@@ -243,9 +245,13 @@ def web(host: str, port: int, workers: int) -> None:
             "--workers",
             str(workers),
             "--worker-class",
-            "gevent",
+            "web.gunicorn_worker.JsonErrorsGeventWorker",
             "--worker-connections",
-            str(_settings().web_connections),
+            str(settings.web_connections),
+            # gunicornc's socket, one per farm and port: gunicorn's default is one per user
+            # (~/.gunicorn/gunicorn.ctl), which each new web of that user takes from the one before.
+            "--control-socket",
+            str(settings.data_dir.resolve() / f"gunicorn-{port}.ctl"),
             "--access-logfile",
             "-",
             "web:create_app()",
