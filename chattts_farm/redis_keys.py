@@ -24,6 +24,9 @@ DEAD_LETTERS_KEPT = 1000
 # Jobs a web process has admitted and not yet sent to a queue (a sorted set: job id -> the Unix time its
 # admission lapses), counted with the queues as jobs waiting (see chattts_farm.backlog).
 ADMISSIONS = "chattts:admissions"
+# The keys that may have jobs waiting: a sorted set, a key's queued-jobs set -> the Unix time all its
+# entries have lapsed by (see web.admission's fair shares).
+QUEUING_KEYS = "chattts:queuing-keys"
 
 # Held by the reconciler at work (see web.reconcile): of several web hosts' reconcilers, one at a time.
 RECONCILER_LOCK = "chattts:reconciler-lock"
@@ -37,6 +40,13 @@ def audio(job_id: str) -> str:
 def stream(job_id: str) -> str:
     """The Redis stream a streaming job's audio goes to as it is made (see :mod:`chattts_farm.streams`)."""
     return STREAM_PREFIX + job_id
+
+
+def delivery(job_id: str) -> str:
+    """What the web has sent of a streaming job, and whether it was cancelled (a hash: ``seconds``, the
+    furthest any listener got; ``cancelled``, set by a cancel): a cancel stops every listener at once and
+    charges what went out (see web.delivery)."""
+    return "chattts:delivery:" + job_id
 
 
 def heartbeat(worker_name: str) -> str:

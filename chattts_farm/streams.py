@@ -2,20 +2,26 @@
 
 A job submitted with ``stream=True`` (the task's kwarg, or ``"stream": true`` on ``POST /api/jobs``)
 has a Redis stream, ``chattts:stream:<job id>`` (:func:`chattts_farm.redis_keys.stream`). Its worker
-appends entries in order; every field is text except ``pcm``:
+appends entries in order; every field is text except ``pcm``. Every entry has ``seq`` (0, 1, 2, ...
+within its run) and ``run``: the id of the task's run that wrote it. A job whose worker died is run again
+from its start by another worker; the new run deletes the stream and writes it anew, so a reader that
+finds another run's entries (or a gap in ``seq``) while it reads knows its audio restarted, and one that
+starts reading then reads only the new run:
 
-- ``type=audio``: ``seq`` (0, 1, 2, ...), ``segment`` (which segment of the text it belongs to),
+- ``type=audio``: ``segment`` (which segment of the text it belongs to),
   ``sample_rate``, ``pcm``: little-endian signed 16-bit mono samples. The ``pcm`` of all audio
   entries joined in order is the job's whole audio as 16-bit samples, pauses between segments
   included: the same samples as its stored WAV.
-- ``type=end``: ``seq``, ``summary``: the job's result as JSON, as ``chattts.synthesize`` returns it.
-- ``type=error``: ``seq``, ``error`` (the name of the :class:`~chattts_farm.contract.FarmError`
+- ``type=end``: ``summary``: the job's result as JSON, as ``chattts.synthesize`` returns it.
+- ``type=error``: ``error`` (the name of the :class:`~chattts_farm.contract.FarmError`
   subclass), ``message``, and ``field`` for an ``InvalidRequest``.
 
 Every write refreshes the stream's expiry (``CHATTTS_FARM_STREAM_TTL_S``) and trims it to about
 ``CHATTTS_FARM_STREAM_MAX_ENTRIES`` entries. The whole audio is stored as for any job, so a caller
 that never reads the stream loses nothing. With only the ``redis`` package, read it with ``XREAD``
 from id ``0`` (correct whether the job is queued, running or done), or use :func:`stream_audio`.
+Nothing of a job's audio is in its stream after the last entry: no end entry means it is not over, or
+(its stream expired, its worker lost) never will be.
 
 Torch-free and Celery-free: only ``redis`` (and only when called).
 """
@@ -33,18 +39,30 @@ from chattts_farm import contract, redis_keys
 AUDIO, END, ERROR = "audio", "end", "error"
 
 
+class StreamInterrupted(Exception):
+    """The stream being read lost its thread: the job's worker was lost and the job runs again from its
+    start, or entries were trimmed before they were read. Read it again from the start, or fetch the
+    job's audio once it is done."""
+
+
 @dataclass(frozen=True)
 class AudioChunk:
     seq: int
     segment: int
     sample_rate: int
     pcm: bytes = field(repr=False)
+    run: str = ""
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / (2 * self.sample_rate)
 
 
 @dataclass(frozen=True)
 class StreamEnd:
     seq: int
     summary: dict
+    run: str = ""
 
 
 @dataclass(frozen=True)
@@ -53,12 +71,13 @@ class StreamFailed:
     error: str
     message: str
     field: str = ""
+    run: str = ""
 
     @classmethod
-    def of(cls, seq: int, error: contract.FarmError) -> StreamFailed:
+    def of(cls, seq: int, error: contract.FarmError, run: str = "") -> StreamFailed:
         if isinstance(error, contract.InvalidRequest):
-            return cls(seq, type(error).__name__, error.message, error.field)
-        return cls(seq, type(error).__name__, str(error))
+            return cls(seq, type(error).__name__, error.message, error.field, run)
+        return cls(seq, type(error).__name__, str(error), run=run)
 
     def exception(self) -> contract.FarmError:
         """The error as the farm's own type (FarmError itself for a name this version does not know)."""
@@ -78,29 +97,32 @@ _ERRORS = {
 
 def encode(entry: StreamEntry) -> dict[str, str | bytes]:
     """An entry as the fields of one XADD."""
+    common = {"seq": str(entry.seq), "run": entry.run}
     if isinstance(entry, AudioChunk):
         return {
             "type": AUDIO,
-            "seq": str(entry.seq),
+            **common,
             "segment": str(entry.segment),
             "sample_rate": str(entry.sample_rate),
             "pcm": entry.pcm,
         }
     if isinstance(entry, StreamEnd):
-        return {"type": END, "seq": str(entry.seq), "summary": json.dumps(entry.summary)}
-    return {"type": ERROR, "seq": str(entry.seq), "error": entry.error, "message": entry.message, "field": entry.field}
+        return {"type": END, **common, "summary": json.dumps(entry.summary)}
+    return {"type": ERROR, **common, "error": entry.error, "message": entry.message, "field": entry.field}
 
 
 def decode(fields: dict[bytes, bytes]) -> StreamEntry:
     """An entry from the fields XREAD gives (bytes, as a client without ``decode_responses`` has them)."""
     kind = fields[b"type"].decode()
     seq = int(fields[b"seq"])
+    run = fields.get(b"run", b"").decode()  # written by workers of every version since runs were named
     if kind == AUDIO:
-        return AudioChunk(seq, int(fields[b"segment"]), int(fields[b"sample_rate"]), fields[b"pcm"])
+        return AudioChunk(seq, int(fields[b"segment"]), int(fields[b"sample_rate"]), fields[b"pcm"], run)
     if kind == END:
-        return StreamEnd(seq, json.loads(fields[b"summary"]))
+        return StreamEnd(seq, json.loads(fields[b"summary"]), run)
     if kind == ERROR:
-        return StreamFailed(seq, fields[b"error"].decode(), fields[b"message"].decode(), fields[b"field"].decode())
+        error, message, field_name = (fields[name].decode() for name in (b"error", b"message", b"field"))
+        return StreamFailed(seq, error, message, field_name, run)
     raise ValueError(f"unknown stream entry type {kind!r}")
 
 
@@ -111,6 +133,11 @@ def append(client: Any, job_id: str, entries: Iterable[StreamEntry], *, ttl_s: i
     for entry in entries:
         client.xadd(key, encode(entry), maxlen=max_entries, approximate=True)
     client.expire(key, ttl_s)
+
+
+def restart(client: Any, job_id: str) -> None:
+    """Empty a job's stream for a new run of its job; ``client`` may be a pipeline."""
+    client.delete(redis_keys.stream(job_id))
 
 
 def read(
@@ -125,10 +152,26 @@ def read(
     return [(entry_id, decode(fields)) for entry_id, fields in entries]
 
 
+class Continuity:
+    """Follows one run of a stream, entry by entry: the first entry read names the run, and every later
+    one must be of that run, next in ``seq``."""
+
+    def __init__(self):
+        self.run: str | None = None
+        self.next_seq = 0
+
+    def follows(self, entry: StreamEntry) -> bool:
+        """Whether ``entry`` continues what was read before it (a first entry must be its run's first)."""
+        if (entry.run if self.run is None else self.run) != entry.run or entry.seq != self.next_seq:
+            return False
+        self.run, self.next_seq = entry.run, entry.seq + 1
+        return True
+
+
 class AudioStream:
     """Iterates over a streaming job's audio chunks in order; ``summary`` is the job's result once the
-    stream has ended. An error entry raises the farm's typed error; no entry for ``timeout_s`` raises
-    :class:`TimeoutError`."""
+    stream has ended. An error entry raises the farm's typed error; a restarted or trimmed stream raises
+    :class:`StreamInterrupted`; no entry for ``timeout_s`` raises :class:`TimeoutError`."""
 
     def __init__(self, client: Any, job_id: str, *, timeout_s: float, block_ms: int):
         self.client = client
@@ -140,6 +183,7 @@ class AudioStream:
     def __iter__(self) -> Iterator[AudioChunk]:
         after: bytes | str = b"0"
         last_heard = time.monotonic()
+        continuity = Continuity()
         while True:
             entries = read(self.client, self.job_id, after=after, block_ms=self.block_ms)
             if not entries:
@@ -149,6 +193,11 @@ class AudioStream:
             last_heard = time.monotonic()
             for entry_id, entry in entries:
                 after = entry_id
+                if not continuity.follows(entry):
+                    raise StreamInterrupted(
+                        f"the stream of job {self.job_id} restarted (its worker was lost and it runs again) or"
+                        " lost entries: read it again from the start, or fetch its audio once it is done"
+                    )
                 if isinstance(entry, AudioChunk):
                     yield entry
                 elif isinstance(entry, StreamEnd):

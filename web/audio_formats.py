@@ -1,17 +1,27 @@
 """The formats the web sends audio in, encoded chunk by chunk as the samples come (libsndfile, through
 ``soundfile``, as the workers encode): 16-bit mono PCM in, each format's bytes out as soon as its encoder
-gives them up, so a client can play the audio while the job still runs."""
+gives them up, so a client can play the audio while the job still runs.
+
+Encoding and decoding are CPU work, and the web serves under gevent: one long call on its event loop
+would hold up every other request of the process. So every libsndfile call goes through
+:func:`off_loop` (a few threads of the process's own), and no call is handed more than about a second
+of audio: compressed stored audio is spooled to a temporary file and decoded from there a second at a
+time, and FLAC is encoded into a temporary file, so a reader's memory does not grow with its audio."""
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
+import sys
+import tempfile
 import wave
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import IO, Any, TypeVar
 
-import numpy as np
 import soundfile
 
+from chattts_farm.audio_store import CHUNK_BYTES
 from chattts_farm.contract import MIME_TYPES as JOB_MIME_TYPES
 
 # Raw samples: 16-bit little-endian mono, at the rate the answer's X-Sample-Rate header says.
@@ -29,6 +39,32 @@ _STREAMED_CODECS = {
 # A WAV file's sizes are unknown while it streams: the largest ones, as streaming WAV servers write them.
 _UNKNOWN_SIZE = 0xFFFFFFFF
 BYTES_PER_SAMPLE = 2
+# The threads of a web process that run its libsndfile calls. A fixed few: a thousand readers queue for
+# them rather than starting a thousand threads, and encoding, CPU-bound, gains nothing from more threads
+# than cores (a host runs several web processes). Not the gevent hub's own pool: its DNS lookups would
+# queue behind the encoding.
+OFF_LOOP_THREADS = 2
+
+_Result = TypeVar("_Result")
+
+
+def off_loop(work: Callable[..., _Result], *arguments: Any, **keywords: Any) -> _Result:
+    """``work(*arguments, **keywords)`` in one of the process's :data:`OFF_LOOP_THREADS` threads while
+    the calling greenlet waits and the event loop serves the others (libsndfile, called through cffi,
+    lets go of the GIL); here and now where gevent does not run the process (Flask's test client, a
+    script), which has no loop to keep free."""
+    monkey = sys.modules.get("gevent.monkey")
+    if monkey is None or not monkey.is_module_patched("threading"):
+        return work(*arguments, **keywords)
+    return _threads().apply(work, arguments, keywords)
+
+
+@functools.cache
+def _threads():
+    """The process's threads for :func:`off_loop`, made on first use: in the gunicorn worker, after its fork."""
+    from gevent.threadpool import ThreadPool
+
+    return ThreadPool(OFF_LOOP_THREADS)
 
 
 class PcmEncoder:
@@ -40,9 +76,9 @@ class PcmEncoder:
     def encode(self, pcm: bytes) -> bytes:
         return pcm
 
-    def finish(self) -> bytes:
-        """What is left to send once the last samples are in."""
-        return b""
+    def finish(self) -> Iterable[bytes]:
+        """What is left to send once the last samples are in, a piece at a time."""
+        return ()
 
     def close(self) -> None:
         """Let go of the encoder, finished or not (a client that hung up)."""
@@ -60,46 +96,64 @@ class WavEncoder(PcmEncoder):
         return header + pcm
 
 
-class SndfileEncoder(PcmEncoder):
-    """A libsndfile encoder writing into a forward-only sink, drained after every write."""
+class _SndfileEncoder(PcmEncoder):
+    """A libsndfile encoder writing into ``sink``, every call off the event loop."""
 
-    def __init__(self, sample_rate: int, audio_format: str):
+    def __init__(self, sample_rate: int, sink: IO[bytes], container: str, codec: str, **settings: Any):
         super().__init__(sample_rate)
-        container, codec, settings = _STREAMED_CODECS[audio_format]
-        self.sink = _ForwardOnly()
-        self.file = soundfile.SoundFile(
-            self.sink, mode="w", samplerate=sample_rate, channels=1, format=container, subtype=codec, **settings
+        self.sink = sink
+        self.file = off_loop(
+            soundfile.SoundFile,
+            sink,
+            "w",
+            samplerate=sample_rate,
+            channels=1,
+            format=container,
+            subtype=codec,
+            **settings,
         )
 
     def encode(self, pcm: bytes) -> bytes:
-        self.file.buffer_write(pcm, dtype="int16")
-        return self.sink.take()
-
-    def finish(self) -> bytes:
-        self.file.close()
-        return self.sink.take()
-
-    def close(self) -> None:
-        self.file.close()
-
-
-class FlacEncoder(PcmEncoder):
-    """FLAC, sent whole once the last samples are in: a FLAC stream of unknown length is valid, but
-    libsndfile (and so the farm's own tools) cannot read one back."""
-
-    def __init__(self, sample_rate: int):
-        super().__init__(sample_rate)
-        self.pcm = bytearray()
-
-    def encode(self, pcm: bytes) -> bytes:
-        self.pcm += pcm
+        off_loop(self.file.buffer_write, pcm, dtype="int16")
         return b""
 
-    def finish(self) -> bytes:
-        whole = io.BytesIO()
-        samples = np.frombuffer(bytes(self.pcm), dtype="<i2")
-        soundfile.write(whole, samples, self.sample_rate, format="FLAC", subtype="PCM_16")
-        return whole.getvalue()
+    def close(self) -> None:
+        off_loop(self.file.close)
+
+
+class StreamedEncoder(_SndfileEncoder):
+    """MP3 or Ogg Opus, handed on as libsndfile writes it: a forward-only sink, drained after every write."""
+
+    def __init__(self, sample_rate: int, audio_format: str):
+        container, codec, settings = _STREAMED_CODECS[audio_format]
+        super().__init__(sample_rate, _ForwardOnly(), container, codec, **settings)
+
+    def encode(self, pcm: bytes) -> bytes:
+        super().encode(pcm)
+        return self.sink.take()
+
+    def finish(self) -> Iterable[bytes]:
+        self.close()
+        return (self.sink.take(),)
+
+
+class FlacEncoder(_SndfileEncoder):
+    """FLAC, sent once the last samples are in: a FLAC stream of unknown length is valid, but libsndfile
+    (and so the farm's own tools) cannot read one back. Encoded as the samples come into a temporary
+    file, then sent from it a piece at a time: on disk, not in memory, until it is whole."""
+
+    def __init__(self, sample_rate: int):
+        # Closed with the encoder.
+        super().__init__(sample_rate, tempfile.TemporaryFile(), "FLAC", "PCM_16")  # noqa: SIM115
+
+    def finish(self) -> Iterator[bytes]:
+        off_loop(self.file.close)  # libsndfile writes the stream's header last
+        self.sink.seek(0)
+        return iter(functools.partial(self.sink.read, CHUNK_BYTES), b"")
+
+    def close(self) -> None:
+        super().close()
+        self.sink.close()
 
 
 class _ForwardOnly(io.RawIOBase):
@@ -151,7 +205,7 @@ def encoder(audio_format: str, sample_rate: int) -> PcmEncoder:
         return WavEncoder(sample_rate)
     if audio_format == "flac":
         return FlacEncoder(sample_rate)
-    return SndfileEncoder(sample_rate, audio_format)
+    return StreamedEncoder(sample_rate, audio_format)
 
 
 def wav_header(sample_rate: int) -> bytes:
@@ -167,23 +221,50 @@ def wav_header(sample_rate: int) -> bytes:
     )
 
 
-def pcm_of(audio: bytes) -> tuple[bytes, int]:
-    """The 16-bit mono samples of encoded audio (any format a worker writes), and their rate."""
-    samples, sample_rate = soundfile.read(io.BytesIO(audio), dtype="int16", always_2d=False)
-    return np.ascontiguousarray(samples, dtype="<i2").tobytes(), sample_rate
-
-
 def pcm_of_pieces(audio_format: str, pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
-    """The 16-bit mono samples of stored audio, read as its pieces come, and their rate. A WAV (16-bit
-    mono, as workers write it) is never whole in memory; the compressed formats are decoded whole."""
+    """The 16-bit mono samples of stored audio (any format a worker writes), a second at a time, and
+    their rate. A WAV (16-bit mono, as workers write it) is read as its pieces come; a compressed
+    format, which libsndfile reads only from a file it can seek in, is first spooled to a temporary
+    file. Neither is ever whole in memory."""
     if audio_format != "wav":
-        pcm, sample_rate = pcm_of(b"".join(pieces))
-        return iter((pcm,)), sample_rate
+        return _decoded(pieces)
     # Read on by the generator below; closing it would close nothing but the pieces' iterator.
     reader = wave.open(io.BufferedReader(_PiecesReader(pieces)))  # noqa: SIM115
     if (reader.getsampwidth(), reader.getnchannels()) != (BYTES_PER_SAMPLE, 1):
         raise ValueError("the stored WAV is not 16-bit mono, as workers write it")
     return _frames(reader), reader.getframerate()
+
+
+def _decoded(pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
+    # Closed by the generator, or here when it is not made.
+    spool = tempfile.TemporaryFile()  # noqa: SIM115
+    decoder = None
+    try:
+        for piece in pieces:
+            spool.write(piece)
+        spool.seek(0)
+        decoder = off_loop(soundfile.SoundFile, spool)
+        if decoder.channels != 1:
+            raise ValueError("the stored audio is not mono, as workers write it")
+    except BaseException:
+        if decoder is not None:
+            off_loop(decoder.close)
+        spool.close()
+        raise
+    return _blocks(decoder, spool), decoder.samplerate
+
+
+def _blocks(decoder: soundfile.SoundFile, spool: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while block := off_loop(_read_second, decoder):
+            yield block
+    finally:
+        off_loop(decoder.close)
+        spool.close()
+
+
+def _read_second(decoder: soundfile.SoundFile) -> bytes:
+    return bytes(decoder.buffer_read(decoder.samplerate, dtype="int16"))
 
 
 def _frames(reader: wave.Wave_read) -> Iterator[bytes]:

@@ -19,6 +19,7 @@ from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, Synt
 from chattts_farm.speech_length import expected_seconds
 from web import access, admission, backends
 from web.access import limits
+from web.delivery import Delivery
 from web.errors import ApiError
 from web.models import ApiKey, Job, JobStatus, Voice, db, utcnow
 
@@ -48,6 +49,7 @@ def submit_together(requests: list[tuple[SynthesisRequest, Voice | None]]) -> li
     """Submit jobs all or none (as :func:`submit` does one): when the caps or the quota refuse one, none
     is recorded or sent. Sent back to back, they reach a worker together and share its GPU passes."""
     api_key = access.current_key()
+    limits.count_jobs(api_key, len(requests))
     created_at = utcnow()
     batch = [_new_job(request, voice, api_key, created_at) for request, voice in requests]
     admitted: list[Job] = []
@@ -150,8 +152,10 @@ def refresh(job: Job) -> Job:
             expected = backends.current().audio.key(job.id, job.format)
             logger.error("job %s: %s (audio key expected: %s): %.200r", job.id, MALFORMED_RESULT, expected, payload)
             _finish(job, JobStatus.FAILED, error=MALFORMED_RESULT)
-    elif status in (JobStatus.FAILED, JobStatus.CANCELLED):
-        _finish(job, status, error=str(payload) if status == JobStatus.FAILED else "cancelled")
+    elif status == JobStatus.FAILED:
+        _finish(job, status, error=str(payload))
+    elif status == JobStatus.CANCELLED:  # revoked by a Celery caller: its listeners stop, as at a DELETE
+        _finish(job, status, error="cancelled", charged_s=Delivery(job.id).cancel())
     else:
         progress = _progress(payload) if state == PROGRESS_STATE else None
         progress = job.progress if progress is None else progress
@@ -165,11 +169,15 @@ def refresh(job: Job) -> Job:
 
 
 def cancel(job: Job) -> Job:
-    """Revoke an unfinished job (queued or running); a finished one is left as it is."""
+    """Revoke an unfinished job (queued or running): whoever listens to its stream hears nothing more, and
+    its key is charged the audio they were sent before. A finished job is left as it is."""
     refresh(job)
     if job.status not in JobStatus.FINISHED:
+        sent_s = Delivery(job.id).cancel()
         AsyncResult(job.id, app=backends.current().celery).revoke()
-        _finish(job, JobStatus.CANCELLED, error="cancelled")
+        if job.status == JobStatus.QUEUED:  # no state yet: its message may still wait in a queue list
+            admission.withdraw(job.id)
+        _finish(job, JobStatus.CANCELLED, error="cancelled", charged_s=sent_s)
     return job
 
 
@@ -185,16 +193,16 @@ def open_audio(job: Job) -> StoredAudio:
     return stored
 
 
-def _finish(job: Job, status: str, error: str | None = None, **outcome: Any) -> None:
+def _finish(job: Job, status: str, error: str | None = None, charged_s: float = 0.0, **outcome: Any) -> None:
     """Finish an unfinished job, then settle its reserved audio with its key's quota (a done job is
-    charged its duration, any other gives its reservation back) and free its place in the queue (a
-    cancelled job's message may wait on in its list until a worker drops it). Of the requests that see a
+    charged its duration, a cancelled one ``charged_s``, the audio its listeners were sent; a failed one
+    gives its reservation back) and free its key's place in the queue. Of the requests that see a
     job finish at once, only the one whose update moves the row settles it. The write is committed before
     Redis is called: no database lock is held across a network call."""
     moved = _move(job, status=status, error=error, finished_at=utcnow(), **outcome)
     db.session.commit()
     if moved:
-        limits.settle_audio(job, outcome.get("duration_s", 0.0))
+        limits.settle_audio(job, outcome.get("duration_s", charged_s))
         admission.release(db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None, job.id)
 
 

@@ -110,16 +110,24 @@ def speech():
     if stream_format == "sse":
         body, mime_type = _sse(chunks, text, audio), "text/event-stream"
     else:
-        body, mime_type = chunks, audio_formats.MIME_TYPES[sent_format]
+        body, mime_type = streaming.cut_off_when_broken(chunks), audio_formats.MIME_TYPES[sent_format]
     return Response(
         slot.held_while(body), mimetype=mime_type, headers={"X-Job-Id": audio.job_id, "Cache-Control": "no-store"}
     )
 
 
 def _sse(chunks: Iterator[bytes], text: str, audio: streaming.JobAudio) -> Iterator[str]:
-    """OpenAI's speech events: one ``speech.audio.delta`` per chunk (base64), then ``speech.audio.done``."""
-    for data in chunks:
-        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    """OpenAI's speech events: one ``speech.audio.delta`` per chunk (base64), then ``speech.audio.done``;
+    or, when the audio stops short (the job failed, was cancelled or restarted), an ``error`` event in
+    OpenAI's error shape instead of the ``done``."""
+    try:
+        for data in chunks:
+            yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(data).decode()})
+    except streaming.StreamBroken as stopped:
+        if stopped.code != "hung_up":
+            error = {"type": "server_error", "code": f"job_{stopped.code}", "message": stopped.message, "param": None}
+            yield _event({"type": "error", "error": error})
+        return
     tokens = (audio.summary or {}).get("tokens", 0)
     # The web has no text tokenizer: the input is counted in characters.
     usage = {"input_tokens": len(text), "output_tokens": tokens, "total_tokens": len(text) + tokens}
@@ -140,8 +148,9 @@ def _voice(value: object) -> Voice | int | str:
         # resolve answers None only for text that names no catalog voice.
         voice = OPENAI_VOICE_SEEDS.get(value)
     if voice is None:
+        # A 422, as /api/jobs answers a name the catalog lacks: the request is well formed, the name unknown.
         raise ApiError(
-            400,
+            422,
             f"voice {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
             " a catalog voice name nor a seed",
             "voice",

@@ -5,6 +5,9 @@ every job's new chunks in one pipeline, so many streams cost one round trip, and
 the order they were queued in (its audio, then its end or error). A job's last entry is written
 before its task returns (``end`` and ``failed`` wait for it): a reader that sees the job finished
 in Celery has its whole stream.
+
+Each run of a job (a job whose worker was lost runs again, elsewhere) begins by emptying its stream, and
+every entry names its run: a reader can tell a restart from more of the same audio.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import uuid
 
 import numpy as np
 import redis
@@ -27,14 +31,23 @@ logger = logging.getLogger(__name__)
 LAST_ENTRY_WAIT_S = 10
 
 
+class _Begin:
+    """A job's run begins: its stream is emptied before anything of the run is written."""
+
+
 class StreamPublisher:
     def __init__(self, client: redis.Redis, *, ttl_s: int, max_entries: int):
         self.client = client
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._queue: queue.SimpleQueue[tuple[str, object, threading.Event | None]] = queue.SimpleQueue()
-        self._next_seq: dict[str, int] = {}  # job id -> seq of its next entry (the writer's thread only)
+        # job id -> (its run, the seq of its next entry): the writer's thread only
+        self._runs: dict[str, tuple[str, int]] = {}
         threading.Thread(target=self._serve, name="stream-publisher", daemon=True).start()
+
+    def begin(self, job_id: str) -> None:
+        """A run of the job starts here: what an earlier run wrote goes."""
+        self._queue.put((job_id, _Begin(), None))
 
     def audio(self, job_id: str, segment: int, samples: np.ndarray) -> None:
         self._queue.put((job_id, (segment, samples), None))
@@ -60,11 +73,20 @@ class StreamPublisher:
                 except queue.Empty:
                     break
             by_job: dict[str, list[streams.StreamEntry]] = {}
+            begun: set[str] = set()
             for job_id, item, _ in items:
-                by_job.setdefault(job_id, []).append(self._entry(job_id, item))
+                if isinstance(item, _Begin):
+                    self._runs[job_id] = (uuid.uuid4().hex[:12], 0)
+                    begun.add(job_id)
+                    by_job[job_id] = []  # nothing queued before a run begins belongs to it
+                else:
+                    by_job.setdefault(job_id, []).append(self._entry(job_id, item))
             pipeline = self.client.pipeline(transaction=False)
+            for job_id in begun:
+                streams.restart(pipeline, job_id)
             for job_id, entries in by_job.items():
-                streams.append(pipeline, job_id, entries, ttl_s=self.ttl_s, max_entries=self.max_entries)
+                if entries:
+                    streams.append(pipeline, job_id, entries, ttl_s=self.ttl_s, max_entries=self.max_entries)
             try:
                 pipeline.execute()
             except redis.RedisError as error:
@@ -75,12 +97,13 @@ class StreamPublisher:
                     written.set()
 
     def _entry(self, job_id: str, item: object) -> streams.StreamEntry:
-        seq = self._next_seq.get(job_id, 0)
+        # A job failed before its run began (a bad argument) has no run of its own.
+        run, seq = self._runs.get(job_id, ("", 0))
         if isinstance(item, tuple):
             segment, samples = item
-            self._next_seq[job_id] = seq + 1
-            return streams.AudioChunk(seq, segment, SAMPLE_RATE, audio.pcm16(samples, SAMPLE_RATE))
-        self._next_seq.pop(job_id, None)  # the job's last entry
+            self._runs[job_id] = (run, seq + 1)
+            return streams.AudioChunk(seq, segment, SAMPLE_RATE, audio.pcm16(samples, SAMPLE_RATE), run)
+        self._runs.pop(job_id, None)  # the job's last entry
         if isinstance(item, FarmError):
-            return streams.StreamFailed.of(seq, item)
-        return streams.StreamEnd(seq, item)
+            return streams.StreamFailed.of(seq, item, run)
+        return streams.StreamEnd(seq, item, run)

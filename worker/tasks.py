@@ -92,6 +92,8 @@ def synthesize(self, **arguments) -> dict:
     with _held_lock:
         running_here = _held.get(job_id)
         if running_here is None:
+            if request.stream:
+                held.streams.begin(job_id)
             on_audio = functools.partial(held.streams.audio, job_id) if request.stream else None
             handle = held.batcher.submit(request, on_audio=on_audio)
             _held[job_id] = (handle, self.request)

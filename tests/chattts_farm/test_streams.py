@@ -29,10 +29,10 @@ def write(client, job, entries, ttl_s=600, max_entries=4096):
 def test_every_entry_reads_back_as_it_was_written(client):
     job = job_id()
     written = [
-        streams.AudioChunk(0, 0, 24_000, b"\x01\x00\xff\x7f"),
-        streams.AudioChunk(1, 1, 24_000, b""),
-        streams.StreamFailed.of(2, InvalidRequest("voice", "must be a seed")),
-        streams.StreamEnd(3, {"duration_s": 1.5, "segments": 2}),
+        streams.AudioChunk(0, 0, 24_000, b"\x01\x00\xff\x7f", run="a1"),
+        streams.AudioChunk(1, 1, 24_000, b"", run="a1"),
+        streams.StreamFailed.of(2, InvalidRequest("voice", "must be a seed"), run="a1"),
+        streams.StreamEnd(3, {"duration_s": 1.5, "segments": 2}, run="a1"),
     ]
     write(client, job, written)
     assert [entry for _, entry in streams.read(client, job)] == written
@@ -68,6 +68,28 @@ def test_an_error_entry_raises_the_jobs_own_typed_error(client, error):
     assert str(raised.value) == str(error)
     if isinstance(error, InvalidRequest):
         assert raised.value.field == "text"
+
+
+def test_a_stream_restarted_by_a_new_run_interrupts_its_reader_and_a_new_reader_hears_the_new_run(client):
+    job = job_id()
+    write(client, job, [streams.AudioChunk(seq, 0, 24_000, b"\x01\x00", run="first") for seq in range(2)])
+    heard = iter(streams.stream_audio(job, client=client, timeout_s=5))
+    assert [next(heard).seq, next(heard).seq] == [0, 1]
+    streams.restart(client, job)
+    write(client, job, [streams.AudioChunk(0, 0, 24_000, b"\x02\x00", run="second")])
+    with pytest.raises(streams.StreamInterrupted, match="restarted"):
+        next(heard)
+    write(client, job, [streams.StreamEnd(1, {"duration_s": 0.1}, run="second")])
+    assert [chunk.pcm for chunk in streams.stream_audio(job, client=client, timeout_s=5)] == [b"\x02\x00"]
+
+
+def test_a_reader_that_missed_entries_is_interrupted_rather_than_handed_a_gap(client):
+    job = job_id()
+    write(client, job, [streams.AudioChunk(seq, 0, 24_000, b"\x00\x00", run="r") for seq in (0, 2)])
+    heard = iter(streams.stream_audio(job, client=client, timeout_s=5))
+    next(heard)
+    with pytest.raises(streams.StreamInterrupted):
+        next(heard)
 
 
 def test_a_stream_that_never_ends_times_out_instead_of_hanging(client):

@@ -5,7 +5,8 @@ tests/worker)."""
 import numpy as np
 import redis
 
-from chattts_farm.streams import AudioChunk, append
+from chattts_farm.contract import FarmError
+from chattts_farm.streams import AudioChunk, StreamEnd, StreamEntry, StreamFailed, append, restart
 
 SAMPLE_RATE = 24_000
 
@@ -25,16 +26,32 @@ def pieces_of(pcm: bytes, count: int) -> list[bytes]:
 
 
 class StreamWriter:
-    """Writes one job's stream as its worker would: audio pieces, in order."""
+    """Writes one job's stream as its worker would: audio pieces, in order, then its end or an error; a
+    new run (the job run again after its worker was lost) starts it anew."""
 
-    def __init__(self, client: redis.Redis, job_id: str):
-        self.client, self.job_id = client, job_id
+    def __init__(self, client: redis.Redis, job_id: str, run: str = "first-run"):
+        self.client, self.job_id, self.run = client, job_id, run
         self.seq = 0
         self.pcm = bytearray()
 
     def audio(self, *pieces: bytes, segment: int = 0) -> None:
-        entries = [AudioChunk(self.seq + index, segment, SAMPLE_RATE, piece) for index, piece in enumerate(pieces)]
-        append(self.client, self.job_id, entries, ttl_s=600, max_entries=4096)
-        self.seq += len(entries)
+        entries = [
+            AudioChunk(self.seq + index, segment, SAMPLE_RATE, piece, self.run) for index, piece in enumerate(pieces)
+        ]
+        self._append(*entries)
         for piece in pieces:
             self.pcm += piece
+
+    def failed(self, error: FarmError) -> None:
+        self._append(StreamFailed.of(self.seq, error, self.run))
+
+    def end(self, summary: dict) -> None:
+        self._append(StreamEnd(self.seq, summary, self.run))
+
+    def rerun(self, run: str) -> None:
+        restart(self.client, self.job_id)
+        self.run, self.seq, self.pcm = run, 0, bytearray()
+
+    def _append(self, *entries: StreamEntry) -> None:
+        append(self.client, self.job_id, entries, ttl_s=600, max_entries=4096)
+        self.seq += len(entries)

@@ -25,7 +25,7 @@ from chattts_farm.contract import (
     InvalidRequest,
     JobCancelled,
 )
-from chattts_farm.streams import stream_audio
+from chattts_farm.streams import StreamInterrupted, stream_audio
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import wait_until
 from tests.voice_bombs import voice_bomb
@@ -226,11 +226,14 @@ def test_revoking_a_queued_job_means_it_never_runs(workers, audio_store):
     assert f"chattts.synthesize[{queued.id}] succeeded" not in workers.log()
 
 
-def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers, audio_store):
+def test_a_sigkilled_workers_jobs_all_complete_exactly_once_and_no_stream_mixes_two_runs(workers, audio_store):
     client = workers.client
     victim = client.send_task("chattts.health", queue="cpu1").get(timeout=30)
+    streaming = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:800], "voice": 99, "stream": True}, queue="cpu1")
+    heard_while_killed = iter(stream_audio(streaming.id, redis_url=workers.redis_url, timeout_s=300))
+    next(heard_while_killed)  # it runs on cpu1
     jobs = [client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500], "voice": i}, queue="tts") for i in range(8)]
-    # Kill cpu1 in the middle of its batch: it holds up to four of the jobs, unacknowledged.
+    # Kill cpu1 in the middle of its batch: it holds the streaming job and up to three others, unacknowledged.
     deadline = time.monotonic() + 60
     while not any(job.state == PROGRESS_STATE for job in jobs):
         assert time.monotonic() < deadline
@@ -238,12 +241,24 @@ def test_a_sigkilled_workers_jobs_all_complete_exactly_once(workers, audio_store
     os.kill(victim["pid"], signal.SIGKILL)
     outputs = [job.get(timeout=300) for job in jobs]
 
+    # The reader of the lost run is told its audio restarted, never handed the re-run's after the first's.
+    with pytest.raises(StreamInterrupted):
+        for _ in heard_while_killed:
+            pass
+    streamed = streaming.get(timeout=300)
+    heard_after = stream_audio(streaming.id, redis_url=workers.redis_url, timeout_s=60)
+    pcm = np.frombuffer(b"".join(chunk.pcm for chunk in heard_after), dtype="<i2")
+    stored, _ = decode(fetch_audio(streamed))
+    assert np.array_equal(pcm, np.round(stored * 32768).astype(np.int16))
+
     assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
     assert all(audio_store.size(output["audio_key"]) for output in outputs)
     # A worker logs a job's success just after storing its result, which the last get() may beat.
-    wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
+    wait_until(
+        lambda: all(f"[{job.id}] succeeded" in workers.log() for job in [*jobs, streaming]), 10, "every success logged"
+    )
     log = workers.log()
-    for job in jobs:
+    for job in [*jobs, streaming]:
         assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", log)) == 1
     # The supervisor brought cpu1 back.
     names = workers.wait_for_workers(2)

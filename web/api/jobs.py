@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from flask import Response, current_app, request, url_for
 
-from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest
+from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest, as_integer
 from web import audio_formats, audio_responses, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
@@ -23,8 +23,8 @@ def _catalog_voice(arguments: dict) -> Voice | None:
     if "voice_id" in arguments:
         if "voice" in arguments:
             raise ApiError(400, "give voice or voice_id, not both", "voice_id")
-        voice_id = arguments["voice_id"]
-        if isinstance(voice_id, bool) or not isinstance(voice_id, int):
+        voice_id = as_integer(arguments["voice_id"])
+        if voice_id is None:
             raise ApiError(400, "voice_id must be the integer id of a catalog voice", "voice_id")
         voice = voices.by_id(voice_id)
         if voice is None:
@@ -139,6 +139,12 @@ def job_stream(job_id: str):
     if stream_format not in audio_formats.FORMATS:
         raise ApiError(400, f"format must be one of {', '.join(audio_formats.FORMATS)}", "format")
     job = visible_job(job_id)
+    if request.method == "HEAD":
+        # The headers alone, at once: no audio is awaited, so no slot is taken (nor is the sample rate
+        # known, which comes with the first audio). An iterator, not an empty body, which Werkzeug would
+        # give a Content-Length of 0: the GET's body is chunked, of a length nobody knows yet.
+        headers = {"X-Job-Id": job.id, "Cache-Control": "no-store"}
+        return Response(iter(()), mimetype=audio_formats.MIME_TYPES[stream_format], headers=headers)
     # A listener is a waiting request: it counts against its key's bound, as a speech call does.
     slot = WaitSlot.take()
     try:
@@ -147,7 +153,7 @@ def job_stream(job_id: str):
         slot.release()
         raise
     return Response(
-        slot.held_while(streaming.encoded(audio, stream_format)),
+        slot.held_while(streaming.cut_off_when_broken(streaming.encoded(audio, stream_format))),
         mimetype=audio_formats.MIME_TYPES[stream_format],
         headers={"X-Sample-Rate": str(audio.sample_rate), "X-Job-Id": audio.job_id, "Cache-Control": "no-store"},
     )

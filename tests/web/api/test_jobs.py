@@ -86,6 +86,14 @@ def test_a_running_job_can_be_cancelled(client, workers):
     assert client.get(f"/api/jobs/{job_id}/audio").status_code == 409
 
 
+def test_cancelling_a_finished_job_changes_nothing(client, workers):
+    job_id = client.post("/api/jobs", json={"text": "Done before the cancel."}).get_json()["id"]
+    done = wait_for(client, job_id, {"done"})
+    cancelled = client.delete(f"/api/jobs/{job_id}")
+    assert cancelled.status_code == 200 and cancelled.get_json() == done
+    assert client.get(f"/api/jobs/{job_id}/audio").status_code == 200
+
+
 def test_recent_jobs_are_listed_newest_first_and_filtered_by_status(client, workers):
     first = client.post("/api/jobs", json={"text": "First."}).get_json()["id"]
     second = client.post("/api/jobs", json={"text": "Second."}).get_json()["id"]
