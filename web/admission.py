@@ -18,7 +18,7 @@ cannot both pass. Its counts are derived from the truth or lapse by themselves:
   state in the result backend (started, finished, failed, revoked) are dropped from it before it is judged
   full. A job that ends (cancelled, say) leaves it at once; an admission not followed by its message lapses,
   and every entry lapses with the results (``CHATTTS_FARM_RESULT_TTL_S``);
-- the keys with jobs waiting are an index of their sets (:data:`QUEUING_KEYS`),
+- the keys with jobs waiting are an index of their sets (:data:`chattts_farm.redis_keys.QUEUING_KEYS`),
   read only while the backlog is past half the cap: a key counts while its oldest entry has no state, and
   the entries that have one are dropped on the way (each once), a set left empty leaving the index.
 """
@@ -43,9 +43,6 @@ ADMISSION_S = 60
 # A waiting job starts within seconds once workers drain the queue: ask again soon.
 RETRY_AFTER_S = 10
 KEY_FULL, FARM_FULL, OVER_FAIR_SHARE = 1, 2, 3
-# The keys that may have jobs waiting: a sorted set, a key's queued-jobs set -> the Unix time all its
-# entries have lapsed by.
-QUEUING_KEYS = "chattts:queuing-keys"
 
 # KEYS: the key's queued jobs (job id -> when its entry lapses), the index of keys queuing, then
 # backlog.waiting_keys(). ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap),
@@ -132,7 +129,7 @@ def admit(api_key: ApiKey | None, job_id: str) -> None:
     when its key's is, or the key holds its fair share of the farm's."""
     settings = current_app.config["SETTINGS"]
     answer, limit, keys = backends.current().redis.register_script(_ADMIT)(
-        keys=[_queued_jobs(api_key), QUEUING_KEYS, *backlog.waiting_keys()],
+        keys=[_queued_jobs(api_key), redis_keys.QUEUING_KEYS, *backlog.waiting_keys()],
         args=[
             job_id,
             settings.max_queued_jobs,
