@@ -27,7 +27,9 @@ _ERROR_MEANINGS = {
     409: "not now: a name already taken, or a job that is not done",
     410: "the job's audio has expired",
     413: "the body is larger than CHATTTS_FARM_MAX_REQUEST_BYTES",
-    416: "the Range asked for starts past the audio's end (Content-Range gives its length)",
+    412: "If-Match names another version of the audio than the one stored",
+    416: "the Range asked for starts past the audio's end, or is an empty suffix (bytes=-0); Content-Range "
+    "gives its length",
     422: "the catalog has no voice of that name or id",
     429: "over one of the key's limits (rate, daily audio quota, jobs waiting): Retry-After says when to try again",
     502: "the job failed or was cancelled",
@@ -253,8 +255,9 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "summary": "A finished job's audio",
                     "description": (
                         "Streamed from the audio store. A Range header of one byte range gets 206 with those "
-                        "bytes (If-Range honoured); If-None-Match and If-Modified-Since get 304 where the store "
-                        "keeps an ETag and a write time (file and S3 stores)."
+                        "bytes (a suffix longer than the audio is all of it; If-Range honoured with a strong "
+                        "ETag or a date); If-None-Match and If-Modified-Since get 304 and a failed If-Match 412 "
+                        "where the store keeps an ETag and a write time (file and S3 stores)."
                     ),
                     "parameters": job_id,
                     "responses": {
@@ -267,7 +270,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "content": {f"audio/{kind}": {} for kind in ("wav", "flac", "ogg", "mpeg")},
                         },
                         "304": {"description": "the client's copy (If-None-Match, If-Modified-Since) is current"},
-                        **_errors(404, 409, 410, 416, 503),
+                        **_errors(404, 409, 410, 412, 416, 503),
                     },
                 },
             },

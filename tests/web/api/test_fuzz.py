@@ -655,6 +655,8 @@ def test_an_integer_too_long_for_python_to_read_is_a_400_saying_so(api):
 # JSON Schema's integer is any number without a fraction: an encoder may write 0 as 0.0.
 WHOLE_FLOATS = {
     "a job's seed for a voice": ("/api/jobs", {"text": "Hi.", "voice": 0.0}, 202),
+    # Read as the id 999999, which no catalog voice has (a float was a 400 naming its type).
+    "a job's catalog voice id": ("/api/jobs", {"text": "Hi.", "voice_id": 999999.0}, 422),
     "a rating": ("/api/voices", {"spk_emb": EMBEDDING, "rating": 0.0}, 201),
     # Accepted, then asked of a worker (none serves the fuzzer's Redis).
     "a catalog voice's seed": ("/api/voices", {"seed": 134217728.0}, 503),
