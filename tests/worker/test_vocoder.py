@@ -1,6 +1,8 @@
-"""The vocoder decodes rows of any lengths in shared batches of windows, each row exactly as ChatTTS does alone."""
+"""The vocoder decodes rows of any lengths in shared batches of windows, each row exactly as ChatTTS does alone
+(in float32 on the CPU; in bf16, near it)."""
 
 import copy
+import math
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -8,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from worker.engine.vocoder import Vocoder, plan_windows
+from worker.engine.vocoder import WINDOW_STEP_FRAMES, Vocoder, batch_bucket, plan_windows
 from worker.model import LoadedModel
 from worker.synthetic_assets import synthetic_config
 
@@ -30,28 +32,81 @@ def random_hidden_states(chat, frames, seed):
 
 
 def test_the_plan_covers_every_frame_once_and_keeps_only_frames_that_see_no_window_edge():
-    for size, context in ((4, 1), (9, 4), (52, 13), (208, 52)):
-        for frames in [*range(0, 3 * size + 2), 10 * size + 7]:
-            windows = plan_windows(frames, size, context)
+    for context, step, most in ((1, 4, 8), (4, 8, 36), (13, 32, 208), (52, 32, 832)):
+        for frames in [*range(0, 3 * most + 2), 10 * most + 7]:
+            windows = plan_windows(frames, context, step, most)
             kept = [frame for window in windows for frame in range(window.keep_start, window.keep_stop)]
-            assert kept == list(range(frames)), (frames, size, context)
+            assert kept == list(range(frames)), (frames, context, step, most)
+            (size,) = {window.stop - window.start for window in windows} or {0}
+            if len(windows) > 1:
+                assert size % step == 0 and size <= most and size < frames, (frames, size)
+            else:
+                assert size == frames
             for window in windows:
-                assert window.stop - window.start == min(size, frames)
                 assert 0 <= window.start <= window.keep_start < window.keep_stop <= window.stop <= frames
                 assert window.start == 0 or window.keep_start - window.start >= context
                 assert window.stop == frames or window.stop - window.keep_stop >= context
 
 
+def test_a_row_decodes_its_frames_once_but_for_the_overlaps_and_the_rounding_of_its_windows():
+    context, step, most = 52, 32, 832
+    for frames in range(3 * step, 3000, 7):
+        windows = plan_windows(frames, context, step, most)
+        decoded = sum(window.stop - window.start for window in windows)
+        overlaps = (len(windows) - 1) * (2 * context + 1)
+        assert decoded < frames + overlaps + len(windows) * step, frames
+        # As few windows as fit: one fewer would need windows longer than the longest.
+        fewer = len(windows) - 1
+        assert fewer < 2 or math.ceil((frames + (fewer - 1) * (2 * context + 1)) / fewer) > most, frames
+
+
 def test_a_window_without_room_between_its_contexts_is_refused():
     with pytest.raises(ValueError, match="keeps nothing"):
-        plan_windows(100, 26, 13)
+        plan_windows(100, 13, 32, 26)
+
+
+@pytest.mark.parametrize(
+    ("count", "bucket"), [(1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 8), (9, 12), (13, 16), (17, 24)]
+)
+def test_a_graph_s_batch_is_the_next_bucket(count, bucket):
+    assert batch_bucket(count, 256) == bucket
+    assert batch_bucket(count, count) == count
+
+
+def test_on_the_cpu_the_networks_are_float32_copies_run_op_by_op(synthesizer, vocoder):
+    chat = synthesizer.model.chat
+    assert vocoder.graphs is None
+    assert {parameter.dtype for parameter in vocoder.network.parameters()} == {torch.float32}
+    stock = {id(tensor) for tensor in [*chat.decoder.parameters(), *chat.vocos.parameters()]}
+    assert not stock & {id(tensor) for tensor in vocoder.network.parameters()}
+
+
+def test_the_istft_that_reads_nothing_back_is_torch_s(vocoder):
+    network = vocoder.network
+    generator = torch.Generator().manual_seed(3)
+    shape = (3, network.n_fft // 2 + 1, 40)
+    spectrum = torch.complex(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    expected = torch.istft(spectrum, network.n_fft, network.hop_length, network.n_fft, network.window, center=True)
+    torch.testing.assert_close(network.istft_without_check(spectrum), expected, atol=1e-6, rtol=0)
+
+
+def test_in_bf16_the_audio_stays_near_float32_s_and_the_istft_head_stays_float32(synthesizer, vocoder):
+    chat = synthesizer.model.chat
+    half = Vocoder(synthesizer.model, max_windows_per_batch=8, dtype=torch.bfloat16)
+    assert half.network.backbone.embed.weight.dtype == torch.bfloat16
+    assert half.network.spectrum.weight.dtype == torch.float32
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate([5, 3 * vocoder.context_frames])]
+    for exact, rounded in zip(vocoder.decode(rows), half.decode(rows), strict=True):
+        assert rounded.dtype == np.float32 and rounded.shape == exact.shape
+        assert 0 < np.abs(rounded - exact).max() < 0.05 * np.abs(exact).max()
 
 
 def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, vocoder):
     chat = synthesizer.model.chat
-    window = vocoder.window_frames
-    # Shorter than, exactly and just over one window; several windows, the last of them partly kept; empty.
-    lengths = [1, 7, window - 5, window, window + 1, 2 * window + 3, 4 * window - 1, 0, 7]
+    longest, context = vocoder.max_window_frames, vocoder.context_frames
+    # Decoded whole (short), two windows, two of the longest, three; empty; a twin of a short one.
+    lengths = [1, 7, 2 * context + 3, 3 * WINDOW_STEP_FRAMES, 2 * longest - 2 * context - 1, 2 * longest, 0, 7]
+    assert [len(vocoder.plan(frames)) for frames in lengths] == [1, 1, 1, 2, 2, 3, 0, 1]
     rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
     decoded = vocoder.decode(rows)
     assert len(decoded) == len(rows)
@@ -62,24 +117,26 @@ def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, 
             assert np.abs(samples - expected).max() < 1e-4, len(states)
 
 
-def test_windows_of_different_rows_share_batches_of_one_shape(synthesizer, vocoder):
+def test_windows_of_different_rows_share_batches_of_one_shape(synthesizer):
     chat = synthesizer.model.chat
-    window, per_batch = vocoder.window_frames, 4
-    long_lengths, short_lengths = [window + 1, 2 * window, 3 * window], [window - 3, window - 3]
+    vocoder, per_batch = Vocoder(synthesizer.model, max_windows_per_batch=3), 3
+    context = vocoder.context_frames
+    # Rows of different lengths whose two windows have one size; two rows too short for windows, of one length.
+    long_lengths, short_lengths = [2 * WINDOW_STEP_FRAMES + extra for extra in (3, 13, 23)], [context, context]
+    (size,) = {window.stop - window.start for frames in long_lengths for window in vocoder.plan(frames)}
+    assert all(len(vocoder.plan(frames)) == 2 for frames in long_lengths)
     rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate([*long_lengths, *short_lengths, 0])]
-    long_windows = sum(len(vocoder.plan(frames)) for frames in long_lengths)
-    assert len(vocoder.plan(long_lengths[0])) < per_batch < long_windows  # so the first batch mixes rows
 
     shapes = []
-    hook = chat.decoder.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
+    hook = vocoder.network.decoder.register_forward_pre_hook(
+        lambda module, inputs: shapes.append(tuple(inputs[0].shape))
+    )
     try:
-        Vocoder(synthesizer.model, max_windows_per_batch=per_batch).decode(rows)
+        vocoder.decode(rows)
     finally:
         hook.remove()
     width = chat.config.gpt.hidden_size
-    full_batches, rest = divmod(long_windows, per_batch)
-    long_batches = [(per_batch, width, window)] * full_batches + [(rest, width, window)] * (rest > 0)
-    assert shapes == [*long_batches, (2, width, window - 3)]
+    assert shapes == [(per_batch, width, size), (per_batch, width, size), (2, width, context)]
 
 
 def test_an_empty_call_and_empty_rows_give_empty_audio(vocoder, synthesizer):

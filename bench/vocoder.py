@@ -1,0 +1,222 @@
+"""The vocoder at speed: today's fp32 windows against the farm's path, and what it costs the GPT beside it.
+
+    python -m bench.vocoder --model synthetic-full --device cuda --rows 256 --per-call 8,256 --slots 512
+    python -m bench.vocoder --model synthetic-tiny --device cpu --rows 8 --per-call 4 --slots 8
+
+Rows of the standard workload's lengths (5-15 s, random unit-scale hidden states, as the GPT's norm
+gives) are decoded in calls of ``--per-call`` rows, one after another, then synchronised; each way
+runs once untimed (the graphs' capture) and its median of three is printed:
+
+- ``fp32, 4-context windows (before)``: the vocoder before issue 21: ChatTTS's modules in float32
+  (``torch.istft``, which waits for the host), every row in windows of 4 receptive fields, half kept;
+- ``fp32 / bf16, few windows, eager``: the farm's network and windows, op by op;
+- ``bf16, few windows, graphs``: the farm's path on CUDA.
+
+decoded audio-s/s counts every window's frames, kept audio-s/s the rows' own; max abs diff is against
+the first way's audio. Then the GPT's decode step alone and while the farm's vocoder decodes
+``--per-call`` rows before each step on a stream of its own, as the engine's thread does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+import time
+from collections.abc import Callable
+
+from worker.cuda import configure_allocator
+
+configure_allocator()
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from chattts_farm.settings import Settings  # noqa: E402
+from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
+from worker.engine.vocoder import Vocoder, Window  # noqa: E402
+from worker.synthesis import Synthesizer  # noqa: E402
+
+BEFORE_WINDOW_CONTEXTS = 4
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def windows_before(frames: int, size: int, context: int) -> list[Window]:
+    """The plan of the vocoder before issue 21 (at e4fca89): windows of ``size``, half of each kept."""
+    if frames <= size:
+        return [Window(0, frames, 0, frames)] if frames else []
+    windows = [Window(0, size, 0, size - context)]
+    while windows[-1].keep_stop < frames:
+        keep_start = windows[-1].keep_stop
+        start = keep_start - context
+        if start + size >= frames:
+            windows.append(Window(frames - size, frames, keep_start, frames))
+        else:
+            windows.append(Window(start, start + size, keep_start, start + size - context))
+    return windows
+
+
+@torch.inference_mode()
+def decode_before(synthesizer: Synthesizer, rows: list[torch.Tensor], per_batch: int) -> tuple[list[np.ndarray], int]:
+    """The rows' audio as the vocoder before issue 21 made it, and the frames it decoded."""
+    chat, vocoder = synthesizer.model.chat, synthesizer.vocoder
+    size, context, per_frame = (
+        BEFORE_WINDOW_CONTEXTS * vocoder.context_frames,
+        vocoder.context_frames,
+        vocoder.samples_per_frame,
+    )
+    plans = [windows_before(states.shape[0], size, context) for states in rows]
+    by_length: dict[int, list[tuple[int, int, Window]]] = {}
+    for row, plan in enumerate(plans):
+        for index, window in enumerate(plan):
+            by_length.setdefault(window.stop - window.start, []).append((row, index, window))
+    pieces: list[list[np.ndarray | None]] = [[None] * len(plan) for plan in plans]
+    for windows in by_length.values():
+        for first in range(0, len(windows), per_batch):
+            batch = windows[first : first + per_batch]
+            stacked = torch.stack([rows[row][window.start : window.stop] for row, _, window in batch]).float()
+            audio = chat.vocos.decode(chat.decoder(stacked.transpose(1, 2).contiguous())).float().cpu().numpy()
+            for (row, index, window), samples in zip(batch, audio, strict=True):
+                keep = slice(
+                    (window.keep_start - window.start) * per_frame, (window.keep_stop - window.start) * per_frame
+                )
+                pieces[row][index] = samples[keep]
+    decoded = sum(window.stop - window.start for plan in plans for window in plan)
+    return [np.concatenate(row_pieces) for row_pieces in pieces], decoded
+
+
+def median_seconds(run: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    run()  # untimed: first shapes, graph captures
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        started = time.perf_counter()
+        run()
+        synchronize(device)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def in_calls(rows: list[torch.Tensor], per_call: int) -> list[list[torch.Tensor]]:
+    return [rows[first : first + per_call] for first in range(0, len(rows), per_call)]
+
+
+def gpt_beside_vocoder(
+    synthesizer: Synthesizer, slots: int, steps: int, rows_per_step: list[torch.Tensor]
+) -> tuple[float, float]:
+    """A decode step of ``slots`` slots, ``steps`` times; with ``rows_per_step``, the vocoder launches them
+    before every step on a stream of its own, as the engine's thread does. The steps' milliseconds each
+    (to the last step's end), and the vocoder's kept audio-s/s over the whole run (to its last audio)."""
+    runner, device = synthesizer.engine.runner, synthesizer.model.device
+    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    launched = []
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        if rows_per_step and stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(stream):
+                launched.append(synthesizer.vocoder.launch(rows_per_step))
+        elif rows_per_step:
+            launched.append(synthesizer.vocoder.launch(rows_per_step))
+        runner.decode_step(slots, runner.context)
+    if device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    stepped = time.perf_counter() - started
+    for decode in launched:
+        decode.result()
+    frames = steps * sum(states.shape[0] for states in rows_per_step)
+    return 1000 * stepped / steps, frames / TOKENS_PER_SECOND / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="synthetic-full")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--rows", type=int, default=256, help="Rows decoded by each way.")
+    parser.add_argument("--per-call", default="8,256", help="Rows per vocoder call, comma-separated.")
+    parser.add_argument("--slots", type=int, default=512, help="The engine's slots (the GPT step's rows).")
+    parser.add_argument("--steps", type=int, default=50, help="Decode steps timed alone and beside the vocoder.")
+    parser.add_argument("--beside", default="1,8", help="Rows the vocoder decodes before each step, comma-separated.")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+
+    settings = Settings.from_env(
+        model=arguments.model,
+        device=arguments.device,
+        max_running_rows=arguments.slots,
+        max_rows_per_pass=arguments.slots,
+    )
+    synthesizer = Synthesizer.load(settings)
+    model, device = synthesizer.model, synthesizer.model.device
+    width = model.chat.config.gpt.hidden_size
+    generator = torch.Generator().manual_seed(0)
+    lengths = torch.randint(
+        round(5 * TOKENS_PER_SECOND), round(15 * TOKENS_PER_SECOND) + 1, (arguments.rows,), generator=generator
+    )
+    rows = [
+        torch.randn(int(frames), width, generator=generator).to(device, model.chat.gpt.gpt.dtype) for frames in lengths
+    ]
+    kept_frames = int(lengths.sum())
+    per_batch = settings.max_rows_per_pass
+    ways = {
+        "fp32, few windows, eager": Vocoder(model, per_batch, dtype=torch.float32, graphs=False),
+        "bf16, few windows, eager": Vocoder(model, per_batch, dtype=torch.bfloat16, graphs=False),
+    }
+    if device.type == "cuda":
+        ways["bf16, few windows, graphs"] = synthesizer.vocoder
+    print(
+        f"{arguments.rows} rows of {int(lengths.min())}-{int(lengths.max())} frames "
+        f"({kept_frames / TOKENS_PER_SECOND:.0f} audio-s), context {synthesizer.vocoder.context_frames} frames, "
+        f"{synthesizer.vocoder.network.dtype} network",
+        flush=True,
+    )
+    print("| way | rows per call | decoded audio-s/s | kept audio-s/s | kept share | max abs diff (peak) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    reference, decoded_before = decode_before(synthesizer, rows, per_batch)
+    peak = max(float(np.abs(samples).max()) for samples in reference)
+    for per_call in [int(count) for count in arguments.per_call.split(",")]:
+        calls = in_calls(rows, per_call)
+        seconds = median_seconds(
+            lambda calls=calls: [decode_before(synthesizer, call, per_batch) for call in calls], device
+        )
+        print(
+            f"| fp32, {BEFORE_WINDOW_CONTEXTS}-context windows (before) | {per_call} | "
+            f"{decoded_before / TOKENS_PER_SECOND / seconds:,.0f} | {kept_frames / TOKENS_PER_SECOND / seconds:,.0f} | "
+            f"{kept_frames / decoded_before:.2f} | 0 ({peak:.3f}) |",
+            flush=True,
+        )
+        for name, vocoder in ways.items():
+            decoded = sum(window.stop - window.start for states in rows for window in vocoder.plan(states.shape[0]))
+
+            def run(vocoder=vocoder, calls=calls):
+                launched = [vocoder.launch(call) for call in calls]
+                return [samples for decode in launched for samples in decode.result()]
+
+            seconds = median_seconds(run, device)
+            difference = max(float(np.abs(new - old).max()) for new, old in zip(run(), reference, strict=True))
+            print(
+                f"| {name} | {per_call} | {decoded / TOKENS_PER_SECOND / seconds:,.0f} | "
+                f"{kept_frames / TOKENS_PER_SECOND / seconds:,.0f} | {kept_frames / decoded:.2f} | "
+                f"{difference:.1e} ({peak:.3f}) |",
+                flush=True,
+            )
+    if synthesizer.vocoder.graphs is not None:
+        print(f"graphs captured: {len(synthesizer.vocoder.graphs)}")
+
+    print("\n| GPT decode step | vocoder rows per step | ms per step | vocoder kept audio-s/s |\n|---|---:|---:|---:|")
+    runner = synthesizer.engine.runner
+    for slots in sorted({min(64, runner.slots), runner.slots}):
+        gpt_beside_vocoder(synthesizer, slots, 5, [])
+        for per_step in [0, *(int(count) for count in arguments.beside.split(","))]:
+            step, audio = gpt_beside_vocoder(synthesizer, slots, arguments.steps, rows[:per_step])
+            print(f"| {slots} slots | {per_step} | {step:.2f} | {audio:,.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
