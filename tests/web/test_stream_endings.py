@@ -7,21 +7,17 @@ the test plays the worker's side of each streaming job with the contract's own w
 
 import base64
 import json
-import os
-import re
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime
 
 import pytest
-import redis
 import requests
 
 from chattts_farm import redis_keys
 from chattts_farm.contract import JobTimeout
-from cli.local_services import free_port, start_redis_server
-from tests.support import CLI, Web, wait_until
+from tests.support import wait_until
+from tests.web.paused_farm import start_paused_farm
 from tests.web.streams import SAMPLE_RATE, StreamWriter, samples
 from web.access.api_keys import hash_key
 
@@ -31,58 +27,27 @@ CUT_OFF = requests.exceptions.ChunkedEncodingError
 
 @pytest.fixture(scope="module")
 def farm(tmp_path_factory):
-    """The web's URL, its Redis, and the headers of a key made with `chattts-farm keys create`."""
-    directory = tmp_path_factory.mktemp("stream-endings")
-    redis_port, web_port = free_port(), free_port()
-    redis_server = start_redis_server(redis_port, directory / "redis", "--save", "", "--appendonly", "no")
-    environment = {
-        **os.environ,
-        "CHATTTS_FARM_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "CHATTTS_FARM_DATA_DIR": str(directory),
-        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{directory / 'farm.db'}",
-        "CHATTTS_FARM_REQUIRE_API_KEY": "true",
-    }
-    try:
-        web = Web.start(web_port, environment)
-        try:
-            created = subprocess.run(
-                [CLI, "keys", "create", "listener"], env=environment, capture_output=True, text=True, check=True
-            )
-            key = re.search(r"cf_\S+", created.stdout).group(0)
-            with redis.Redis(port=redis_port) as client:
-                yield web.url, client, key
-        finally:
-            web.kill()
-    finally:
-        redis_server.terminate()
-        redis_server.wait(timeout=20)
-
-
-def headers(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
+    with start_paused_farm(tmp_path_factory.mktemp("stream-endings"), ("listener",)) as paused:
+        yield paused
 
 
 def streaming_job(farm) -> tuple[str, StreamWriter]:
-    base, client, key = farm
-    answer = requests.post(
-        base + "/api/jobs", json={"text": "A job whose worker the test plays.", "stream": True}, headers=headers(key)
-    )
-    assert answer.status_code == 202, answer.text
-    job_id = answer.json()["id"]
-    return job_id, StreamWriter(client, job_id)
+    job_id = farm.submit_stream("listener")
+    return job_id, StreamWriter(farm.redis, job_id)
 
 
 def listen(farm, job_id: str) -> requests.Response:
-    base, _, key = farm
-    answer = requests.get(f"{base}/api/jobs/{job_id}/stream?format=pcm", headers=headers(key), stream=True, timeout=30)
+    answer = requests.get(
+        f"{farm.web.url}/api/jobs/{job_id}/stream?format=pcm", headers=farm.headers("listener"), stream=True, timeout=30
+    )
     assert answer.status_code == 200, answer.text
     return answer
 
 
 def charged_today(farm) -> float:
     """The audio seconds charged to the key today (UTC), as its quota counts them."""
-    _, client, key = farm
-    return float(client.get(redis_keys.audio_quota(hash_key(key), f"{datetime.now(UTC):%Y%m%d}")) or 0)
+    key_hash = hash_key(farm.keys["listener"])
+    return float(farm.redis.get(redis_keys.audio_quota(key_hash, f"{datetime.now(UTC):%Y%m%d}")) or 0)
 
 
 def test_a_job_failing_mid_stream_cuts_the_audio_response_off(farm):
@@ -98,7 +63,7 @@ def test_a_job_failing_mid_stream_cuts_the_audio_response_off(farm):
 
 
 def test_a_job_failing_mid_stream_ends_its_sse_with_an_openai_error_event_and_no_done(farm):
-    base, _, key = farm
+    base, listener = farm.web.url, farm.headers("listener")
     events = []
 
     def speak():
@@ -109,7 +74,7 @@ def test_a_job_failing_mid_stream_ends_its_sse_with_an_openai_error_event_and_no
             "stream_format": "sse",
             "response_format": "pcm",
         }
-        with requests.post(f"{base}/v1/audio/speech", json=body, headers=headers(key), stream=True) as answer:
+        with requests.post(f"{base}/v1/audio/speech", json=body, headers=listener, stream=True) as answer:
             events.extend(json.loads(line[6:]) for line in answer.iter_lines() if line.startswith(b"data: "))
 
     caller = threading.Thread(target=speak)
@@ -118,12 +83,12 @@ def test_a_job_failing_mid_stream_ends_its_sse_with_an_openai_error_event_and_no
 
     def submitted() -> bool:
         nonlocal job_id
-        jobs = requests.get(f"{base}/api/jobs?limit=1", headers=headers(key)).json()["jobs"]
+        jobs = requests.get(f"{base}/api/jobs?limit=1", headers=listener).json()["jobs"]
         job_id = jobs[0]["id"] if jobs and jobs[0]["text"] == "Spoken until it fails." else None
         return job_id is not None
 
     wait_until(submitted, 10, "the speech call's job")
-    worker = StreamWriter(farm[1], job_id)
+    worker = StreamWriter(farm.redis, job_id)
     worker.audio(samples(0.3))
     worker.failed(JobTimeout(f"job {job_id} ran past its time limit"))
     caller.join(timeout=20)
@@ -136,7 +101,7 @@ def test_a_job_failing_mid_stream_ends_its_sse_with_an_openai_error_event_and_no
 
 
 def test_a_cancel_stops_an_open_stream_at_once_and_charges_what_it_sent(farm):
-    base, _, key = farm
+    base, listener = farm.web.url, farm.headers("listener")
     job_id, worker = streaming_job(farm)
     worker.audio(samples(1.0))
     before = charged_today(farm)
@@ -144,7 +109,7 @@ def test_a_cancel_stops_an_open_stream_at_once_and_charges_what_it_sent(farm):
         heard = answer.iter_content(chunk_size=None)
         received = next(heard)
         assert received == bytes(worker.pcm)
-        cancelled = requests.delete(f"{base}/api/jobs/{job_id}", headers=headers(key))
+        cancelled = requests.delete(f"{base}/api/jobs/{job_id}", headers=listener)
         assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
         started = time.monotonic()
         worker.audio(samples(2.0, seed=1))  # a worker that has not seen the revoke yet goes on
@@ -157,17 +122,17 @@ def test_a_cancel_stops_an_open_stream_at_once_and_charges_what_it_sent(farm):
 
 
 def test_a_listener_waiting_for_a_cancelled_jobs_first_audio_is_answered_at_once(farm):
-    base, _, key = farm
+    base, listener = farm.web.url, farm.headers("listener")
     job_id, _ = streaming_job(farm)
     waiting = {}
 
     def wait_for_audio():
-        waiting["answer"] = requests.get(f"{base}/api/jobs/{job_id}/stream", headers=headers(key), timeout=30)
+        waiting["answer"] = requests.get(f"{base}/api/jobs/{job_id}/stream", headers=listener, timeout=30)
 
     listener = threading.Thread(target=wait_for_audio)
     listener.start()
     time.sleep(0.5)  # the listener is waiting (its job is queued, with no worker to take it)
-    assert requests.delete(f"{base}/api/jobs/{job_id}", headers=headers(key)).json()["status"] == "cancelled"
+    assert requests.delete(f"{base}/api/jobs/{job_id}", headers=listener).json()["status"] == "cancelled"
     started = time.monotonic()
     listener.join(timeout=10)
     assert time.monotonic() - started < 2.5

@@ -7,24 +7,18 @@ tested in tests/worker).
 """
 
 import contextlib
-import json
-import os
-import re
 import socket
-import subprocess
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import pytest
 import redis
 import requests
 
-from chattts_farm import redis_keys
-from cli.local_services import free_port, start_redis_server
-from tests.support import CLI, Web, wait_until
+from tests.support import wait_until
+from tests.web.paused_farm import start_paused_farm
 from tests.web.streams import StreamWriter, samples
-from web.access.api_keys import hash_key
 from web.errors import ApiError
 from web.waiting import WaitSlot, job_watcher
 
@@ -37,100 +31,16 @@ SEND_TIMEOUT_S = 3
 QUICK_S = 0.2
 
 
-@dataclass
-class PausedFarm:
-    """The web app, its Redis, and keys made with `chattts-farm keys create`; no worker anywhere."""
-
-    web: Web
-    redis: redis.Redis
-    keys: dict[str, str]
-    port: int
-
-    def headers(self, name: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.keys[name]}"}
-
-    def jobs_of(self, name: str) -> list[dict]:
-        answer = requests.get(f"{self.web.url}/api/jobs?limit=500", headers=self.headers(name), timeout=10)
-        assert answer.status_code == 200, answer.text
-        return answer.json()["jobs"]
-
-    def waits_of(self, name: str) -> int:
-        """How many of this key's requests hold a wait slot now, as the web processes count them in Redis:
-        the slots whose lease has not ended."""
-        return self.redis.zcount(redis_keys.wait_slots(hash_key(self.keys[name])[:16]), time.time(), "+inf")
-
-    def submit_stream(self, name: str) -> str:
-        """A queued job of this key that streams: the id."""
-        answer = requests.post(
-            f"{self.web.url}/api/jobs",
-            json={"text": "Streamed.", "stream": True},
-            headers=self.headers(name),
-            timeout=10,
-        )
-        assert answer.status_code == 202, answer.text
-        return answer.json()["id"]
-
-    def open_stream(self, name: str, job_id: str, receive_buffer: int | None = None) -> socket.socket:
-        """A listener of the job's stream (raw PCM) on a raw socket, left unread; ``receive_buffer``
-        shrinks its socket's receive buffer, so that the server's sends soon block."""
-        call = socket.socket()
-        if receive_buffer is not None:
-            call.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-        call.connect(("127.0.0.1", self.port))
-        call.sendall(
-            f"GET /api/jobs/{job_id}/stream?format=pcm HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {self.keys[name]}\r\n\r\n".encode()
-        )
-        return call
-
-    def open_speech_call(self, name: str) -> socket.socket:
-        """A speech call sent on a raw socket, left open and unread: a client waiting for its audio."""
-        body = json.dumps({"model": "tts-1", "input": "Waiting for a paused worker.", "voice": 7}).encode()
-        head = (
-            "POST /v1/audio/speech HTTP/1.1\r\n"
-            "Host: 127.0.0.1\r\n"
-            f"Authorization: Bearer {self.keys[name]}\r\n"
-            "Content-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
-        )
-        call = socket.create_connection(("127.0.0.1", self.port))
-        call.sendall(head.encode() + body)
-        return call
-
-
 @pytest.fixture(scope="module")
 def paused_farm(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("paused-farm")
-    redis_port, web_port = free_port(), free_port()
-    redis_server = start_redis_server(redis_port, directory / "redis", "--save", "", "--appendonly", "no")
-    environment = {
-        **os.environ,
-        "CHATTTS_FARM_REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",
-        "CHATTTS_FARM_DATA_DIR": str(directory),
-        "CHATTTS_FARM_DATABASE_URL": f"sqlite:///{directory / 'farm.db'}",
-        "CHATTTS_FARM_REQUIRE_API_KEY": "true",
+    settings = {
         "CHATTTS_FARM_MAX_WAITS_PER_KEY": str(WAITERS),
         "CHATTTS_FARM_WAIT_SLOT_LEASE_S": str(LEASE_S),
         "CHATTTS_FARM_STREAM_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
-        # The test's own submissions must not hit the per-minute budget.
-        "CHATTTS_FARM_RATE_LIMIT_PER_MINUTE": "10000",
     }
-    try:
-        web = Web.start(web_port, environment)
-        try:
-            keys = {}
-            for name in ("patient", "other", "hangs-up", "held", *LISTENERS):
-                created = subprocess.run(
-                    [CLI, "keys", "create", name], env=environment, capture_output=True, text=True, check=True
-                )
-                keys[name] = re.search(r"cf_\S+", created.stdout).group(0)
-            with redis.Redis(port=redis_port) as client:
-                yield PausedFarm(web, client, keys, web_port)
-        finally:
-            web.kill()
-    finally:
-        redis_server.terminate()
-        redis_server.wait(timeout=20)
+    names = ("patient", "other", "hangs-up", "held", *LISTENERS)
+    with start_paused_farm(tmp_path_factory.mktemp("paused-farm"), names, **settings) as farm:
+        yield farm
 
 
 @pytest.fixture(scope="module")
@@ -250,7 +160,8 @@ def test_two_hundred_waiting_calls_of_one_key_leave_everyone_else_answered_quick
     assert paused_farm.waits_of("patient") == WAITERS
 
 
-def test_a_call_past_the_keys_bound_is_refused_quickly_naming_the_limit(paused_farm, patient_calls):
+def one_call_too_many(paused_farm) -> requests.Response:
+    """A speech call of the patient key, whose every slot is taken: refused at once."""
     took, answer = timed(
         "POST",
         paused_farm.web.url + "/v1/audio/speech",
@@ -258,6 +169,11 @@ def test_a_call_past_the_keys_bound_is_refused_quickly_naming_the_limit(paused_f
         headers=paused_farm.headers("patient"),
     )
     assert answer.status_code == 429 and took < QUICK_S, (answer.status_code, took)
+    return answer
+
+
+def test_a_call_past_the_keys_bound_is_refused_quickly_naming_the_limit(paused_farm, patient_calls):
+    answer = one_call_too_many(paused_farm)
     assert "CHATTTS_FARM_MAX_WAITS_PER_KEY" in answer.json()["error"]
     assert int(answer.headers["Retry-After"]) >= 1
     # Refused before anything was submitted: no job, and the count is the bound's.
@@ -324,13 +240,7 @@ def test_requests_held_past_the_lease_keep_their_slots_and_the_cap(paused_farm, 
         time.sleep(1.5 * LEASE_S)
         assert paused_farm.waits_of("held") == 1
         assert paused_farm.waits_of("patient") == WAITERS
-        took, answer = timed(
-            "POST",
-            paused_farm.web.url + "/v1/audio/speech",
-            json={"input": "One too many.", "voice": 7},
-            headers=paused_farm.headers("patient"),
-        )
-        assert answer.status_code == 429 and took < QUICK_S, (answer.status_code, took)
+        one_call_too_many(paused_farm)
     wait_until(lambda: paused_farm.waits_of("held") == 0, 5, "the stream's slot to be given back")
 
 
