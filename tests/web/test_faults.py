@@ -128,7 +128,7 @@ def test_a_redis_restart_from_its_append_only_file_loses_no_job_and_runs_none_tw
             assert requests.get(f"{web.url}/api/jobs/{job_id}", timeout=30).status_code in (200, 503)
 
     job_ids.append(web.submit("Accepted again once Redis is back.", 11))
-    # Well before the visibility timeout (90 s here), which is when a job whose run the restart broke
+    # Well before the visibility timeout (110 s here), which is when a job whose run the restart broke
     # would be handed out again: the jobs that were running carry on.
     assert_every_job_done_exactly_once(web, own_worker, job_ids, timeout=60)
     # And nothing is left for Redis to hand out again later: every message was acknowledged.

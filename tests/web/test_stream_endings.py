@@ -129,12 +129,12 @@ def test_a_listener_waiting_for_a_cancelled_jobs_first_audio_is_answered_at_once
     def wait_for_audio():
         waiting["answer"] = requests.get(f"{base}/api/jobs/{job_id}/stream", headers=listener, timeout=30)
 
-    listener = threading.Thread(target=wait_for_audio)
-    listener.start()
+    waiter = threading.Thread(target=wait_for_audio)
+    waiter.start()
     time.sleep(0.5)  # the listener is waiting (its job is queued, with no worker to take it)
     assert requests.delete(f"{base}/api/jobs/{job_id}", headers=listener).json()["status"] == "cancelled"
     started = time.monotonic()
-    listener.join(timeout=10)
+    waiter.join(timeout=10)
     assert time.monotonic() - started < 2.5
     assert waiting["answer"].status_code == 409 and "cancelled" in waiting["answer"].json()["error"]
 
