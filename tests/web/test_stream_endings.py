@@ -137,6 +137,7 @@ def test_a_listener_waiting_for_a_cancelled_jobs_first_audio_is_answered_at_once
     waiter.join(timeout=10)
     assert time.monotonic() - started < 2.5
     assert waiting["answer"].status_code == 409 and "cancelled" in waiting["answer"].json()["error"]
+    assert requests.head(f"{base}/api/jobs/{job_id}/stream", headers=listener).status_code == 409  # as its GET
 
 
 def test_a_rerun_never_adds_to_what_a_listener_heard_of_the_first_run(farm):

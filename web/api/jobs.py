@@ -142,7 +142,10 @@ def job_stream(job_id: str):
     if request.method == "HEAD":
         # The headers alone, at once: no audio is awaited, so no slot is taken (nor is the sample rate
         # known, which comes with the first audio). An iterator, not an empty body, which Werkzeug would
-        # give a Content-Length of 0: the GET's body is chunked, of a length nobody knows yet.
+        # give a Content-Length of 0: the GET's body is chunked, of a length nobody knows yet. A job that
+        # has failed or was cancelled is answered as its GET would be.
+        if jobs.refresh(job).status in (JobStatus.FAILED, JobStatus.CANCELLED):
+            raise ApiError(409, f"job {job.id} {job.status}: {job.error}")
         headers = {"X-Job-Id": job.id, "Cache-Control": "no-store"}
         return Response(iter(()), mimetype=audio_formats.MIME_TYPES[stream_format], headers=headers)
     # A listener is a waiting request: it counts against its key's bound, as a speech call does.
