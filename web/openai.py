@@ -21,6 +21,7 @@ from web import audio_formats, jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
 from web.models import Voice
+from web.voices import OPENAI_VOICE_SEEDS
 from web.waiting import WaitSlot
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -29,24 +30,6 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 FORMATS = {"mp3": "mp3", "opus": "ogg", "flac": "flac", "wav": "wav", "pcm": "pcm"}
 UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
 STREAM_FORMATS = ("audio", "sse")
-# OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
-# default. A seed draws a speaker embedding from a generator seeded with it (worker/voices.py), so
-# distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
-# evenly over the seed range, 390 million apart, clear of the small seeds people type and of the default
-# 2222. A catalog voice of the same name wins (see _voice): that is how an operator gives a name another voice.
-OPENAI_VOICE_SEEDS = {
-    "alloy": 390_000_000,
-    "ash": 780_000_000,
-    "ballad": 1_170_000_000,
-    "coral": 1_560_000_000,
-    "echo": 1_950_000_000,
-    "fable": 2_340_000_000,
-    "nova": 2_730_000_000,
-    "onyx": 3_120_000_000,
-    "sage": 3_510_000_000,
-    "shimmer": 3_900_000_000,
-    "verse": 4_290_000_000,
-}
 
 
 def chattts_speed(openai_speed: float) -> int:

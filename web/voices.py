@@ -43,6 +43,26 @@ _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
 _LIKE_ESCAPE = "\\"
 _LIKE_SPECIAL = str.maketrans({"%": "\\%", "_": "\\_", "\\": "\\\\"})
 
+# OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
+# default. A seed draws a speaker embedding from a generator seeded with it (worker/voices.py), so
+# distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
+# evenly over the seed range, 390 million apart, clear of the small seeds people type and of the default
+# 2222. A catalog voice of the same name wins (web.openai's _voice): that is how an admin gives a name
+# another voice, and why only an admin may (see _name).
+OPENAI_VOICE_SEEDS = {
+    "alloy": 390_000_000,
+    "ash": 780_000_000,
+    "ballad": 1_170_000_000,
+    "coral": 1_560_000_000,
+    "echo": 1_950_000_000,
+    "fable": 2_340_000_000,
+    "nova": 2_730_000_000,
+    "onyx": 3_120_000_000,
+    "sage": 3_510_000_000,
+    "shimmer": 3_900_000_000,
+    "verse": 4_290_000_000,
+}
+
 
 def find(tags: list[str], query: str | None) -> list[Voice]:
     """Voices carrying every tag given and whose name or description contains the query text."""
@@ -320,8 +340,6 @@ def _name(value: Any) -> str:
         raise ApiError(
             400, f"name is required: text of at most {MAX_NAME_CHARS} characters, some of them visible", "name"
         )
-    from web.openai import OPENAI_VOICE_SEEDS  # web.openai speaks catalog voices: it imports this module
-
     # A catalog voice named like an OpenAI voice is what /v1/audio/speech gives everyone asking for it.
     if name in OPENAI_VOICE_SEEDS and not _caller_is_admin():
         raise ApiError(

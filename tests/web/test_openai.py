@@ -8,7 +8,8 @@ import pytest
 
 from tests.web.access.support import bearer
 from web.access import api_keys
-from web.openai import OPENAI_VOICE_SEEDS, chattts_speed
+from web.openai import chattts_speed
+from web.voices import OPENAI_VOICE_SEEDS
 from web.waiting import WaitSlot
 from worker.audio import decode
 

@@ -16,7 +16,7 @@ from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
 from web.models import JobStatus
-from web.openai import OPENAI_VOICE_SEEDS
+from web.voices import OPENAI_VOICE_SEEDS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
