@@ -169,7 +169,11 @@ class Settings:
     max_request_bytes: int = _setting(1024 * 1024, "largest HTTP request body", minimum=1024, role="web")
     require_api_key: bool = _setting(False, "require API keys on `/api` and `/v1`", role="web")
     rate_limit_per_minute: int = _setting(
-        120, "requests that change something (submit, edit the catalog), a minute per key", minimum=1, role="web"
+        120,
+        "requests that change something (submit, edit the catalog), a minute per key; a request that makes "
+        "several jobs (the workshop) counts each",
+        minimum=1,
+        role="web",
     )
     # Reads get their own, larger budget: a page watching a job polls its status twice a second.
     read_rate_limit_per_minute: int = _setting(
