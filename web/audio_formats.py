@@ -3,18 +3,19 @@
 gives them up, so a client can play the audio while the job still runs.
 
 Encoding and decoding are CPU work, and the web serves under gevent: one long call on its event loop
-would hold up every other request of the process. So every libsndfile call goes through
-:func:`off_loop` (a few threads of the process's own), and no call is handed more than about a second
-of audio: compressed stored audio is spooled to a temporary file and decoded from there a second at a
-time, and FLAC is encoded into a temporary file, so a reader's memory does not grow with its audio."""
+would hold up every other request of the process. So no libsndfile call is handed more than about a
+second of audio (a few milliseconds of work), and after each the loop serves the others
+(:func:`then_the_others`): compressed stored audio is spooled to a temporary file and decoded from there
+a second at a time, and FLAC is encoded into a temporary file, so a reader's memory does not grow with
+its audio."""
 
 from __future__ import annotations
 
 import functools
 import io
 import struct
-import sys
 import tempfile
+import time
 import wave
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any, TypeVar
@@ -39,32 +40,18 @@ _STREAMED_CODECS = {
 # A WAV file's sizes are unknown while it streams: the largest ones, as streaming WAV servers write them.
 _UNKNOWN_SIZE = 0xFFFFFFFF
 BYTES_PER_SAMPLE = 2
-# The threads of a web process that run its libsndfile calls. A fixed few: a thousand readers queue for
-# them rather than starting a thousand threads, and encoding, CPU-bound, gains nothing from more threads
-# than cores (a host runs several web processes). Not the gevent hub's own pool: its DNS lookups would
-# queue behind the encoding.
-OFF_LOOP_THREADS = 2
-
 _Result = TypeVar("_Result")
 
 
-def off_loop(work: Callable[..., _Result], *arguments: Any, **keywords: Any) -> _Result:
-    """``work(*arguments, **keywords)`` in one of the process's :data:`OFF_LOOP_THREADS` threads while
-    the calling greenlet waits and the event loop serves the others (libsndfile, called through cffi,
-    lets go of the GIL); here and now where gevent does not run the process (Flask's test client, a
-    script), which has no loop to keep free."""
-    monkey = sys.modules.get("gevent.monkey")
-    if monkey is None or not monkey.is_module_patched("threading"):
-        return work(*arguments, **keywords)
-    return _threads().apply(work, arguments, keywords)
+def then_the_others(work: Callable[..., _Result], *arguments: Any, **keywords: Any) -> _Result:
+    """``work(*arguments, **keywords)``, then a turn of the event loop for the process's other requests.
 
-
-@functools.cache
-def _threads():
-    """The process's threads for :func:`off_loop`, made on first use: in the gunicorn worker, after its fork."""
-    from gevent.threadpool import ThreadPool
-
-    return ThreadPool(OFF_LOOP_THREADS)
+    The calls are short, so this bounds how long any request waits on an encoder to a few milliseconds
+    a turn. Native threads were tried first (gevent's thread pool: libsndfile lets go of the GIL), and a
+    read under load now and then waited on its pool's answer for good, so the work stays in the loop."""
+    result = work(*arguments, **keywords)
+    time.sleep(0)  # under gevent (monkey-patched), a yield to the loop; elsewhere nothing
+    return result
 
 
 class PcmEncoder:
@@ -97,12 +84,12 @@ class WavEncoder(PcmEncoder):
 
 
 class _SndfileEncoder(PcmEncoder):
-    """A libsndfile encoder writing into ``sink``, every call off the event loop."""
+    """A libsndfile encoder writing into ``sink``, each call a short turn of the event loop."""
 
     def __init__(self, sample_rate: int, sink: IO[bytes], container: str, codec: str, **settings: Any):
         super().__init__(sample_rate)
         self.sink = sink
-        self.file = off_loop(
+        self.file = then_the_others(
             soundfile.SoundFile,
             sink,
             "w",
@@ -114,11 +101,11 @@ class _SndfileEncoder(PcmEncoder):
         )
 
     def encode(self, pcm: bytes) -> bytes:
-        off_loop(self.file.buffer_write, pcm, dtype="int16")
+        then_the_others(self.file.buffer_write, pcm, dtype="int16")
         return b""
 
     def close(self) -> None:
-        off_loop(self.file.close)
+        then_the_others(self.file.close)
 
 
 class StreamedEncoder(_SndfileEncoder):
@@ -147,7 +134,7 @@ class FlacEncoder(_SndfileEncoder):
         super().__init__(sample_rate, tempfile.TemporaryFile(), "FLAC", "PCM_16")  # noqa: SIM115
 
     def finish(self) -> Iterator[bytes]:
-        off_loop(self.file.close)  # libsndfile writes the stream's header last
+        then_the_others(self.file.close)  # libsndfile writes the stream's header last
         self.sink.seek(0)
         return iter(functools.partial(self.sink.read, CHUNK_BYTES), b"")
 
@@ -243,12 +230,12 @@ def _decoded(pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
         for piece in pieces:
             spool.write(piece)
         spool.seek(0)
-        decoder = off_loop(soundfile.SoundFile, spool)
+        decoder = then_the_others(soundfile.SoundFile, spool)
         if decoder.channels != 1:
             raise ValueError("the stored audio is not mono, as workers write it")
     except BaseException:
         if decoder is not None:
-            off_loop(decoder.close)
+            then_the_others(decoder.close)
         spool.close()
         raise
     return _blocks(decoder, spool), decoder.samplerate
@@ -256,10 +243,10 @@ def _decoded(pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
 
 def _blocks(decoder: soundfile.SoundFile, spool: IO[bytes]) -> Iterator[bytes]:
     try:
-        while block := off_loop(_read_second, decoder):
+        while block := then_the_others(_read_second, decoder):
             yield block
     finally:
-        off_loop(decoder.close)
+        then_the_others(decoder.close)
         spool.close()
 
 

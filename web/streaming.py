@@ -3,7 +3,7 @@
 A job submitted with ``stream`` has its chunks in its Redis stream (see :mod:`chattts_farm.streams`):
 they are sent on as they arrive, whether the job is queued, running or done, as 16-bit PCM at the job's
 sample rate, which the web encodes into the format asked for as it comes (:mod:`web.audio_formats`,
-off the event loop). A job without one (or whose stream has expired) is served whole once it is done:
+in short turns of the event loop). A job without one (or whose stream has expired) is served whole once it is done:
 as stored when it is stored in the format asked for, else decoded and encoded a piece at a time.
 
 Nothing is sent until the first audio (or the job's end) is there, so a job that fails first gets an

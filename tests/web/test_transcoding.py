@@ -14,11 +14,15 @@ import soundfile
 from tests.support import serve_web
 from worker.audio import decode
 
-# About 45 s of speech: a transcode of it on the event loop held the web for a second or more a read.
-LONG_TEXT = " ".join(f"Sentence {word} of a text that is stored as Ogg and read as MP3." for word in "abcdefghijklmno")
+# About 90 s of speech: a transcode of it in one call held the web for seconds a read.
+LONG_TEXT = " ".join(
+    f"Sentence {word} of a text that is stored as Ogg and read as MP3."
+    for word in "abcdefghijklmnopqrstuvwxyz" + "abcd"
+)
 READERS = 4
-# A quick answer, with room for a busy two-core test machine.
-QUICK_S = 0.5
+# A quick answer: the readers' pieces take turns with everyone else's requests, with room for a busy
+# two-core test machine.
+QUICK_S = 1.0
 
 
 @pytest.fixture(scope="module")
