@@ -3,11 +3,10 @@
 gives them up, so a client can play the audio while the job still runs.
 
 Encoding and decoding are CPU work, and the web serves under gevent: one long call on its event loop
-would hold up every other request of the process. So no libsndfile call is handed more than about a
-second of audio (a few milliseconds of work), and after each the loop serves the others
-(:func:`then_the_others`): compressed stored audio is spooled to a temporary file and decoded from there
-a second at a time, and FLAC is encoded into a temporary file, so a reader's memory does not grow with
-its audio."""
+would hold up every other request of the process. So every libsndfile call runs on a native thread
+(:func:`web.off_loop.off_loop`), and no call is handed more than about a second of audio: compressed
+stored audio is spooled to a temporary file and decoded from there a second at a time, and FLAC is
+encoded into a temporary file, so a reader's memory does not grow with its audio."""
 
 from __future__ import annotations
 
@@ -15,15 +14,15 @@ import functools
 import io
 import struct
 import tempfile
-import time
 import wave
-from collections.abc import Callable, Iterable, Iterator
-from typing import IO, Any, TypeVar
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
 
 import soundfile
 
 from chattts_farm.audio_store import CHUNK_BYTES
 from chattts_farm.contract import MIME_TYPES as JOB_MIME_TYPES
+from web.off_loop import off_loop
 
 # Raw samples: 16-bit little-endian mono, at the rate the answer's X-Sample-Rate header says.
 MIME_TYPES = {**JOB_MIME_TYPES, "pcm": "audio/pcm"}
@@ -40,18 +39,6 @@ _STREAMED_CODECS = {
 # A WAV file's sizes are unknown while it streams: the largest ones, as streaming WAV servers write them.
 _UNKNOWN_SIZE = 0xFFFFFFFF
 BYTES_PER_SAMPLE = 2
-_Result = TypeVar("_Result")
-
-
-def then_the_others(work: Callable[..., _Result], *arguments: Any, **keywords: Any) -> _Result:
-    """``work(*arguments, **keywords)``, then a turn of the event loop for the process's other requests.
-
-    The calls are short, so this bounds how long any request waits on an encoder to a few milliseconds
-    a turn. Native threads were tried first (gevent's thread pool: libsndfile lets go of the GIL), and a
-    read under load now and then waited on its pool's answer for good, so the work stays in the loop."""
-    result = work(*arguments, **keywords)
-    time.sleep(0)  # under gevent (monkey-patched), a yield to the loop; elsewhere nothing
-    return result
 
 
 class PcmEncoder:
@@ -84,12 +71,12 @@ class WavEncoder(PcmEncoder):
 
 
 class _SndfileEncoder(PcmEncoder):
-    """A libsndfile encoder writing into ``sink``, each call a short turn of the event loop."""
+    """A libsndfile encoder writing into ``sink``, every call off the event loop."""
 
     def __init__(self, sample_rate: int, sink: IO[bytes], container: str, codec: str, **settings: Any):
         super().__init__(sample_rate)
         self.sink = sink
-        self.file = then_the_others(
+        self.file = off_loop(
             soundfile.SoundFile,
             sink,
             "w",
@@ -101,11 +88,11 @@ class _SndfileEncoder(PcmEncoder):
         )
 
     def encode(self, pcm: bytes) -> bytes:
-        then_the_others(self.file.buffer_write, pcm, dtype="int16")
+        off_loop(self.file.buffer_write, pcm, dtype="int16")
         return b""
 
     def close(self) -> None:
-        then_the_others(self.file.close)
+        off_loop(self.file.close)
 
 
 class StreamedEncoder(_SndfileEncoder):
@@ -134,7 +121,7 @@ class FlacEncoder(_SndfileEncoder):
         super().__init__(sample_rate, tempfile.TemporaryFile(), "FLAC", "PCM_16")  # noqa: SIM115
 
     def finish(self) -> Iterator[bytes]:
-        then_the_others(self.file.close)  # libsndfile writes the stream's header last
+        off_loop(self.file.close)  # libsndfile writes the stream's header last
         self.sink.seek(0)
         return iter(functools.partial(self.sink.read, CHUNK_BYTES), b"")
 
@@ -230,12 +217,12 @@ def _decoded(pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
         for piece in pieces:
             spool.write(piece)
         spool.seek(0)
-        decoder = then_the_others(soundfile.SoundFile, spool)
+        decoder = off_loop(soundfile.SoundFile, spool)
         if decoder.channels != 1:
             raise ValueError("the stored audio is not mono, as workers write it")
     except BaseException:
         if decoder is not None:
-            then_the_others(decoder.close)
+            off_loop(decoder.close)
         spool.close()
         raise
     return _blocks(decoder, spool), decoder.samplerate
@@ -243,10 +230,10 @@ def _decoded(pieces: Iterator[bytes]) -> tuple[Iterator[bytes], int]:
 
 def _blocks(decoder: soundfile.SoundFile, spool: IO[bytes]) -> Iterator[bytes]:
     try:
-        while block := then_the_others(_read_second, decoder):
+        while block := off_loop(_read_second, decoder):
             yield block
     finally:
-        then_the_others(decoder.close)
+        off_loop(decoder.close)
         spool.close()
 
 
