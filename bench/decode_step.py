@@ -14,12 +14,29 @@ blocked (random weights never end on their own), after one untimed pass to warm 
 ms/step is the decode steps' wall time over their number (the engine's first step, with the
 prompts' prefill, is not in it);
 audio-s/wall-s is the audio those steps make (rows x steps / 46.875 tokens a second) over that time.
+
+On CUDA, ``--attention-rows`` (default 1,64,512,1024) adds a table of the decode attention kernel alone
+(one layer, the GPT's heads and head size, a slot cache of ``--context`` columns) at the standard
+workload's contexts: each row's new position drawn from 70 + U(0, 478), a mean of ~310. GB/s is the
+cache it reads (every row's keys and values up to its position) over the kernel's time, replayed 20
+calls to a CUDA graph; the copy bandwidth it is set against is measured first, in the same process, as
+the bytes read and written by ``dst.copy_(src)`` of 2 GiB over its time (as a GPU's copy bandwidth is
+counted).
+
+``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (split, block, warps,
+stages; fp8 at bf16's best split) and prints the five fastest per cache dtype: how
+``worker.engine.attention._LAUNCH`` was chosen.
+
+``--profile-rows`` (CUDA) runs the engine's step op by op (compiled parts and all, no graph) under
+``torch.profiler`` at each row count and prints its kernels a step, their GPU time, and the costliest.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import inspect
+import itertools
 import logging
 import time
 
@@ -34,6 +51,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
+from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.model import LoadedModel, load_model  # noqa: E402
@@ -139,12 +157,153 @@ def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
     return elapsed
 
 
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes read and written a second by ``copy_`` of 2 GiB, the best of five."""
+    source = torch.empty(2**30, dtype=torch.bfloat16, device=device)
+    target = torch.empty_like(source)
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        target.copy_(source)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1000)
+    return 2 * source.numel() * source.element_size() / best
+
+
+def standard_columns(rows: int, device: torch.device, generator: torch.Generator) -> torch.Tensor:
+    """Each row's new position at the standard workload's contexts: 70 + U(0, 478)."""
+    return (70 + torch.randint(0, 479, (rows,), generator=generator)).to(device)
+
+
+def time_attention(arguments: tuple, calls: int = 20) -> float:
+    """Seconds a call of ``decode_attention(*arguments)``, replayed ``calls`` at a time from a CUDA graph."""
+    decode_attention(*arguments)  # compiles the kernels
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            decode_attention(*arguments)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / calls
+
+
+def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torch.dtype, generator) -> tuple:
+    config = model.chat.config.gpt
+    heads = config.num_attention_heads
+    kv_heads = model.chat.gpt.gpt.config.num_key_value_heads
+    dim = config.hidden_size // heads
+    device = model.device
+    query = torch.randn(rows, heads, 1, dim, device=device, dtype=torch.bfloat16)
+    new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=device, dtype=torch.bfloat16)
+    keys = torch.randn(rows, kv_heads, context, dim, device=device).to(kv_dtype)
+    values = torch.randn(rows, kv_heads, context, dim, device=device).to(kv_dtype)
+    return query, new_key, new_value, keys, values, standard_columns(rows, device, generator), dim**-0.5
+
+
+def read_bytes(arguments: tuple) -> int:
+    """What a call reads: every row's keys and values up to its new position."""
+    _, new_key, _, keys, _, columns, _ = arguments
+    return int(columns.sum()) * new_key.shape[1] * new_key.shape[3] * keys.element_size() * 2
+
+
+def launch_sweep(model: LoadedModel, context: int) -> None:
+    """The five fastest launch settings per cache dtype at 1,024 rows (see the module's doc)."""
+    from worker.engine import attention
+
+    chosen = (attention.SPLIT_COLUMNS, dict(attention._LAUNCH))
+    best_split = None
+    print("\n| kv cache | us/call | GB/s read | split | block | warps | stages |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
+        arguments = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
+        size = arguments[3].element_size()
+        timings = []
+        for split, block, warps, stages in itertools.product(
+            (256, 512) if best_split is None else (best_split,), (64, 128, 256), (4, 8), (2, 3, 4)
+        ):
+            if block > split or (size == 2 and block == 256):
+                continue
+            attention.SPLIT_COLUMNS = split
+            attention._LAUNCH = {size: {"BLOCK": block, "num_warps": warps, "num_stages": stages}}
+            timings.append((time_attention(arguments, calls=10), split, block, warps, stages))
+        timings.sort()
+        best_split = best_split or timings[0][1]
+        name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
+        for seconds, split, block, warps, stages in timings[:5]:
+            settings = f"{split} | {block} | {warps} | {stages}"
+            print(f"| {name} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {settings} |", flush=True)
+        del arguments
+    attention.SPLIT_COLUMNS, attention._LAUNCH = chosen
+
+
+def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_dtypes: list[torch.dtype]) -> None:
+    """The decode attention kernel's time and read bandwidth at each row count (see the module's doc)."""
+    copy = copy_bandwidth(model.device)
+    print(f"\ncopy bandwidth (bytes read and written by copy_ of 2 GiB): {copy / 1e9:.0f} GB/s")
+    print("| kv cache | rows | mean context | us/call | GB/s read | of copy |")
+    print("|---|---:|---:|---:|---:|---:|")
+    generator = torch.Generator().manual_seed(0)
+    for kv_dtype in kv_dtypes:
+        for rows in rows_list:
+            arguments = attention_inputs(model, rows, context, kv_dtype, generator)
+            seconds = time_attention(arguments)
+            read = read_bytes(arguments)
+            print(
+                f"| {str(kv_dtype).removeprefix('torch.')} | {rows} | {float(arguments[5].float().mean()):.0f} "
+                f"| {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {read / seconds / copy:.0%} |",
+                flush=True,
+            )
+            del arguments
+
+
+def profile_table(model: LoadedModel, rows_list: list[int], steps: int) -> None:
+    """What one decode step launches on the GPU, op by op, at each row count (see the module's doc)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for rows in rows_list:
+        engine = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs=True)
+        engine.add(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+        engine.step()  # the prefill, and the compiled parts' compilation
+        runner = engine.runner
+        for _ in range(3):
+            runner._decode(rows, runner.context)
+        synchronize(model.device)
+        profiled = 8
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            for _ in range(profiled):
+                runner._decode(rows, runner.context)
+            synchronize(model.device)
+        kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+        by_name = collections.Counter()
+        for event in kernels:
+            by_name[event.name] += event.device_time
+        total_us = sum(by_name.values()) / profiled
+        per_step = len(kernels) / profiled
+        print(f"\nprofile, {rows} rows: {per_step:.0f} kernels a step, {total_us / 1000:.2f} ms on the GPU")
+        print("| kernel | us a step | share |")
+        print("|---|---:|---:|")
+        for name, micros in by_name.most_common(12):
+            print(f"| {name[:90]} | {micros / profiled:.1f} | {micros / profiled / total_us:.0%} |")
+        while engine.has_work:
+            engine.step()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="synthetic-tiny")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--rows", default="1,64,512", help="Row counts of one pass.")
     parser.add_argument("--steps", type=int, default=256, help="Decode steps timed per pass.")
+    parser.add_argument("--attention-rows", default="1,64,512,1024", help="Row counts of the kernel's table (CUDA).")
+    parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
+    parser.add_argument("--profile-rows", default="", help="Row counts to profile a step at (CUDA).")
+    parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -169,6 +328,13 @@ def main() -> None:
             seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
             audio_s = rows * steps / TOKENS_PER_SECOND
             print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
+    if model.device.type == "cuda" and triton_available() and arguments.attention_rows:
+        rows_list = [int(r) for r in arguments.attention_rows.split(",") if r]
+        attention_table(model, rows_list, arguments.context, [torch.bfloat16, torch.float8_e4m3fn])
+    if model.device.type == "cuda" and triton_available() and arguments.sweep:
+        launch_sweep(model, arguments.context)
+    if model.device.type == "cuda" and arguments.profile_rows:
+        profile_table(model, [int(r) for r in arguments.profile_rows.split(",") if r], steps)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The slot attention kernel (worker.engine.attention) attends as masked SDPA does, reading only each slot's columns.
+"""The slot attention kernels (worker.engine.attention) write each slot's new position and attend as masked SDPA
+does, reading only each slot's columns, split or not.
 
 The kernel is Triton's; here it runs in Triton's interpreter on the CPU (there is no GPU here), which
 executes the same program the GPU compiles. The interpreter is chosen when Triton is imported, so each
@@ -38,37 +39,55 @@ def masked_reference(query, keys, values, lengths, scale):
     )
 
 
-def check_each_slot_attends_over_its_own_filled_columns() -> None:
-    from worker.engine.attention import decode_attention
+def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns() -> None:
+    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
 
     generator = torch.Generator().manual_seed(0)
-    slots, heads, kv_heads, columns, dim = 5, 4, 2, 200, 16
-    # One column, under one block, exactly one block, one more, and the whole cache.
-    lengths = torch.tensor([1, 7, 64, 65, 200])
+    slots, heads, kv_heads, context, dim = 8, 4, 2, 2 * SPLIT_COLUMNS + 100, 16
+    # The new position first, within a block, at a block's and a split's edges, and last in the cache.
+    columns = torch.tensor([0, 6, 63, 64, SPLIT_COLUMNS - 1, SPLIT_COLUMNS, SPLIT_COLUMNS + 1, context - 1])
     for cache_dtype in (torch.float32, torch.float8_e4m3fn):
         query = torch.randn(slots, heads, 1, dim, generator=generator)
-        keys = torch.randn(slots, kv_heads, columns, dim, generator=generator).to(cache_dtype)
-        values = torch.randn(slots, kv_heads, columns, dim, generator=generator).to(cache_dtype)
-        attended = decode_attention(query, keys, values, lengths, 0.25)
-        expected = masked_reference(query, keys, values, lengths, 0.25)
+        # Values the cache's dtype holds exactly: how a value between two fp8 numbers rounds is the
+        # GPU's conversion, which Triton's interpreter does not copy (it rounds ties and carries apart).
+        new_key = torch.randn(slots, kv_heads, 1, dim, generator=generator).to(cache_dtype).float()
+        new_value = torch.randn(slots, kv_heads, 1, dim, generator=generator).to(cache_dtype).float()
+        keys = torch.randn(slots, kv_heads, context, dim, generator=generator).to(cache_dtype)
+        values = torch.randn(slots, kv_heads, context, dim, generator=generator).to(cache_dtype)
+        expected_keys, expected_values = keys.clone(), values.clone()
+        rows = torch.arange(slots)
+        expected_keys[rows, :, columns] = new_key[:, :, 0].to(cache_dtype)
+        expected_values[rows, :, columns] = new_value[:, :, 0].to(cache_dtype)
+
+        attended = decode_attention(query, new_key, new_value, keys, values, columns, 0.25)
+
+        # Written in the cache's dtype, and attended to as written.
+        assert torch.equal(keys.float(), expected_keys.float()) and torch.equal(values.float(), expected_values.float())
+        expected = masked_reference(query, expected_keys, expected_values, columns + 1, 0.25)
         torch.testing.assert_close(attended, expected, atol=1e-5, rtol=1e-5)
 
 
-def check_columns_past_a_slots_length_are_never_read() -> None:
-    from worker.engine.attention import decode_attention
+def check_columns_past_a_slots_new_position_are_never_read() -> None:
+    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
 
-    query = torch.randn(2, 2, 1, 16)
-    keys, values = torch.randn(2, 2, 128, 16), torch.randn(2, 2, 128, 16)
-    lengths = torch.tensor([40, 100])
-    before = decode_attention(query, keys, values, lengths, 0.25)
-    keys[0, :, 40:], values[0, :, 40:] = float("nan"), float("nan")
-    keys[1, :, 100:], values[1, :, 100:] = float("nan"), float("nan")
-    assert torch.equal(decode_attention(query, keys, values, lengths, 0.25), before)
+    query = torch.randn(3, 2, 1, 16)
+    new_key, new_value = torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
+    keys, values = torch.randn(3, 2, 3 * SPLIT_COLUMNS, 16), torch.randn(3, 2, 3 * SPLIT_COLUMNS, 16)
+    # The third row takes no part.
+    columns = torch.tensor([40, SPLIT_COLUMNS + 100, -1])
+    before = decode_attention(query, new_key, new_value, keys.clone(), values.clone(), columns, 0.25)
+    keys[0, :, 41:], values[0, :, 41:] = float("nan"), float("nan")
+    keys[1, :, SPLIT_COLUMNS + 101 :], values[1, :, SPLIT_COLUMNS + 101 :] = float("nan"), float("nan")
+    keys[2], values[2] = float("nan"), float("nan")
+    assert torch.equal(decode_attention(query, new_key, new_value, keys, values, columns, 0.25)[:2], before[:2])
+    # A row taking no part reads and writes nothing, and attends to nothing.
+    assert torch.equal(before[2], torch.zeros_like(before[2]))
+    assert keys[2].isnan().all() and values[2].isnan().all()
 
 
-def test_each_slot_attends_over_its_own_filled_columns_in_the_model_dtype_and_fp8():
-    in_triton_interpreter("check_each_slot_attends_over_its_own_filled_columns")
+def test_each_slot_writes_its_new_position_and_attends_over_its_own_columns_in_the_model_dtype_and_fp8():
+    in_triton_interpreter("check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns")
 
 
-def test_columns_past_a_slots_length_are_never_read():
-    in_triton_interpreter("check_columns_past_a_slots_length_are_never_read")
+def test_columns_past_a_slots_new_position_and_rows_taking_no_part_are_never_read():
+    in_triton_interpreter("check_columns_past_a_slots_new_position_are_never_read")

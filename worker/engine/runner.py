@@ -5,10 +5,12 @@ context), and per slot its prompt length, step, last tokens, recent tokens (for 
 penalty), sampling settings, hidden states and codes. A segment takes a slot with ``prefill`` (its
 prompt runs as its own eager pass and draws step 0); then every ``decode_step`` draws the next step of
 the first ``rows`` slots, each at its own position. Slots that finished (or hold nothing) stay in
-the step, frozen: their step stops advancing and their output is cut at their end. So the decode
-step's shapes depend only on (rows, attended columns), and on CUDA it is captured as one CUDA graph
-per such bucket, kept for the life of the worker and replayed. Nothing in a step reads back to the
-host; the engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
+the step, frozen: their step stops advancing and their output is cut at their end (on CUDA their
+attention reads nothing). So the decode step's shapes depend only on (rows, attended columns), and on
+CUDA it is captured as one CUDA graph per such bucket, kept for the life of the worker and replayed,
+each layer's parts around its attention compiled into a few kernels (worker.engine.layers). Nothing
+in a step reads back to the host; the engine reads the small ``finished`` / ``lengths`` /
+``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
 transformers' StaticCache: its constructor changed across transformers 5.x, and it attends over the
@@ -22,9 +24,9 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from worker.engine.attention import decode_attention, triton_available
+from worker.engine.layers import after_attention, before_attention, fuse_layers
 from worker.model import LoadedModel
 from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 
@@ -67,6 +69,14 @@ class ModelRunner:
         # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
         # and the step's width stops mattering; elsewhere it attends over a masked common width.
         self.reads_own_columns = model.device.type == "cuda" and triton_available()
+        self.layer_weights, self.layer_shape = fuse_layers(self.llama)
+        # Captured steps run each layer's two parts compiled (a few kernels each, worker.engine.layers);
+        # the prefill and the CPU run them op by op.
+        self.compiled = self.use_graphs and self.reads_own_columns
+        if self.compiled:
+            self._decode_parts = (torch.compile(before_attention), torch.compile(after_attention))
+        else:
+            self._decode_parts = (before_attention, after_attention)
         config = self.llama.config
         self.slots = slots
         self.max_prompt_tokens = max_prompt_tokens
@@ -252,40 +262,57 @@ class ModelRunner:
             .to(self.llama.dtype)
         )
         slots = self.slot_index[:rows]
-        visible = (self.columns[:kv_length].unsqueeze(0) <= column.unsqueeze(1))[:, None, None, :]
 
-        def attend(layer: int, query, key, value):
-            self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
-            self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
-            if self.reads_own_columns:
+        if self.reads_own_columns:
+            # Finished and free slots take no part: their step's output is never kept, and a slot
+            # retired but not yet reused would read its whole cache every step.
+            taking_part = torch.where(self.finished[:rows], -1, column)
+
+            def attend(layer: int, query, key, value):
+                # The kernel writes the new key and value into the cache itself.
                 return decode_attention(
-                    query, self.keys[layer, :rows], self.values[layer, :rows], column + 1, self._scale
+                    query, key, value, self.keys[layer, :rows], self.values[layer, :rows], taking_part, self._scale
                 )
-            keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
-            values = self.values[layer, :rows, :, :kv_length].to(query.dtype)
-            return F.scaled_dot_product_attention(
-                query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
-            )
 
-        hidden = self._forward(step_input, column.unsqueeze(1), attend)
+        else:
+            visible = (self.columns[:kv_length].unsqueeze(0) <= column.unsqueeze(1))[:, None, None, :]
+
+            def attend(layer: int, query, key, value):
+                self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
+                self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
+                keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
+                values = self.values[layer, :rows, :, :kv_length].to(query.dtype)
+                return F.scaled_dot_product_attention(
+                    query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
+                )
+
+        hidden = self._forward(step_input, column.unsqueeze(1), attend, self._decode_parts)
         self._draw(slots, hidden[:, -1].float())
 
-    def _forward(self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention) -> torch.Tensor:
-        """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills the cache."""
-        rows, length, _ = inputs.shape
+    def _forward(
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        attend: _Attention,
+        parts: tuple[Callable, Callable] = (before_attention, after_attention),
+    ) -> torch.Tensor:
+        """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills
+        the cache; ``parts`` are the functions of a layer before and after its attention."""
+        before, after = parts
         hidden = inputs
         cos, sin = self.llama.rotary_emb(hidden, positions)
-        for index, layer in enumerate(self.llama.layers):
-            attention = layer.self_attn
-            normed = layer.input_layernorm(hidden)
-            heads = (rows, length, -1, attention.head_dim)  # k and v may have fewer heads than q
-            query = attention.q_proj(normed).view(heads).transpose(1, 2)
-            key = attention.k_proj(normed).view(heads).transpose(1, 2)
-            value = attention.v_proj(normed).view(heads).transpose(1, 2)
-            query, key = apply_rotary_pos_emb(query, key, cos, sin)
+        for index, weights in enumerate(self.layer_weights):
+            query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, self.layer_shape)
             attended = attend(index, query, key, value)
-            hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(rows, length, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+            hidden = after(
+                hidden,
+                attended,
+                weights.output,
+                weights.post_attention_norm,
+                weights.gate_up,
+                weights.down,
+                self.layer_shape.norm_eps,
+            )
         return self.llama.norm(hidden)
 
     def _draw(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
