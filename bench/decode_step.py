@@ -27,8 +27,9 @@ counted).
 stages; fp8 at bf16's best split) and prints the five fastest per cache dtype: how
 ``worker.engine.attention._LAUNCH`` was chosen.
 
-``--profile-rows`` (CUDA) runs the engine's step op by op (compiled parts and all, no graph) under
-``torch.profiler`` at each row count and prints its kernels a step, their GPU time, and the costliest.
+``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
+prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
+and prints their kernels, their GPU time, and the costliest.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ import inspect
 import itertools
 import logging
 import time
+from collections.abc import Callable
 
 from worker.cuda import configure_allocator
 
@@ -262,36 +264,62 @@ def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_d
             del arguments
 
 
-def profile_table(model: LoadedModel, rows_list: list[int], steps: int) -> None:
-    """What one decode step launches on the GPU, op by op, at each row count (see the module's doc)."""
+def profiled_kernels(work: Callable[[], None], device: torch.device) -> tuple[float, list]:
+    """The wall seconds of ``work()`` (synchronised) and the GPU kernels it launched."""
     from torch.profiler import ProfilerActivity, profile
 
+    synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        started = time.perf_counter()
+        work()
+        synchronize(device)
+        wall = time.perf_counter() - started
+    return wall, [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+
+
+def print_kernels(title: str, kernels: list, times: int) -> None:
+    by_name = collections.Counter()
+    for event in kernels:
+        by_name[event.name] += event.device_time
+    total_us = sum(by_name.values()) / times
+    print(f"\n{title}: {len(kernels) / times:.0f} kernels, {total_us / 1000:.2f} ms on the GPU")
+    print("| kernel | us | share |")
+    print("|---|---:|---:|")
+    for name, micros in by_name.most_common(12):
+        print(f"| {name[:90]} | {micros / times:.1f} | {micros / times / total_us:.0%} |")
+
+
+def profile_table(model: LoadedModel, rows_list: list[int], steps: int) -> None:
+    """What one prefill and one decode step launch on the GPU, op by op, at each row count (see the
+    module's doc)."""
     for rows in rows_list:
-        engine = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs=True)
-        engine.add(segments_for(model, rows, steps + 2 * SYNC_EVERY))
-        engine.step()  # the prefill, and the compiled parts' compilation
-        runner = engine.runner
-        for _ in range(3):
+        profile_rows(model, rows, steps)
+
+
+def profile_rows(model: LoadedModel, rows: int, steps: int) -> None:
+    engine = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs=True)
+    runner = engine.runner
+    runner.capture_every_bucket()
+    engine.add(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+    engine.step()  # a prefill, and the decode step's compilation
+    while engine.has_work:
+        engine.step()
+    engine.add(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+    admitted = engine.scheduler.schedule()
+    wall, kernels = profiled_kernels(lambda: engine._prefill(admitted), model.device)
+    print_kernels(f"prefill of {rows} prompts, {1000 * wall:.2f} ms wall", kernels, 1)
+    for _ in range(3):
+        runner._decode(rows, runner.context)
+    profiled = 8
+
+    def decode_steps():
+        for _ in range(profiled):
             runner._decode(rows, runner.context)
-        synchronize(model.device)
-        profiled = 8
-        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
-            for _ in range(profiled):
-                runner._decode(rows, runner.context)
-            synchronize(model.device)
-        kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
-        by_name = collections.Counter()
-        for event in kernels:
-            by_name[event.name] += event.device_time
-        total_us = sum(by_name.values()) / profiled
-        per_step = len(kernels) / profiled
-        print(f"\nprofile, {rows} rows: {per_step:.0f} kernels a step, {total_us / 1000:.2f} ms on the GPU")
-        print("| kernel | us a step | share |")
-        print("|---|---:|---:|")
-        for name, micros in by_name.most_common(12):
-            print(f"| {name[:90]} | {micros / profiled:.1f} | {micros / profiled / total_us:.0%} |")
-        while engine.has_work:
-            engine.step()
+
+    _, kernels = profiled_kernels(decode_steps, model.device)
+    print_kernels(f"decode step of {rows} rows, op by op", kernels, profiled)
+    while engine.has_work:
+        engine.step()
 
 
 def main() -> None:

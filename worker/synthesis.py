@@ -174,7 +174,8 @@ class Synthesizer:
         return synthesizer
 
     def warm_up(self) -> None:
-        """Pay one-time costs (first calls of torch's kernels, the decode step's CUDA graphs) up front."""
+        """Pay one-time costs (first calls of torch's kernels, compilation, the decode step's and the
+        prefill's CUDA graphs) up front."""
         started = time.perf_counter()
         warm_up = SynthesisRequest(text="Warm up! [uv_break] 你好。", seed=0, request_id="warm-up")
         outcome = self.synthesize([warm_up])[0]
@@ -182,7 +183,7 @@ class Synthesizer:
             raise outcome
         graphs = self.engine.runner.capture_every_bucket()
         if graphs:
-            logger.info("captured the decode step of %d buckets", graphs)
+            logger.info("captured the decode step and the prefill of %d buckets", graphs)
         logger.info("warmed up in %.2f s", time.perf_counter() - started)
 
     def synthesize(

@@ -15,7 +15,7 @@ import torch.nn.utils.parametrize as parametrize
 from transformers.cache_utils import DynamicCache
 
 from worker.engine import runner
-from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling
+from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling
 from worker.engine.segment import Segment, SegmentOutput
 from worker.sampling import sample
 
@@ -226,6 +226,48 @@ def test_a_cancelled_segment_keeps_what_it_drew_and_frees_its_slot(synthesizer, 
     assert 5 not in {segment.owner for segment in engine.scheduler.running.values()}
 
 
+def test_prompts_encoded_one_by_one_and_ahead_are_the_tokenizers_batch(synthesizer, mixed_segments):
+    model = synthesizer.model
+    segments = mixed_segments()
+    expected = model.chat.tokenizer.encode([s.prompt for s in segments], model.chat.config.gpt.num_vq, device="cpu")
+    for got, want in zip(encode_prompts(model, segments), expected, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    # Each segment keeps its encoding, so that the engine tokenises waiting prompts while the device works.
+    assert all(segment.prompt_ids is not None for segment in segments)
+
+
+def test_the_next_admissions_are_tokenised_while_the_steps_run(synthesizer, mixed_segments):
+    engine = Engine(synthesizer.model, slots=2, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
+    segments = mixed_segments()
+    engine.add(segments)
+    engine.step()
+    assert [segment.prompt_ids is not None for segment in segments] == [True] * 4 + [False] * 2
+
+
+def test_prompts_are_padded_to_few_lengths():
+    assert runner.prompt_length_buckets(400) == [32, 64, 96, 128, 192, 256, 320, 384, 400]
+    assert runner.prompt_length_buckets(40) == [32, 40]
+
+
+def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_and_the_scratch_slot(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 8)
+    state = engine.runner
+    before = {name: getattr(state, name).clone() for name in ("keys", "hiddens", "step", "finished", "tokens")}
+    engine.add(mixed_segments()[:3])  # three prompts: a pass of four rows, one of padding
+    engine.scheduler.schedule()
+    engine._prefill(list(engine.scheduler.running.values()))
+    untouched = [3, 4, 5, 6, 7]
+    for name, was in before.items():
+        now = getattr(state, name)
+        slot_axis = 1 if name == "keys" else 0
+        assert torch.equal(
+            now.index_select(slot_axis, torch.tensor(untouched)), was.index_select(slot_axis, torch.tensor(untouched))
+        ), name
+    # The padding row's work went to the scratch slot, past the slots any decode step covers.
+    assert state.scratch_slot == 8 and state.prefill_slots[:4].tolist() == [0, 1, 2, 8]
+    assert state.prefill_lengths[3] == 1 and bool(state.finished[state.scratch_slot])
+
+
 def test_a_waiting_segment_that_is_cancelled_never_runs(synthesizer, mixed_segments):
     engine = new_engine(synthesizer.model, 1)
     segments = mixed_segments()
@@ -254,9 +296,11 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     expected = eager_reference(model, mixed_segments())
     segments = mixed_segments()
     engine = new_engine(model, 8)
-    # Captured ahead, as a worker does at start, the steps drawn for free slots change nothing drawn later.
+    # Captured ahead, as a worker does at start, the steps run for free slots and the prefills for the
+    # scratch slot change nothing drawn later.
     columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
-    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns
+    prefills = len(engine.runner.prefill_row_buckets) * len(engine.runner.prefill_length_buckets)
+    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns + prefills
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
 

@@ -9,6 +9,7 @@ while others run starts at the next step; one that ends frees its slot for the n
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -50,6 +51,7 @@ class Engine:
             slots=slots,
             max_prompt_tokens=max_prompt_tokens,
             max_new_tokens=max_new_tokens,
+            max_admissions=max_admissions,
             kv_dtype=kv_dtype,
             capture_graphs=capture_graphs,
         )
@@ -116,6 +118,9 @@ class Engine:
             return left
         for _ in range(SYNC_EVERY):
             self._decode_step()
+        # The next admissions' prompts are tokenised while the device runs the steps just queued.
+        for segment in itertools.islice(self.scheduler.waiting, self.scheduler.max_admissions):
+            encode_prompt(self.model, segment)
         finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
         for slot in [slot for slot in self.scheduler.running if finished[slot]]:
             segment = self._retire(slot)
@@ -131,7 +136,7 @@ class Engine:
 
     def _prefill(self, admitted: list[Segment]) -> list[Segment]:
         device = self.model.device
-        input_ids, attention_mask, text_mask = _encode_prompts(self.model, admitted)
+        input_ids, attention_mask, text_mask = encode_prompts(self.model, admitted)
         lengths = attention_mask.sum(dim=1)
         limit = self.runner.max_prompt_tokens
         keep, rejected = [], []
@@ -189,14 +194,31 @@ class Engine:
 
 def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded prompt embeddings (rows, length, width), each with its speaker, and their mask."""
-    input_ids, attention_mask, text_mask = _encode_prompts(model, segments)
+    input_ids, attention_mask, text_mask = encode_prompts(model, segments)
     return _with_speakers(model, segments, input_ids, model.chat.embed(input_ids, text_mask)), attention_mask
 
 
-def _encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The segments' prompts as ChatTTS's tokenizer gives them: left-padded ids, attention mask, text mask."""
-    chat = model.chat
-    return chat.tokenizer.encode([segment.prompt for segment in segments], chat.config.gpt.num_vq, device=model.device)
+def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The segments' prompts as ChatTTS's tokenizer gives them for a batch (left-padded ids, attention
+    mask, text mask), from each segment's own encoding (:func:`encode_prompt`), in one copy to the device."""
+    encoded = [encode_prompt(model, segment) for segment in segments]
+    longest = max(ids.numel() for ids in encoded)
+    input_ids = torch.zeros(len(encoded), longest, dtype=encoded[0].dtype)
+    attention_mask = torch.zeros(len(encoded), longest, dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, longest - ids.numel() :] = ids
+        attention_mask[row, longest - ids.numel() :] = 1
+    input_ids = input_ids.to(model.device).unsqueeze(-1).expand(-1, -1, model.chat.config.gpt.num_vq).clone()
+    attention_mask = attention_mask.to(model.device)
+    return input_ids, attention_mask, attention_mask.bool()
+
+
+def encode_prompt(model: LoadedModel, segment: Segment) -> torch.Tensor:
+    """The token ids of a segment's prompt (on the CPU), encoded once and kept on the segment."""
+    if segment.prompt_ids is None:
+        ids, _, _ = model.chat.tokenizer.encode([segment.prompt], model.chat.config.gpt.num_vq, device="cpu")
+        segment.prompt_ids = ids[0, :, 0]
+    return segment.prompt_ids
 
 
 def _with_speakers(

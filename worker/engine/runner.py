@@ -19,6 +19,7 @@ whole cache, while this step attends over the columns in use rounded up to a buc
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 
 import torch
@@ -37,6 +38,16 @@ STILL_RUNNING, ENDED_BY_EOS, ENDED_BY_LIMIT, INTERRUPTED = range(4)
 
 # attend(layer index, query, key, value) -> attended values, for the prefill or the decode step
 _Attention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def prompt_length_buckets(longest: int) -> list[int]:
+    """The prompt lengths a prefill pass is padded to: steps of 32 up to 128, then of 64, then ``longest``."""
+    buckets = [length for length in (*range(32, 129, 32), *range(192, longest, 64)) if length < longest]
+    return [*buckets, longest]
+
+
+def _bucket(buckets: list[int], size: int) -> int:
+    return buckets[bisect.bisect_left(buckets, size)]
 
 
 def row_buckets(slots: int) -> list[int]:
@@ -58,6 +69,7 @@ class ModelRunner:
         slots: int,
         max_prompt_tokens: int,
         max_new_tokens: int,
+        max_admissions: int | None = None,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
     ) -> None:
@@ -70,15 +82,18 @@ class ModelRunner:
         # and the step's width stops mattering; elsewhere it attends over a masked common width.
         self.reads_own_columns = model.device.type == "cuda" and triton_available()
         self.layer_weights, self.layer_shape = fuse_layers(self.llama)
-        # Captured steps run each layer's two parts compiled (a few kernels each, worker.engine.layers);
-        # the prefill and the CPU run them op by op.
+        # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), in
+        # the captured steps and the prefill alike (its rows and length symbolic); the CPU runs them op by op.
         self.compiled = self.use_graphs and self.reads_own_columns
         if self.compiled:
-            self._decode_parts = (torch.compile(before_attention), torch.compile(after_attention))
+            self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
         else:
-            self._decode_parts = (before_attention, after_attention)
+            self._layer_parts = (before_attention, after_attention)
         config = self.llama.config
         self.slots = slots
+        # One slot more than the engine's: the prefill's padding rows write there (see prefill).
+        self.scratch_slot = slots
+        self.max_admissions = max_admissions or slots
         self.max_prompt_tokens = max_prompt_tokens
         self.context = max_prompt_tokens + max_new_tokens
         self.eos_token = chat.config.gpt.num_audio_tokens - 1
@@ -90,14 +105,14 @@ class ModelRunner:
 
         attention = self.llama.layers[0].self_attn
         self.kv_dtype = kv_dtype or self.llama.dtype
-        cache_shape = (len(self.llama.layers), slots, config.num_key_value_heads, self.context, attention.head_dim)
+        cache_shape = (len(self.llama.layers), slots + 1, config.num_key_value_heads, self.context, attention.head_dim)
         # Zeros, not empty: a step's attention reads unwritten columns of its bucket too (masked,
         # weight 0), and 0 x NaN left over in the memory would still be NaN.
         self.keys = torch.zeros(cache_shape, dtype=self.kv_dtype, device=device)
         self.values = torch.zeros_like(self.keys)
 
         def per_slot(fill, dtype, *shape):
-            return torch.full((slots, *shape), fill, dtype=dtype, device=device)
+            return torch.full((slots + 1, *shape), fill, dtype=dtype, device=device)
 
         self.slot_index = torch.arange(slots, device=device)
         self.columns = torch.arange(self.context, device=device)
@@ -123,7 +138,17 @@ class ModelRunner:
             seed=per_slot(0, torch.long),
         )
 
+        # The prefill's inputs, padded to a bucket of (rows, length): the same buffers for every pass, so
+        # that each bucket's pass is one CUDA graph. Padding rows go to the scratch slot.
+        self.prefill_row_buckets = row_buckets(self.max_admissions)
+        self.prefill_length_buckets = prompt_length_buckets(min(max_prompt_tokens, self.context))
+        padded_shape = (self.max_admissions, self.prefill_length_buckets[-1], config.hidden_size)
+        self.prefill_embeddings = torch.zeros(padded_shape, dtype=self.llama.dtype, device=device)
+        self.prefill_slots = torch.full((self.max_admissions,), self.scratch_slot, dtype=torch.long, device=device)
+        self.prefill_lengths = torch.ones(self.max_admissions, dtype=torch.long, device=device)
+
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         # All graphs share one memory pool: they keep no outputs of their own (every result goes to
         # the buffers above) and never run side by side, so each uses the pool as scratch.
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -160,7 +185,20 @@ class ModelRunner:
         self.ended_by[index] = STILL_RUNNING
 
         rows, length, _ = embeddings.shape
-        positions = torch.arange(length, device=self.device).expand(rows, length)
+        bucket_rows = _bucket(self.prefill_row_buckets, rows)
+        bucket_length = _bucket(self.prefill_length_buckets, length)
+        self.prefill_embeddings[:bucket_rows, :bucket_length].zero_()
+        self.prefill_embeddings[:rows, :length] = embeddings
+        self.prefill_slots[:bucket_rows] = self.scratch_slot
+        self.prefill_slots[:rows] = index
+        self.prefill_lengths[:bucket_rows] = 1
+        self.prefill_lengths[:rows] = prompt_lengths
+        self._run((bucket_rows, bucket_length), self.prefill_graphs, self._prefill_pass)
+
+    def _prefill_pass(self, rows: int, length: int) -> None:
+        """The prompts in the prefill buffers' first ``rows`` and ``length``: the cache filled, step 0 drawn."""
+        index = self.prefill_slots[:rows]
+        positions = self.columns[:length].expand(rows, length)
 
         def attend(layer: int, query, key, value):
             self.keys[layer, index, :, :length] = key.to(self.kv_dtype)
@@ -170,27 +208,31 @@ class ModelRunner:
                 query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
             )
 
-        hidden = self._forward(embeddings.to(self.llama.dtype), positions, attend)
-        last = hidden[torch.arange(rows, device=self.device), prompt_lengths - 1]
+        hidden = self._forward(self.prefill_embeddings[:rows, :length], positions, attend, self._layer_parts)
+        last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
         self._draw(index, last.float())
 
     def decode_step(self, rows: int, kv_length: int) -> None:
         """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` cache columns."""
         if self.reads_own_columns:
             kv_length = self.context
+        self._run((rows, kv_length), self.graphs, self._decode)
+
+    def _run(self, shape: tuple[int, int], graphs: dict, work: Callable[[int, int], None]) -> None:
+        """``work(*shape)``: on CUDA the graph captured for that shape, captured now if it is new."""
         if not self.use_graphs:
-            self._decode(rows, kv_length)
+            work(*shape)
             return
-        graph = self.graphs.get((rows, kv_length))
+        graph = graphs.get(shape)
         if graph is not None:
             graph.replay()
             return
-        # The first step of a bucket runs eagerly on the capture stream, which warms up what the
-        # capture records there (cuBLAS workspaces, kernel choices); capturing runs nothing, so the
-        # state advances exactly once.
+        # The first run of a shape is eager on the capture stream, which warms up what the capture
+        # records there (compiled kernels, cuBLAS workspaces, kernel choices); capturing runs nothing,
+        # so the state advances exactly once.
         self.capture_stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(self.capture_stream):
-            self._decode(rows, kv_length)
+            work(*shape)
         torch.cuda.current_stream(self.device).wait_stream(self.capture_stream)
         graph = torch.cuda.CUDAGraph()
         # Thread-local: a worker's other threads (its heartbeat asks the GPU for free memory) may
@@ -198,17 +240,18 @@ class ModelRunner:
         with torch.cuda.graph(
             graph, pool=self.graph_pool, stream=self.capture_stream, capture_error_mode="thread_local"
         ):
-            self._decode(rows, kv_length)
-        self.graphs[(rows, kv_length)] = graph
+            work(*shape)
+        graphs[shape] = graph
 
     def capture_every_bucket(self) -> int:
-        """Capture the decode step of every (rows, columns) bucket now, while no slot runs; returns how
-        many graphs the runner holds.
+        """Capture the decode step of every (rows, columns) bucket and the prefill of every (rows,
+        length) bucket now, while no slot runs; returns how many graphs the runner holds.
 
         Captured on first use instead, a burst of new work pays them while its listeners wait: on the
         H200, 64 streams arriving at a warm worker found new buckets and waited 600 ms longer for their
-        first audio than the next 64. The steps run here draw for free slots only, whose state every
-        prefill sets afresh.
+        first audio than the next 64 (and a first compilation takes seconds). The steps run here draw
+        for free slots only, whose state every prefill sets afresh; the prefills here write to the
+        scratch slot alone.
         """
         if not self.use_graphs:
             return 0
@@ -219,7 +262,13 @@ class ModelRunner:
         for rows in row_buckets(self.slots):
             for kv_length in kv_lengths:
                 self.decode_step(rows, kv_length)
-        return len(self.graphs)
+        self.prefill_embeddings.zero_()
+        self.prefill_slots.fill_(self.scratch_slot)
+        self.prefill_lengths.fill_(1)
+        for rows in self.prefill_row_buckets:
+            for length in self.prefill_length_buckets:
+                self._run((rows, length), self.prefill_graphs, self._prefill_pass)
+        return len(self.graphs) + len(self.prefill_graphs)
 
     def kv_bucket(self, columns: int) -> int:
         """The cache columns a decode step attends over when its deepest slot has used ``columns``:
@@ -286,7 +335,7 @@ class ModelRunner:
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )
 
-        hidden = self._forward(step_input, column.unsqueeze(1), attend, self._decode_parts)
+        hidden = self._forward(step_input, column.unsqueeze(1), attend, self._layer_parts)
         self._draw(slots, hidden[:, -1].float())
 
     def _forward(
@@ -294,7 +343,7 @@ class ModelRunner:
         inputs: torch.Tensor,
         positions: torch.Tensor,
         attend: _Attention,
-        parts: tuple[Callable, Callable] = (before_attention, after_attention),
+        parts: tuple[Callable, Callable],
     ) -> torch.Tensor:
         """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills
         the cache; ``parts`` are the functions of a layer before and after its attention."""

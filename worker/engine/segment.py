@@ -39,6 +39,7 @@ class Segment:
     attempt: int = 0  # 0, then 1, 2, ... for each regeneration the quality gate asks for
     samples: np.ndarray | None = None
     quality: SegmentQuality | None = None
+    prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
 
     @property
     def pinned_tokens(self) -> int | None:
