@@ -18,25 +18,32 @@ from werkzeug.http import parse_date, unquote_etag
 
 from chattts_farm.audio_store import StoredAudio
 from web.errors import ApiError
+from web.waiting import WaitSlot
 
 # One byte range (RFC 9110 14.1.1): ``first-last``, ``first-`` or ``-suffix``. Anything else (several
 # ranges, another unit, a malformed one) is no range this server serves: the whole audio goes.
 _ONE_BYTE_RANGE = re.compile(r"bytes[ \t]*=[ \t]*(?:(\d+)[ \t]*-[ \t]*(\d*)|-[ \t]*(\d+))[ \t]*", re.IGNORECASE)
 
 
-def send(stored: StoredAudio, mimetype: str, download_name: str) -> Response:
-    """The answer to a GET (or HEAD) of ``stored``; the answer closes it once sent."""
+def send(stored: StoredAudio, mimetype: str, download_name: str, held_by: WaitSlot | None = None) -> Response:
+    """The answer to a GET (or HEAD) of ``stored``; the answer closes it once sent, and gives back the
+    wait slot ``held_by`` once its body has gone (or at once, when it has none)."""
     modified = None if stored.modified is None else datetime.fromtimestamp(stored.modified, UTC)
     if not _if_match_holds(stored):
         stored.close()
         raise ApiError(412, "If-Match names no current version of the audio (its ETag)", "If-Match")
     if _not_modified(stored, modified):
         stored.close()
+        if held_by is not None:
+            held_by.release()
         response = Response(status=304)
     else:
         asked = _asked_range(stored, modified)
         start, stop = asked or (0, stored.size)
-        response = Response(stored.chunks(start, stop), mimetype=mimetype, direct_passthrough=True)
+        body = stored.chunks(start, stop)
+        response = Response(
+            body if held_by is None else held_by.held_while(body), mimetype=mimetype, direct_passthrough=True
+        )
         response.content_length = stop - start
         if asked is not None:
             response.status_code = 206

@@ -16,7 +16,9 @@ from pathlib import Path
 import redis
 import requests
 
-from chattts_farm import redis_keys
+from chattts_farm import audio_store, redis_keys
+from chattts_farm.celery_client import create_celery
+from chattts_farm.settings import Settings
 from cli.local_services import free_port, start_redis_server
 from tests.support import CLI, Web
 from web.access.api_keys import hash_key
@@ -30,6 +32,7 @@ class PausedFarm:
     redis: redis.Redis
     keys: dict[str, str]
     port: int
+    directory: Path
 
     def headers(self, name: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[name]}"}
@@ -54,6 +57,40 @@ class PausedFarm:
         )
         assert answer.status_code == 202, answer.text
         return answer.json()["id"]
+
+    def finished_job(self, name: str, audio: bytes) -> str:
+        """A job of this key, done with ``audio`` as its stored WAV, as a worker leaves one: the audio in
+        the farm's store, then the result naming it. The id."""
+        answer = requests.post(
+            f"{self.web.url}/api/jobs",
+            json={"text": "Stored.", "format": "wav"},
+            headers=self.headers(name),
+            timeout=10,
+        )
+        assert answer.status_code == 202, answer.text
+        job_id = answer.json()["id"]
+        settings = Settings.from_env(data_dir=self.directory, redis_url=f"redis://127.0.0.1:{self.redis_port}/0")
+        store = audio_store.from_settings(settings)
+        key = store.key(job_id, "wav")
+        store.write(key, audio)
+        result = {"job_id": job_id, "duration_s": 1.0, "audio_key": key, "audio_url": None, "voice_embedding": None}
+        create_celery(settings).backend.store_result(job_id, result, "SUCCESS")
+        return job_id
+
+    def open_download(self, name: str, job_id: str, receive_buffer: int) -> socket.socket:
+        """A download of the job's stored audio on a raw socket with a small receive buffer, left unread."""
+        call = socket.socket()
+        call.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        call.connect(("127.0.0.1", self.port))
+        call.sendall(
+            f"GET /api/jobs/{job_id}/audio HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Authorization: Bearer {self.keys[name]}\r\n\r\n".encode()
+        )
+        return call
+
+    @property
+    def redis_port(self) -> int:
+        return self.redis.connection_pool.connection_kwargs["port"]
 
     def open_stream(self, name: str, job_id: str, receive_buffer: int | None = None) -> socket.socket:
         """A listener of the job's stream (raw PCM) on a raw socket, left unread; ``receive_buffer``
@@ -109,7 +146,7 @@ def start_paused_farm(directory: Path, key_names: tuple[str, ...], **settings: s
                 )
                 keys[name] = re.search(r"cf_\S+", created.stdout).group(0)
             with redis.Redis(port=redis_port) as client:
-                yield PausedFarm(web, client, keys, web_port)
+                yield PausedFarm(web, client, keys, web_port, directory)
         finally:
             web.kill()
     finally:

@@ -267,6 +267,34 @@ def test_a_reader_that_takes_nothing_is_disconnected_and_frees_its_slot(paused_f
         assert received < len(stream.pcm)
 
 
+def test_a_download_holds_a_slot_and_a_reader_that_takes_nothing_is_disconnected(paused_farm):
+    audio = samples(120.0)  # ~5.8 MB: far more than the socket buffers on both sides take
+    job_id = paused_farm.finished_job("held", audio)
+    whole = requests.get(
+        f"{paused_farm.web.url}/api/jobs/{job_id}/audio", headers=paused_farm.headers("held"), timeout=30
+    )
+    assert whole.status_code == 200 and whole.content == audio
+    wait_until(lambda: paused_farm.waits_of("held") == 0, 5, "the finished download's slot")
+    head = requests.head(
+        f"{paused_farm.web.url}/api/jobs/{job_id}/audio", headers=paused_farm.headers("held"), timeout=10
+    )
+    assert head.status_code == 200 and paused_farm.waits_of("held") == 0
+
+    with paused_farm.open_download("held", job_id, receive_buffer=4096) as stalled:
+        wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the download to hold its slot")
+        stalled_at = time.monotonic()
+        time.sleep(SEND_TIMEOUT_S / 2)
+        assert paused_farm.waits_of("held") == 1
+        wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled download's slot")
+        assert time.monotonic() - stalled_at >= SEND_TIMEOUT_S
+        stalled.settimeout(5)
+        received = 0
+        with contextlib.suppress(ConnectionResetError):
+            while data := stalled.recv(1 << 16):
+                received += len(data)
+        assert received < len(audio)
+
+
 def test_a_head_of_a_stream_answers_at_once_and_takes_no_slot(paused_farm):
     base, held = paused_farm.web.url, paused_farm.headers("held")
     job_id = paused_farm.submit_stream("held")  # queued, no audio yet: a GET would wait for its first chunk

@@ -129,7 +129,17 @@ def list_jobs():
 @bp.get("/jobs/<job_id>/audio")
 def job_audio(job_id: str):
     job = visible_job(job_id)
-    return audio_responses.send(jobs.open_audio(job), MIME_TYPES[job.format], f"chattts-{job.id}.{job.format}")
+    # A download is a request held open as a stream is: it counts against its key's bound, and a reader
+    # that takes nothing for the send timeout is disconnected. A HEAD sends no body and takes no slot.
+    slot = WaitSlot.take() if request.method == "GET" else None
+    try:
+        return audio_responses.send(
+            jobs.open_audio(job), MIME_TYPES[job.format], f"chattts-{job.id}.{job.format}", held_by=slot
+        )
+    except BaseException:
+        if slot is not None:
+            slot.release()
+        raise
 
 
 @bp.get("/jobs/<job_id>/stream")
