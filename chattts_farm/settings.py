@@ -184,8 +184,8 @@ class Settings:
     # to be fair between (a client's address is a proxy's, or forged), only the server to protect.
     max_waits_per_key: int = _setting(
         64,
-        "requests of one key held open on their audio (`/v1/audio/speech`, a job's stream), however long they "
-        "wait or take to read; keys off: one bound for all",
+        "requests of one key held open on their audio (`/v1/audio/speech`, a job's stream, a download of its "
+        "audio), however long they wait or take to read; keys off: one bound for all",
         minimum=1,
         role="web",
     )
@@ -196,7 +196,8 @@ class Settings:
     )
     stream_send_timeout_s: int = _setting(
         30,
-        "a client that takes nothing of its streamed audio for this long is disconnected, freeing its wait slot",
+        "a client that takes nothing of its streamed or downloaded audio for this long is disconnected, "
+        "freeing its wait slot",
         minimum=1,
         role="web",
     )
