@@ -30,6 +30,10 @@ QUEUING_KEYS = "chattts:queuing-keys"
 
 # Held by the reconciler at work (see web.reconcile): of several web hosts' reconcilers, one at a time.
 RECONCILER_LOCK = "chattts:reconciler-lock"
+# The delivery tags of the messages one worker instance holds (a set), and the lock of whoever restores
+# them once its heartbeat lapses (see worker.failover): prefix + worker name + ":" + instance.
+HELD_MESSAGES_PREFIX = "chattts:held-messages:"
+RESTORE_LOCK_PREFIX = "chattts:restoring:"
 
 
 def audio(job_id: str) -> str:
@@ -51,6 +55,20 @@ def delivery(job_id: str) -> str:
 
 def heartbeat(worker_name: str) -> str:
     return HEARTBEAT_PREFIX + worker_name
+
+
+def held_messages(worker_name: str, instance: str) -> str:
+    return f"{HELD_MESSAGES_PREFIX}{worker_name}:{instance}"
+
+
+def held_messages_owner(key: str) -> tuple[str, str]:
+    """The worker name and instance of a :func:`held_messages` key (an instance has no colon)."""
+    worker_name, instance = key.removeprefix(HELD_MESSAGES_PREFIX).rsplit(":", 1)
+    return worker_name, instance
+
+
+def restore_lock(worker_name: str, instance: str) -> str:
+    return f"{RESTORE_LOCK_PREFIX}{worker_name}:{instance}"
 
 
 def ops_series(worker_name: str) -> str:

@@ -16,6 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import redis
+from celery import Celery
 from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 
@@ -23,7 +24,9 @@ from chattts_farm import audio_store, ops_series, redis_keys
 from chattts_farm.audio_store import AudioStore
 from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE
 from chattts_farm.settings import Settings
+from worker import failover
 from worker.batcher import Batcher, JobHandle
+from worker.failover import HeldMessages
 from worker.stream_publisher import StreamPublisher
 
 logger = logging.getLogger(__name__)
@@ -45,6 +48,9 @@ class WorkerRuntime:
     redis: redis.Redis
     streams: StreamPublisher
     audio_store: AudioStore
+    celery_app: Celery
+    instance: str
+    held_messages: HeldMessages
     # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
     finished: deque = field(default_factory=deque)
     audio_seconds_done: float = 0.0
@@ -59,15 +65,21 @@ class WorkerRuntime:
 
     def beat(self) -> None:
         """Publish this worker's health to Redis every few seconds, for the ops page and /metrics, and a
-        sample of what it did since the beat before to its history (see chattts_farm.ops_series)."""
+        sample of what it did since the beat before to its history (see chattts_farm.ops_series); then
+        put back on their queues the messages of workers that stopped beating (see worker.failover)."""
         key = redis_keys.heartbeat(self.hostname)
         while True:
             try:
-                health = self.health()
-                self.redis.set(key, json.dumps({**health, "heartbeat": time.time()}), ex=redis_keys.HEARTBEAT_TTL_S)
+                health = {**self.health(), "instance": self.instance, "heartbeat": time.time()}
+                self.redis.set(key, json.dumps(health), ex=redis_keys.HEARTBEAT_TTL_S)
+                self.held_messages.keep_alive()
                 ops_series.record(self.redis, self.hostname, self.sample(health))
             except redis.RedisError as error:
                 logger.warning("heartbeat not published: %s", error)
+            try:
+                failover.restore_lapsed(self.redis, self.celery_app, self.instance)
+            except Exception:  # noqa: BLE001 - the beat goes on; dead workers' jobs come back after the visibility timeout
+                logger.exception("could not restore the messages of lapsed workers")
             time.sleep(redis_keys.HEARTBEAT_INTERVAL_S)
 
     def sample(self, health: dict) -> ops_series.Sample:
@@ -161,7 +173,7 @@ def _utilisation(device) -> float | None:
 _runtime: WorkerRuntime | None = None
 
 
-def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
+def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRuntime:
     """Load and warm up the model and start the batcher; once per process."""
     global _runtime
     from worker.synthesis import Synthesizer
@@ -182,7 +194,9 @@ def start(settings: Settings, hostname: str, is_revoked) -> WorkerRuntime:
     batcher.start()
     publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
     store = audio_store.from_settings(settings, client)
-    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher, store)
+    instance = failover.instance_name()
+    held_messages = HeldMessages(client, hostname, instance, ttl_s=settings.visibility_timeout_s)
+    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher, store, celery_app, instance, held_messages)
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
     return _runtime

@@ -10,7 +10,7 @@ import time
 import redis
 from celery.concurrency import get_implementation
 from celery.exceptions import Ignore
-from celery.signals import worker_init, worker_shutting_down
+from celery.signals import task_postrun, task_received, task_revoked, worker_init, worker_shutting_down
 from celery.worker import state as worker_state
 
 from chattts_farm.contract import (
@@ -63,13 +63,29 @@ def _start_runtime(sender, **_) -> None:
         raise RuntimeError(
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
-    runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked)
+    runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked, celery_app=app)
     threading.Thread(target=_report_progress, name="progress-reporter", daemon=True).start()
 
 
 @worker_shutting_down.connect
 def _bound_the_shutdown(**_) -> None:
     runtime.watch_shutdown()
+
+
+# Every message this process holds is noted as it comes and as its job returns (see worker.failover).
+@task_received.connect
+def _note_received(request, **_) -> None:
+    runtime.current().held_messages.received(request.id, request.message.delivery_tag)
+
+
+@task_postrun.connect
+def _note_returned(task_id, **_) -> None:
+    runtime.current().held_messages.returned(task_id)
+
+
+@task_revoked.connect
+def _note_revoked(request, **_) -> None:
+    runtime.current().held_messages.returned(request.id)
 
 
 # Errors of the farm's own kinds are the caller's to read: logged without a traceback.
