@@ -5,7 +5,9 @@ import subprocess
 
 import flask_migrate
 import pytest
+import redis
 
+from chattts_farm import redis_keys
 from tests.support import CLI, serve_web
 from tests.web.databases import DATABASES, fresh_database
 from web import create_app
@@ -29,7 +31,14 @@ def database_url(request, tmp_path):
 
 @pytest.fixture
 def make_app(tiny_settings, redis_url, database_url, tmp_path):
-    """Build the app on the test's database, migrated to the newest revision; ``settings`` override."""
+    """Build the app on the test's database, migrated to the newest revision; ``settings`` override.
+
+    The test starts with no request held open: Werkzeug's test client closes an answer only when the
+    test does, so an earlier test's unread download (or stream) would hold its wait slot on the
+    session's Redis until the slot's lease ended (a real server closes every answer)."""
+    with redis.Redis.from_url(redis_url) as shared:
+        for held in shared.scan_iter(match=redis_keys.wait_slots("*")):
+            shared.delete(held)
     built = []
 
     def make(**settings):
