@@ -79,14 +79,7 @@ class PausedFarm:
 
     def open_download(self, name: str, job_id: str, receive_buffer: int) -> socket.socket:
         """A download of the job's stored audio on a raw socket with a small receive buffer, left unread."""
-        call = socket.socket()
-        call.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
-        call.connect(("127.0.0.1", self.port))
-        call.sendall(
-            f"GET /api/jobs/{job_id}/audio HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {self.keys[name]}\r\n\r\n".encode()
-        )
-        return call
+        return self._open_get(name, f"/api/jobs/{job_id}/audio", receive_buffer)
 
     @property
     def redis_port(self) -> int:
@@ -95,13 +88,16 @@ class PausedFarm:
     def open_stream(self, name: str, job_id: str, receive_buffer: int | None = None) -> socket.socket:
         """A listener of the job's stream (raw PCM) on a raw socket, left unread; ``receive_buffer``
         shrinks its socket's receive buffer, so that the server's sends soon block."""
+        return self._open_get(name, f"/api/jobs/{job_id}/stream?format=pcm", receive_buffer)
+
+    def _open_get(self, name: str, path: str, receive_buffer: int | None) -> socket.socket:
+        """A GET of ``path`` with this key, sent on a raw socket and left unread."""
         call = socket.socket()
         if receive_buffer is not None:
             call.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
         call.connect(("127.0.0.1", self.port))
         call.sendall(
-            f"GET /api/jobs/{job_id}/stream?format=pcm HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Authorization: Bearer {self.keys[name]}\r\n\r\n".encode()
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {self.keys[name]}\r\n\r\n".encode()
         )
         return call
 

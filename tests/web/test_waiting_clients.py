@@ -65,6 +65,16 @@ STREAMS = 256
 LISTENERS = ("listener", "listener-2")
 
 
+def received_until_closed(connection: socket.socket) -> int:
+    """How many bytes a stalled reader still gets (what the buffers held) before its connection ends."""
+    connection.settimeout(5)
+    received = 0
+    with contextlib.suppress(ConnectionResetError):
+        while data := connection.recv(1 << 16):
+            received += len(data)
+    return received
+
+
 def blocked_stream_reads(client: redis.Redis) -> int:
     """Redis connections blocked in XREAD now: a stream's request waiting for its next entry."""
     return sum(1 for connection in client.client_list() if connection["cmd"] == "xread" and "b" in connection["flags"])
@@ -259,25 +269,17 @@ def test_a_reader_that_takes_nothing_is_disconnected_and_frees_its_slot(paused_f
         wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled reader's slot")
         assert time.monotonic() - stalled_at >= SEND_TIMEOUT_S
         # Disconnected: what the buffers held drains, then the connection ends short of the audio.
-        stalled.settimeout(5)
-        received = 0
-        with contextlib.suppress(ConnectionResetError):
-            while data := stalled.recv(1 << 16):
-                received += len(data)
-        assert received < len(stream.pcm)
+        assert received_until_closed(stalled) < len(stream.pcm)
 
 
 def test_a_download_holds_a_slot_and_a_reader_that_takes_nothing_is_disconnected(paused_farm):
     audio = samples(120.0)  # ~5.8 MB: far more than the socket buffers on both sides take
     job_id = paused_farm.finished_job("held", audio)
-    whole = requests.get(
-        f"{paused_farm.web.url}/api/jobs/{job_id}/audio", headers=paused_farm.headers("held"), timeout=30
-    )
+    url, held = f"{paused_farm.web.url}/api/jobs/{job_id}/audio", paused_farm.headers("held")
+    whole = requests.get(url, headers=held, timeout=30)
     assert whole.status_code == 200 and whole.content == audio
     wait_until(lambda: paused_farm.waits_of("held") == 0, 5, "the finished download's slot")
-    head = requests.head(
-        f"{paused_farm.web.url}/api/jobs/{job_id}/audio", headers=paused_farm.headers("held"), timeout=10
-    )
+    head = requests.head(url, headers=held, timeout=10)
     assert head.status_code == 200 and paused_farm.waits_of("held") == 0
 
     with paused_farm.open_download("held", job_id, receive_buffer=4096) as stalled:
@@ -287,12 +289,7 @@ def test_a_download_holds_a_slot_and_a_reader_that_takes_nothing_is_disconnected
         assert paused_farm.waits_of("held") == 1
         wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled download's slot")
         assert time.monotonic() - stalled_at >= SEND_TIMEOUT_S
-        stalled.settimeout(5)
-        received = 0
-        with contextlib.suppress(ConnectionResetError):
-            while data := stalled.recv(1 << 16):
-                received += len(data)
-        assert received < len(audio)
+        assert received_until_closed(stalled) < len(audio)
 
 
 def test_a_head_of_a_stream_answers_at_once_and_takes_no_slot(paused_farm):
