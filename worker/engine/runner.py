@@ -2,15 +2,15 @@
 
 Everything a decode step touches is allocated once per worker: the KV cache (layers x slots x
 context), and per slot its prompt length, step, last tokens, recent tokens (for the repetition
-penalty), sampling settings, hidden states and codes. A segment takes a slot with ``prefill`` (its
-prompt runs as its own eager pass and draws step 0); then every ``decode_step`` draws the next step of
-the first ``rows`` slots, each at its own position. Slots that finished (or hold nothing) stay in
-the step, frozen: their step stops advancing and their output is cut at their end (on CUDA their
-attention reads nothing). So the decode step's shapes depend only on (rows, attended columns), and on
-CUDA it is captured as one CUDA graph per such bucket, kept for the life of the worker and replayed,
-each layer's parts around its attention compiled into a few kernels (worker.engine.layers). Nothing
-in a step reads back to the host; the engine reads the small ``finished`` / ``lengths`` /
-``ended_by`` state every few steps.
+penalty), sampling settings, hidden states and codes. A segment takes a slot with ``prefill`` (the
+prompts admitted together run as one pass, padded to a bucket of rows and length, and draw step 0);
+then every ``decode_step`` draws the next step of the first ``rows`` slots, each at its own position.
+Slots that finished (or hold nothing) stay in the step, frozen: their step stops advancing and
+their output is cut at their end (on CUDA their attention reads nothing). So the decode step's shapes
+depend only on (rows, attended columns), and on CUDA it is captured as one CUDA graph per such
+bucket, kept for the life of the worker and replayed, each layer's parts around its attention
+compiled into a few kernels (worker.engine.layers). Nothing in a step reads back to the host; the
+engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
 transformers' StaticCache: its constructor changed across transformers 5.x, and it attends over the
@@ -69,7 +69,7 @@ class ModelRunner:
         slots: int,
         max_prompt_tokens: int,
         max_new_tokens: int,
-        max_admissions: int | None = None,
+        max_admissions: int,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
     ) -> None:
@@ -84,8 +84,7 @@ class ModelRunner:
         self.layer_weights, self.layer_shape = fuse_layers(self.llama)
         # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), in
         # the captured steps and the prefill alike (its rows and length symbolic); the CPU runs them op by op.
-        self.compiled = self.use_graphs and self.reads_own_columns
-        if self.compiled:
+        if self.use_graphs and self.reads_own_columns:
             self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
         else:
             self._layer_parts = (before_attention, after_attention)
@@ -93,7 +92,7 @@ class ModelRunner:
         self.slots = slots
         # One slot more than the engine's: the prefill's padding rows write there (see prefill).
         self.scratch_slot = slots
-        self.max_admissions = max_admissions or slots
+        self.max_admissions = max_admissions
         self.max_prompt_tokens = max_prompt_tokens
         self.context = max_prompt_tokens + max_new_tokens
         self.eos_token = chat.config.gpt.num_audio_tokens - 1
