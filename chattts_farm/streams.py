@@ -136,8 +136,12 @@ def append(client: Any, job_id: str, entries: Iterable[StreamEntry], *, ttl_s: i
 
 
 def restart(client: Any, job_id: str) -> None:
-    """Empty a job's stream for a new run of its job; ``client`` may be a pipeline."""
-    client.delete(redis_keys.stream(job_id))
+    """Empty a job's stream for a new run of its job; ``client`` may be a pipeline.
+
+    Trimmed, not deleted: a stream made anew numbers its entries from the clock, so the new run's first
+    entry, written in the same millisecond as the old run's last, could sort before a reader's place and
+    never reach it. An emptied stream keeps its last id, and every new entry comes after it."""
+    client.xtrim(redis_keys.stream(job_id), maxlen=0, approximate=False)
 
 
 def read(
