@@ -16,15 +16,16 @@ prompts' prefill, is not in it);
 audio-s/wall-s is the audio those steps make (rows x steps / 46.875 tokens a second) over that time.
 
 On CUDA, ``--attention-rows`` (default 1,64,512,1024) adds a table of the decode attention kernel alone
-(one layer, the GPT's heads and head size, a slot cache of ``--context`` columns) at the standard
-workload's contexts: each row's new position drawn from 70 + U(0, 478), a mean of ~310. GB/s is the
-cache it reads (every row's keys and values up to its position) over the kernel's time, replayed 20
+(one layer, the GPT's heads and head size, each row's ``--context`` positions in blocks scattered over
+one pool by its block table, as the engine's are) at the standard workload's contexts: each row's new
+position drawn from 70 + U(0, 478), a mean of ~310. GB/s is the cache it reads (every row's keys and
+values up to its position) over the kernel's time, replayed 20
 calls to a CUDA graph; the copy bandwidth it is set against is measured first, in the same process, as
 the bytes read and written by ``dst.copy_(src)`` of 2 GiB over its time (as a GPU's copy bandwidth is
 counted).
 
-``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (split, block, warps,
-stages; fp8 at bf16's best split) and prints the five fastest per cache dtype: how
+``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (split, tile, warps,
+stages) and prints the five fastest per cache dtype: how
 ``worker.engine.attention._LAUNCH`` was chosen.
 
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
@@ -54,6 +55,7 @@ from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
+from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.model import LoadedModel, load_model  # noqa: E402
@@ -203,14 +205,18 @@ def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torc
     device = model.device
     query = torch.randn(rows, heads, 1, dim, device=device, dtype=torch.bfloat16)
     new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=device, dtype=torch.bfloat16)
-    keys = torch.randn(rows, kv_heads, context, dim, device=device).to(kv_dtype)
-    values = torch.randn(rows, kv_heads, context, dim, device=device).to(kv_dtype)
-    return query, new_key, new_value, keys, values, standard_columns(rows, device, generator), dim**-0.5
+    width = blocks_for(context)
+    # Every row's blocks, in an order of no use to the kernel: a pool that has served for a while.
+    table = torch.randperm(rows * width, generator=generator).view(rows, width).to(device)
+    keys = torch.randn(rows * width, kv_heads, BLOCK_POSITIONS, dim, device=device).to(kv_dtype)
+    values = torch.randn(rows * width, kv_heads, BLOCK_POSITIONS, dim, device=device).to(kv_dtype)
+    columns = standard_columns(rows, device, generator)
+    return query, new_key, new_value, keys, values, table, columns, dim**-0.5
 
 
 def read_bytes(arguments: tuple) -> int:
     """What a call reads: every row's keys and values up to its new position."""
-    _, new_key, _, keys, _, columns, _ = arguments
+    _, new_key, _, keys, _, _, columns, _ = arguments
     return int(columns.sum()) * new_key.shape[1] * new_key.shape[3] * keys.element_size() * 2
 
 
@@ -219,26 +225,22 @@ def launch_sweep(model: LoadedModel, context: int) -> None:
     from worker.engine import attention
 
     chosen = (attention.SPLIT_COLUMNS, dict(attention._LAUNCH))
-    best_split = None
-    print("\n| kv cache | us/call | GB/s read | split | block | warps | stages |")
+    print("\n| kv cache | us/call | GB/s read | split | tile | warps | stages |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         arguments = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
         size = arguments[3].element_size()
         timings = []
-        for split, block, warps, stages in itertools.product(
-            (256, 512) if best_split is None else (best_split,), (64, 128, 256), (4, 8), (2, 3, 4)
-        ):
-            if block > split or (size == 2 and block == 256):
+        for split, tile, warps, stages in itertools.product((256, 512), (64, 128, 256), (4, 8), (2, 3, 4)):
+            if tile > split or (size == 2 and tile == 256):
                 continue
             attention.SPLIT_COLUMNS = split
-            attention._LAUNCH = {size: {"BLOCK": block, "num_warps": warps, "num_stages": stages}}
-            timings.append((time_attention(arguments, calls=10), split, block, warps, stages))
+            attention._LAUNCH = {size: {"TILE": tile, "num_warps": warps, "num_stages": stages}}
+            timings.append((time_attention(arguments, calls=10), split, tile, warps, stages))
         timings.sort()
-        best_split = best_split or timings[0][1]
         name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
-        for seconds, split, block, warps, stages in timings[:5]:
-            settings = f"{split} | {block} | {warps} | {stages}"
+        for seconds, split, tile, warps, stages in timings[:5]:
+            settings = f"{split} | {tile} | {warps} | {stages}"
             print(f"| {name} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {settings} |", flush=True)
         del arguments
     attention.SPLIT_COLUMNS, attention._LAUNCH = chosen
@@ -257,7 +259,7 @@ def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_d
             seconds = time_attention(arguments)
             read = read_bytes(arguments)
             print(
-                f"| {str(kv_dtype).removeprefix('torch.')} | {rows} | {float(arguments[5].float().mean()):.0f} "
+                f"| {str(kv_dtype).removeprefix('torch.')} | {rows} | {float(arguments[6].float().mean()):.0f} "
                 f"| {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {read / seconds / copy:.0%} |",
                 flush=True,
             )
@@ -305,7 +307,7 @@ def profile_rows(model: LoadedModel, rows: int, steps: int) -> None:
     while engine.has_work:
         engine.step()
     engine.add(segments_for(model, rows, steps + 2 * SYNC_EVERY))
-    admitted = engine.scheduler.schedule()
+    admitted = engine._admit()
     wall, kernels = profiled_kernels(lambda: engine._prefill(admitted), model.device)
     print_kernels(f"prefill of {rows} prompts, {1000 * wall:.2f} ms wall", kernels, 1)
     for _ in range(3):

@@ -3,19 +3,32 @@
     python -m bench.engine_phases --model synthetic-full --device cuda --jobs 1536 --kv-dtypes model,fp8
     python -m bench.engine_phases --model synthetic-tiny --device cpu --jobs 8 --kv-dtypes model --seconds 1-2
 
-For each KV cache dtype: loads the model, warms up on part of the workload, runs the workload once
+For each KV cache dtype: loads the model, warms up on a workload of other jobs, runs the workload once
 untimed by phase (its audio-s per wall-s) and once with every phase timed (each phase call is
 bracketed by device synchronisations, which serialise what would overlap, so the phases add up to
-a little more than the untimed wall), then times the decode step alone at 1, 64 and all slots.
+a little more than the untimed wall), then times the decode step alone at 1, 64 and all slots. The
+untimed pass also keeps a timeline of host timestamps (no synchronisation): how long ``add`` took, and
+the wall its synthesizer steps took by how many segments were running when each began (0: the first
+step, which admits the first segments, and the steps after the last segment, with only the
+vocoder's and the finishing's work left).
+
+``--profile-steps N`` adds, between the two passes, a look at N synthesizer steps in the middle of
+another workload (after 20 steps, with the slots taken): on CUDA the GPU's kernels under
+``torch.profiler`` (their GPU time per step beside the steps' wall time), then the host's
+Python functions under ``cProfile`` over the next N steps (by their own time): what a step spends
+beside the device.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import cProfile
 import gc
 import logging
+import pstats
 import time
+from collections.abc import Callable
 
 from worker.cuda import configure_allocator
 
@@ -23,39 +36,79 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
+from bench.decode_step import print_kernels, profiled_kernels, synchronize  # noqa: E402
 from bench.standard import seconds_range  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
+from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
 from worker.synthesis import Synthesizer  # noqa: E402
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 class PhaseTimer:
-    """Wraps methods of live objects so that each call's wall time adds to its phase."""
+    """Wraps methods of live objects so that each call's wall time adds to its phase (a name, or a
+    function that names the phase as the call begins); ``synchronised``, each call is bracketed by
+    device synchronisations."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, *, synchronised: bool = True):
         self.device = device
+        self.synchronised = synchronised
         self.seconds: collections.Counter[str] = collections.Counter()
         self.calls: collections.Counter[str] = collections.Counter()
+        self._wrapped: list[tuple[object, str]] = []
 
-    def time(self, owner: object, method: str, phase: str) -> None:
+    def time(self, owner: object, method: str, phase: str | Callable[[], str]) -> None:
         real = getattr(owner, method)
 
         def timed(*arguments, **keywords):
-            synchronize(self.device)
+            name = phase if isinstance(phase, str) else phase()
+            if self.synchronised:
+                synchronize(self.device)
             started = time.perf_counter()
             try:
                 return real(*arguments, **keywords)
             finally:
-                synchronize(self.device)
-                self.seconds[phase] += time.perf_counter() - started
-                self.calls[phase] += 1
+                if self.synchronised:
+                    synchronize(self.device)
+                self.seconds[name] += time.perf_counter() - started
+                self.calls[name] += 1
 
         setattr(owner, method, timed)
+        self._wrapped.append((owner, method))
+
+    def remove(self) -> None:
+        """Unwrap every method this timer wrapped."""
+        for owner, method in self._wrapped:
+            delattr(owner, method)
+        self._wrapped.clear()
+
+
+# The timeline's rows: synthesizer steps by the segments running when they began, up to each bound.
+TIMELINE_BOUNDS = (0, 64, 256, 512, 1024, 1536, 2048, 4096)
+
+
+def running_label(index: int) -> str:
+    """The timeline's row for steps that began with segments running up to TIMELINE_BOUNDS[index]."""
+    return "0" if index == 0 else f"{TIMELINE_BOUNDS[index - 1] + 1}-{TIMELINE_BOUNDS[index]}"
+
+
+def timeline(synthesizer: Synthesizer) -> PhaseTimer:
+    """An unsynchronised timer of the synthesizer's ``add`` and its steps by the segments running."""
+
+    def running() -> str:
+        return running_label(next(i for i, bound in enumerate(TIMELINE_BOUNDS) if synthesizer.engine.running <= bound))
+
+    timer = PhaseTimer(synthesizer.model.device, synchronised=False)
+    timer.time(synthesizer, "add", "add")
+    timer.time(synthesizer, "step", running)
+    return timer
+
+
+def print_timeline(timer: PhaseTimer) -> None:
+    print(f"  timeline: add {timer.seconds['add']:.2f} s; synthesizer steps by segments running when they began:")
+    print("  | running | steps | wall s |\n  |---|---:|---:|")
+    for name in map(running_label, range(len(TIMELINE_BOUNDS))):
+        if timer.calls[name]:
+            print(f"  | {name} | {timer.calls[name]} | {timer.seconds[name]:.2f} |")
 
 
 def audio_per_wall(synthesizer: Synthesizer, jobs: int, seed: int, seconds: tuple[float, float]) -> tuple[float, float]:
@@ -65,14 +118,46 @@ def audio_per_wall(synthesizer: Synthesizer, jobs: int, seed: int, seconds: tupl
     return wall, sum(outcome.duration_s for outcome in outcomes) / wall
 
 
+def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tuple[float, float]) -> None:
+    """The GPU kernels and the host's functions of ``steps`` synthesizer steps at full load (see the module's doc)."""
+    device = synthesizer.model.device
+    synthesizer.add(standard_requests(jobs, seed=3, seconds=seconds))
+    for _ in range(20):
+        synthesizer.step()
+    if device.type == "cuda":
+
+        def run_steps():
+            for _ in range(steps):
+                synthesizer.step()
+
+        wall, kernels = profiled_kernels(run_steps, device)
+        print_kernels(f"  {steps} synthesizer steps at full load, {1000 * wall / steps:.1f} ms each", kernels, steps)
+    host = cProfile.Profile()
+    host.enable()
+    for _ in range(steps):
+        synthesizer.step()
+    host.disable()
+    print(f"  the host over {steps} steps (cProfile, by own time):", flush=True)
+    pstats.Stats(host).sort_stats("tottime").print_stats(15)
+    while synthesizer.in_flight:
+        synthesizer.step()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="synthetic-full")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--jobs", type=int, default=1536)
-    parser.add_argument("--slots", type=int, default=512)
+    parser.add_argument("--slots", type=int, default=0, help="Engine slots (0: as many as the memory holds).")
+    parser.add_argument(
+        "--rows-per-pass", type=int, default=512, help="Most segments one prefill or vocoder pass takes."
+    )
+    parser.add_argument(
+        "--kv-cache-gib", type=float, default=0.0, help="The KV cache's memory (0: the default budget)."
+    )
     parser.add_argument("--kv-dtypes", default="model,fp8", help="KV cache dtypes to run, comma-separated.")
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
+    parser.add_argument("--profile-steps", type=int, default=0, help="Profile this many steps at full load.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -83,21 +168,32 @@ def main() -> None:
             device=arguments.device,
             max_segment_chars=STANDARD_SEGMENT_CHARS,
             quality_retries=0,
-            max_running_rows=arguments.slots,
-            max_rows_per_pass=arguments.slots,
+            slots=arguments.slots,
+            max_segments_per_pass=arguments.rows_per_pass,
+            kv_cache_gib=arguments.kv_cache_gib,
             kv_dtype=kv_dtype,
         )
         synthesizer = Synthesizer.load(settings)
         device = synthesizer.model.device
         runner = synthesizer.engine.runner
+        cache_gib = (runner.keys.nbytes + runner.values.nbytes) / 2**30
         print(
-            f"KV cache {kv_dtype}: {runner.slots} slots of {runner.context} positions, "
-            f"attention reads each slot's own columns: {runner.reads_own_columns}",
+            f"KV cache {kv_dtype}: {runner.slots} slots of up to {runner.context} positions sharing "
+            f"{runner.kv_blocks} blocks ({runner.kv_blocks * BLOCK_POSITIONS} positions, {cache_gib:.1f} GiB), "
+            f"attention reads each slot's own positions: {runner.reads_own_columns}",
             flush=True,
         )
-        synthesizer.synthesize(standard_requests(min(arguments.jobs, 256), seed=7, seconds=arguments.seconds))
+        # Warmed up on a whole workload of other jobs: a first pass at full load still finds new sizes
+        # (the allocator's, the vocoder's batches), and a worker lives in the steady state after it.
+        synthesizer.synthesize(standard_requests(arguments.jobs, seed=7, seconds=arguments.seconds))
+        steps_timer = timeline(synthesizer)
         wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds)
         print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases untimed)")
+        steps_timer.remove()
+        print_timeline(steps_timer)
+        print(f"  segments preempted so far: {synthesizer.engine.preemptions}")
+        if arguments.profile_steps:
+            profile_steps(synthesizer, arguments.profile_steps, arguments.jobs, arguments.seconds)
 
         timer = PhaseTimer(device)
         timer.time(synthesizer.engine, "_prefill", "prefill")

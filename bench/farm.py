@@ -5,7 +5,7 @@
 
 Starts its own redis-server (from PATH, or --redis-server) and `chattts-farm worker` twice: once with
 batching (--jobs-in-flight jobs held, --slots engine slots) and once with MAX_JOBS_IN_FLIGHT=1 and
-MAX_RUNNING_ROWS=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
+SLOTS=1 (one job at a time). Submits all jobs at once, waits for every result, and prints a
 Markdown table of jobs per second and audio seconds per wall second.
 """
 
@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -29,6 +29,45 @@ from cli.local_services import free_port, start_redis_server
 
 TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
 WORKERS_START_TIMEOUT_S = 600
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used so far, every thread, user and system (Linux: from /proc)."""
+    # The fields after the command's closing parenthesis start at the state (field 3 of proc(5)).
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def worker_pids(client: Celery, queues: list[str]) -> dict[str, Callable[[], list[int]]]:
+    """The processes of the workers behind ``queues`` (gpu0, cpu0), by kind: their Celery processes,
+    their engine processes, and the encoder processes their Celery processes start as needed."""
+    reports = [client.send_task("chattts.health", queue=queue).get(timeout=60) for queue in queues]
+    celery, engines = [report["pid"] for report in reports], [report["engine_pid"] for report in reports]
+    return {
+        "celery": lambda: celery,
+        "engine": lambda: engines,
+        "encoders": lambda: [child for pid in celery for child in children(pid) if child not in engines],
+    }
+
+
+def children(pid: int) -> list[int]:
+    """A process's children (Linux: from /proc)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.extend(int(child) for child in (task / "children").read_text().split())
+    return found
+
+
+@contextmanager
+def cpu_used(pids: dict[str, Callable[[], list[int]]]) -> Iterator[dict[str, float]]:
+    """CPU seconds each kind of process used inside the block (a process started inside it counts
+    whole), filled in as the block ends."""
+    before = {pid: cpu_seconds(pid) for kind_pids in pids.values() for pid in kind_pids()}
+    used: dict[str, float] = {}
+    yield used
+    used.update(
+        {kind: sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in kind_pids()) for kind, kind_pids in pids.items()}
+    )
 
 
 @contextmanager
@@ -72,7 +111,7 @@ def run_farm(arguments, redis_url: str, jobs: int, max_jobs_in_flight: int, slot
         "CHATTTS_FARM_REDIS_URL": redis_url,
         "CHATTTS_FARM_MODEL": arguments.model,
         "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(max_jobs_in_flight),
-        "CHATTTS_FARM_MAX_RUNNING_ROWS": str(slots),
+        "CHATTTS_FARM_SLOTS": str(slots),
     }
     placement = ["--cpu", str(arguments.cpu)] if arguments.cpu else ["--gpus", arguments.gpus]
     client = Celery(broker=redis_url, backend=redis_url)

@@ -33,7 +33,7 @@ from chattts_farm.contract import TASK_NAME
 from chattts_farm.settings import Settings
 from chattts_farm.streams import stream_audio
 from cli.local_services import free_port
-from worker.model import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE
 
 WORKLOAD_SEED = 7
 WEB_START_TIMEOUT_S = 120
@@ -219,7 +219,7 @@ def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[
     settings = Settings.from_env(
         model=arguments.model,
         device="cpu" if arguments.cpu else "cuda",
-        max_running_rows=arguments.slots,
+        slots=arguments.slots,
         quality_retries=0,
     )
     synthesizer = Synthesizer.load(settings)
@@ -268,7 +268,7 @@ def main() -> None:
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_MODEL": arguments.model,
             "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
-            "CHATTTS_FARM_MAX_RUNNING_ROWS": str(arguments.slots),
+            "CHATTTS_FARM_SLOTS": str(arguments.slots),
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
         }
         with running_workers(celery, placement, settings, workdir / "latency-worker.log"):

@@ -60,7 +60,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
-from bench.farm import bench_redis, running_workers  # noqa: E402
+from bench.farm import bench_redis, cpu_used, running_workers, worker_pids  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
 from chattts_farm.contract import TASK_NAME, SynthesisRequest  # noqa: E402
@@ -121,6 +121,8 @@ class ModeResult:
     wall_s: float
     latencies_s: list[float] = field(repr=False)  # of the jobs done
     memory: Memory | None
+    # Of the farm's run: CPU seconds its workers' Celery processes and engine processes used.
+    cpu_s: dict[str, float] | None = None
 
     @property
     def audio_per_wall(self) -> float:
@@ -305,6 +307,7 @@ def run_farm(
         placement = ["--gpus", gpus]
     else:
         placement = ["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"]
+    queues = [f"gpu{gpu}" for gpu in placement[1].split(",")] if placement[0] == "--gpus" else ["cpu0"]
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with bench_redis(workdir, arguments.redis_server) as redis_url:
@@ -314,7 +317,7 @@ def run_farm(
             "CHATTTS_FARM_MODEL": arguments.model,
             "CHATTTS_FARM_DEVICE": device.type,  # the supervisor pins each worker to its GPU
             "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
-            "CHATTTS_FARM_MAX_RUNNING_ROWS": str(arguments.slots),
+            "CHATTTS_FARM_SLOTS": str(arguments.slots),
             "CHATTTS_FARM_KV_DTYPE": arguments.kv_dtype,
             "CHATTTS_FARM_MAX_SEGMENT_CHARS": str(STANDARD_SEGMENT_CHARS),
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
@@ -324,7 +327,9 @@ def run_farm(
             progress("farm: warming up")
             through_farm(client, warm_up)
             progress("farm: the workload")
-            result = through_farm(client, requests)
+            with cpu_used(worker_pids(client, queues)) as used:
+                result = through_farm(client, requests)
+            result.cpu_s = used
     if gpus is not None:
         result.mode += f", GPUs {gpus}"
     return result
@@ -402,6 +407,14 @@ def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
     for r in results:
         if r.mode == "engine, batch 1" and r.audio_s:
             print(f"\nbatch 1: RTF {r.wall_s / r.audio_s:.3f} (wall s over audio s)")
+    for r in results:
+        if r.cpu_s is not None and r.done:
+            print(
+                f"\n{r.mode}: CPU a job in the workers' Celery processes {1000 * r.cpu_s['celery'] / r.done:.1f} ms "
+                f"({r.cpu_s['celery'] / r.wall_s:.2f} cores busy), their encoder processes "
+                f"{1000 * r.cpu_s['encoders'] / r.done:.1f} ms, their engine processes "
+                f"{1000 * r.cpu_s['engine'] / r.done:.1f} ms ({r.cpu_s['engine'] / r.wall_s:.2f} cores busy)"
+            )
     if soak:
         print(
             "\nsoak: the allocator's current figures at each sample; audio-s/s of the jobs done since the one before\n"
@@ -426,7 +439,9 @@ def main() -> None:
     parser.add_argument("--model", default="synthetic-full")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--jobs", type=int, default=512, help="Jobs of the workload, all submitted at once.")
-    parser.add_argument("--slots", type=int, default=512, help="Segments the engine runs at once.")
+    parser.add_argument(
+        "--slots", type=int, default=0, help="Segments the engine runs at once (0: as many as the memory holds)."
+    )
     parser.add_argument("--jobs-in-flight", type=int, default=768, help="Jobs the farm's worker holds at once.")
     parser.add_argument("--kv-dtype", default="model", choices=("model", "fp8"), help="The KV cache's dtype.")
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
@@ -451,7 +466,7 @@ def main() -> None:
     settings = Settings.from_env(
         model=arguments.model,
         device=arguments.device,
-        max_running_rows=arguments.slots,
+        slots=arguments.slots,
         kv_dtype=arguments.kv_dtype,
         max_segment_chars=STANDARD_SEGMENT_CHARS,
         quality_retries=0,
@@ -459,6 +474,7 @@ def main() -> None:
     progress(f"loading {arguments.model}")
     synthesizer = Synthesizer.load(settings)
     info = synthesizer.model.info
+    slots = synthesizer.engine.runner.slots
     device = synthesizer.model.device
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     seconds = arguments.seconds
@@ -497,7 +513,7 @@ def main() -> None:
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
         f"GPT dtype {info.dtype}, torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s "
         f"of speech, {sum(expected_tokens(r.text, r.speed) for r in workload) / max(len(workload), 1):.0f} "
-        f"tokens a job on average, {arguments.slots} slots, KV cache {arguments.kv_dtype}\n"
+        f"tokens a job on average, {slots} slots, KV cache {arguments.kv_dtype}\n"
     )
     print_tables(results, soak)
     if arguments.json:

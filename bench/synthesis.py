@@ -118,8 +118,8 @@ def main() -> None:
     settings = Settings.from_env(
         model=arguments.model,
         device=arguments.device,
-        max_rows_per_pass=max(batches + [1]),
-        max_running_rows=max(batches + [1]),
+        max_segments_per_pass=max(batches + [1]),
+        slots=max(batches + [1]),
         quality_retries=0,
     )
     synthesizer = Synthesizer.load(settings)

@@ -34,8 +34,8 @@ import torch  # noqa: E402
 
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
-from worker.engine.vocoder import Vocoder, Window  # noqa: E402
 from worker.synthesis import Synthesizer  # noqa: E402
+from worker.vocoder import Vocoder, Window  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
 
@@ -149,8 +149,8 @@ def main() -> None:
     settings = Settings.from_env(
         model=arguments.model,
         device=arguments.device,
-        max_running_rows=arguments.slots,
-        max_rows_per_pass=arguments.slots,
+        slots=arguments.slots,
+        max_segments_per_pass=arguments.slots,
     )
     synthesizer = Synthesizer.load(settings)
     model, device = synthesizer.model, synthesizer.model.device
@@ -163,7 +163,7 @@ def main() -> None:
         torch.randn(int(frames), width, generator=generator).to(device, model.chat.gpt.gpt.dtype) for frames in lengths
     ]
     kept_frames = int(lengths.sum())
-    per_batch = settings.max_rows_per_pass
+    per_batch = settings.max_segments_per_pass
     ways = {
         "fp32, few windows, eager": Vocoder(model, per_batch, dtype=torch.float32, graphs=False),
         "bf16, few windows, eager": Vocoder(model, per_batch, dtype=torch.bfloat16, graphs=False),

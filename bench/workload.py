@@ -11,7 +11,7 @@ import random
 
 from chattts_farm.contract import SynthesisRequest
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
-from worker.model import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE
 from worker.voices import embedding_for_seed
 
 WORDS = ["farm", "batch", "voice", "speech", "queue", "worker", "model", "token", "audio", "sample", "steady", "clear"]

@@ -122,6 +122,10 @@ class SynthesisFailed(FarmError):
     """Synthesis of this job failed even when it ran alone; the message says how."""
 
 
+class EngineLost(SynthesisFailed):
+    """The engine process running this job died more often than ``CHATTTS_FARM_ENGINE_RETRIES`` allows."""
+
+
 @dataclass(frozen=True)
 class RefineText:
     """ChatTTS's refine-text step, which adds oral fillers, laughs and breaks before speaking."""

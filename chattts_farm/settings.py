@@ -32,14 +32,14 @@ def _setting(
     *,
     minimum: float | None = None,
     choices: tuple[str, ...] = (),
-    renamed_from: str | None = None,
+    renamed_from: tuple[str, ...] = (),
     secret: bool = False,
     shown_default: str | None = None,
     role: str = "all",
 ) -> Any:
     """A field of :class:`Settings`: its default, what it means, and how its variable is checked.
 
-    ``renamed_from`` is the variable's older name (without the prefix), still read with a warning.
+    ``renamed_from`` are the variable's older names (without the prefix), still read with a warning.
     ``role`` says which processes read it: ``all``, ``web``, ``worker`` or ``flower``.
     """
     metadata = {
@@ -93,9 +93,19 @@ class Settings:
     cuda_dtype: str = _setting(
         "bf16", "GPT dtype on CUDA (always fp32 on the CPU)", choices=("bf16", "fp16", "fp32"), role="worker"
     )
-    max_running_rows: int = _setting(
+    slots: int = _setting(
         0,
-        "segments the engine runs at once (its slots); 0 sizes them from free GPU memory (64 on the CPU)",
+        "segments the engine runs at once (a slot each); 0 sizes them from free GPU memory, at most 2048 "
+        "(64 on the CPU)",
+        minimum=0,
+        renamed_from=("MAX_RUNNING_ROWS",),
+        role="worker",
+    )
+    kv_cache_gib: float = _setting(
+        0.0,
+        "GiB of GPU memory the KV cache takes, in blocks of 64 positions shared by every slot; 0 takes what "
+        "is free after the model, the slots' own state and a working margin (on the CPU: every slot its "
+        "longest segment)",
         minimum=0,
         role="worker",
     )
@@ -105,11 +115,11 @@ class Settings:
         choices=("model", "fp8"),
         role="worker",
     )
-    max_rows_per_pass: int = _setting(
+    max_segments_per_pass: int = _setting(
         64,
         "most segments one prefill, refine-text or vocoder pass takes",
         minimum=1,
-        renamed_from="MAX_BATCH",
+        renamed_from=("MAX_ROWS_PER_PASS", "MAX_BATCH"),
         role="worker",
     )
     max_segment_chars: int = _setting(120, "longest segment long text is split into", minimum=20, role="worker")
@@ -141,7 +151,7 @@ class Settings:
         "jobs a worker process holds at once (a thread each; it takes another from Redis only as one ends): "
         "about the engine's slots keeps a GPU full without hoarding the queue",
         minimum=1,
-        renamed_from="BATCH_JOBS",
+        renamed_from=("BATCH_JOBS",),
         role="worker",
     )
     task_soft_time_limit_s: int = _setting(
@@ -149,9 +159,29 @@ class Settings:
     )
     task_time_limit_s: int = _setting(
         900,
-        "one engine step (or isolating a failed one) running longer ends its worker process "
-        "(it is restarted and its jobs delivered again)",
+        "one engine step (or isolating a failed one) running longer ends the engine process "
+        "(it is started again and its jobs run again, see ENGINE_RETRIES)",
         minimum=1,
+        role="worker",
+    )
+    encoder_processes: int = _setting(
+        4,
+        "processes a worker encodes mp3, Ogg and FLAC results in, beside its job threads (0: in the job "
+        "threads, one at a time under the interpreter's lock); started as needed",
+        minimum=0,
+        role="worker",
+    )
+    engine_module: str = _setting(
+        "worker.engine_server",
+        "the module a worker's engine process runs (`python -m <module>`); `bench/celery_side.py` swaps in "
+        "one that answers at once, to measure what the Celery side costs without a GPU",
+        role="worker",
+    )
+    engine_retries: int = _setting(
+        2,
+        "times a job runs again after the engine process running it died (a crash, the hard time limit, "
+        "the OOM killer); once more, and it fails with `EngineLost`",
+        minimum=0,
         role="worker",
     )
     unacked_restore_interval_s: int = _setting(
@@ -267,11 +297,13 @@ class Settings:
     def visibility_timeout_s(self) -> int:
         """How long Redis lets a delivered, unacknowledged job be before handing it out again.
 
-        A worker holds a job at most while one batch runs ahead of it and then its own batch runs,
-        each bounded by the hard time limit; a longer timeout means no job is run twice while its
-        worker lives, and a dead worker's jobs come back within this time.
+        A worker holds a job at most while one batch runs ahead of it and then its own runs, each
+        bounded by the hard time limit, and again after each death of its engine process that the
+        engine retries allow (a run that hangs is ended at the hard limit), with one more hard limit
+        of slack for the engine processes' starts. A longer timeout means no job is run twice while
+        its worker lives; a dead worker's jobs come back sooner, through worker.failover.
         """
-        return 2 * self.task_time_limit_s + 30
+        return (3 + self.engine_retries) * self.task_time_limit_s + 30
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:
@@ -323,8 +355,9 @@ def documented() -> Iterator[tuple[str, str, str, Field]]:
 def _raw_value(env: Mapping[str, str], setting: Field) -> str | None:
     """The variable's text, or None when unset or blank; an older name is read with a warning."""
     raw = env.get(env_name(setting))
-    old_name = setting.metadata["renamed_from"]
-    if old_name is not None and (env.get(ENV_PREFIX + old_name) or "").strip():
+    for old_name in setting.metadata["renamed_from"]:
+        if not (env.get(ENV_PREFIX + old_name) or "").strip():
+            continue
         if raw is not None and raw.strip():
             logger.warning("%s%s is ignored: %s is set too", ENV_PREFIX, old_name, env_name(setting))
         else:

@@ -91,7 +91,13 @@ StreamEntry = AudioChunk | StreamEnd | StreamFailed
 
 _ERRORS = {
     kind.__name__: kind
-    for kind in (contract.ModelUnavailable, contract.JobCancelled, contract.JobTimeout, contract.SynthesisFailed)
+    for kind in (
+        contract.ModelUnavailable,
+        contract.JobCancelled,
+        contract.JobTimeout,
+        contract.SynthesisFailed,
+        contract.EngineLost,
+    )
 }
 
 

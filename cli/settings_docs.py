@@ -36,8 +36,7 @@ def readme_table() -> str:
     renamed = []
     for variable, default, meaning, setting in documented():
         lines.append(f"| `{variable}` | {default} | {setting.metadata['role']} | {meaning} |")
-        if setting.metadata["renamed_from"]:
-            renamed.append(f"`{ENV_PREFIX}{setting.metadata['renamed_from']}` (now `{variable}`)")
+        renamed.extend(f"`{ENV_PREFIX}{old_name}` (now `{variable}`)" for old_name in setting.metadata["renamed_from"])
     if renamed:
         lines += [
             "",

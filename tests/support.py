@@ -22,12 +22,14 @@ CLI = str(Path(sys.executable).parent / "chattts-farm")
 WORKER_ENVIRONMENT = {
     "CHATTTS_FARM_MODEL": "synthetic-tiny",
     "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": "4",
-    # Short limits keep the SIGKILL test short: a dead worker's jobs return after
-    # 2 * 40 + 30 = 110 s (see Settings.visibility_timeout_s). Tiny jobs take a few seconds, a batch of
-    # four long ones up to ~20 s while the suite's two processes share two cores.
+    # Short limits keep the SIGKILL test short: a dead worker's jobs return through the failover within
+    # seconds, and at the latest after (3 + 0) * 40 + 30 = 150 s (see Settings.visibility_timeout_s;
+    # no engine retries here: tests/worker/test_engine_client.py sets its own). Tiny jobs take a few
+    # seconds, a batch of four long ones up to ~20 s while the suite's two processes share two cores.
     "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "35",
     "CHATTTS_FARM_TASK_TIME_LIMIT_S": "40",
     "CHATTTS_FARM_UNACKED_RESTORE_INTERVAL_S": "2",
+    "CHATTTS_FARM_ENGINE_RETRIES": "0",
 }
 
 

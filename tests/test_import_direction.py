@@ -75,3 +75,16 @@ def test_the_worker_parts_that_manage_processes_load_no_torch():
     # workers' Celery app.
     loaded = top_level(loaded_after_importing(["worker.supervisor", "worker.celery_app", "worker.cuda", "cli.main"]))
     assert "torch" not in loaded
+
+
+def test_the_engines_bookkeeping_loads_no_torch():
+    # Who holds the slots and the cache's blocks is plain Python, testable and readable without a model.
+    loaded = top_level(loaded_after_importing(["worker.engine.scheduler", "worker.engine.blocks"]))
+    assert not loaded & {"torch", "numpy", "ChatTTS"}
+
+
+def test_the_celery_side_of_a_worker_loads_no_torch():
+    # The model lives in the engine process (worker.engine_server): the worker's Celery process holds
+    # job threads, Redis clients and the channel's end, and pays for no torch in memory or start-up.
+    loaded = top_level(loaded_after_importing(["worker.tasks", "worker.runtime", "worker.engine_client"]))
+    assert not loaded & {"torch", "ChatTTS", "transformers"}

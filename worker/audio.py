@@ -9,6 +9,9 @@ import soundfile
 
 from chattts_farm.contract import MIME_TYPES
 
+# ChatTTS's vocoder speaks at 24 kHz.
+SAMPLE_RATE = 24_000
+
 # (libsndfile container, codec) per format. Ogg carries Opus: the smallest files at speech quality.
 _CODECS = {
     "wav": ("WAV", "PCM_16"),

@@ -1,10 +1,10 @@
-"""Cross-request batching inside one worker process: the thread that drives the synthesizer.
+"""Cross-request batching in the engine process: the thread that drives the synthesizer.
 
-Celery runs each job in its own thread (the worker's threads pool, one thread per job the process
-holds); every thread hands its request to the process's single :class:`Batcher` and waits. The
-batcher owns the model and the GPU: it adds every job that arrives to the synthesizer (a job that
-arrives while others run joins their running batch at the next engine step), steps the
-synthesizer, and hands each thread its own result or error as soon as its job is done.
+The engine process's channel (see worker.engine_server) hands every job that arrives to its single
+:class:`Batcher`. The batcher owns the model and the GPU: it adds every job that arrives to the
+synthesizer (a job that arrives while others run joins their running batch at the next engine step),
+steps the synthesizer, and finishes each job's handle with its own result or error as soon as the job
+is done.
 """
 
 from __future__ import annotations
@@ -21,31 +21,35 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chattts_farm.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
+from worker.results import SynthesisResult
 from worker.streaming import Deliver
-from worker.synthesis import PROGRESS_INTERVAL_S, RequestInFlight, SynthesisResult, Synthesizer
+from worker.synthesis import PROGRESS_INTERVAL_S, RequestInFlight, Synthesizer
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class JobHandle:
-    """What a worker holds for one job: its request, and what the job's thread waits on and reads."""
+    """What the engine holds for one job: its request, and what its waiter waits on and reads."""
 
     request: SynthesisRequest
-    submitted_at: float = field(default_factory=time.monotonic)
-    started_at: float | None = None  # monotonic, for time limits
-    started_wall: float | None = None  # epoch seconds, reported to callers
-    first_audio_at: float | None = None  # monotonic: when a streaming job's first audio went out
+    # When it first started, on any run: monotonic (for time limits; one clock for every process of
+    # a host) and epoch seconds (reported to callers).
+    started_at: float | None = None
+    started_wall: float | None = None
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | Exception | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
     on_audio: Deliver | None = None  # for a job that streams: gets its audio, in order, as it is drawn
-    _sent: int = 0  # samples given to on_audio
+    on_finished: Callable[[JobHandle], None] | None = None
+    _sent: int = 0  # samples given to on_audio, on this run or (sent_samples) an earlier one
     _position: int = 0  # samples the current attempt has produced
 
     def finish(self, outcome: SynthesisResult | Exception) -> None:
         self.outcome = outcome
         self.finished.set()
+        if self.on_finished is not None:
+            self.on_finished(self)
 
     @property
     def deliver(self) -> Deliver | None:
@@ -60,8 +64,6 @@ class JobHandle:
         fresh = samples[max(0, self._sent - self._position) :]
         self._position += samples.size
         if fresh.size:
-            if self.first_audio_at is None:
-                self.first_audio_at = time.monotonic()
             self._sent += fresh.size
             self.on_audio(segment, fresh)
 
@@ -101,10 +103,32 @@ class Batcher:
         self._thread.start()
         self._watchdog.start()
 
-    def submit(self, request: SynthesisRequest, on_audio: Deliver | None = None) -> JobHandle:
-        handle = JobHandle(request, on_audio=on_audio)
+    def submit(
+        self,
+        request: SynthesisRequest,
+        on_audio: Deliver | None = None,
+        *,
+        on_finished: Callable[[JobHandle], None] | None = None,
+        started_at: float | None = None,
+        started_wall: float | None = None,
+        sent_samples: int = 0,
+    ) -> JobHandle:
+        """Queue a job; one that ran before (in an engine process that died) keeps when it first started,
+        and its stream skips the ``sent_samples`` that went out then."""
+        handle = JobHandle(
+            request,
+            on_audio=on_audio,
+            on_finished=on_finished,
+            started_at=started_at,
+            started_wall=started_wall,
+            _sent=sent_samples,
+        )
         self._arrived.put(handle)
         return handle
+
+    def running(self) -> list[JobHandle]:
+        """The jobs in the synthesizer now (from any thread)."""
+        return [handle for handle, _ in list(self._in_flight.values())]
 
     def _serve(self) -> None:
         try:
@@ -140,7 +164,8 @@ class Batcher:
             return
         now, wall = time.monotonic(), time.time()
         for handle in live:
-            handle.started_at, handle.started_wall = now, wall
+            if handle.started_at is None:
+                handle.started_at, handle.started_wall = now, wall
         logger.info("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
         added = self._call(
             lambda: self.synthesizer.add([handle.request for handle in live], [handle.deliver for handle in live]),

@@ -22,7 +22,7 @@ import torch
 
 from worker import quality
 from worker.engine.segment import Segment
-from worker.engine.vocoder import LaunchedDecode, Vocoder
+from worker.vocoder import LaunchedDecode, Vocoder
 
 
 @dataclass(eq=False)

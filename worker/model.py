@@ -21,7 +21,6 @@ from chattts_farm.settings import Settings
 
 logger = logging.getLogger(__name__)
 
-SAMPLE_RATE = 24_000
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _WHAT_TO_SET = (
     "Set CHATTTS_FARM_MODEL=local:<dir> to a folder holding the ChatTTS weights, or "

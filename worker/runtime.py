@@ -1,18 +1,21 @@
-"""What a worker process holds for its whole life: the loaded model, its batcher, a Redis client.
+"""What a worker process holds for its whole life: its engine process's client, a Redis client, its streams.
 
 Started once per process, from the Celery ``worker_init`` signal (see :mod:`worker.tasks`), before
-the worker consumes any job: the model loads and warms up first.
+the worker consumes any job: the engine process loads and warms up the model first. Torch-free: the
+model lives in the engine process (see worker.engine_client).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
 import socket
 import threading
 import time
 from collections import deque
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import redis
@@ -25,7 +28,7 @@ from chattts_farm.audio_store import AudioStore
 from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE
 from chattts_farm.settings import Settings
 from worker import failover
-from worker.batcher import Batcher, JobHandle
+from worker.engine_client import EngineClient, Job
 from worker.failover import HeldMessages
 from worker.stream_publisher import StreamPublisher
 
@@ -44,18 +47,19 @@ SHUTDOWN_REDIS_GRACE_S = 10
 class WorkerRuntime:
     settings: Settings
     hostname: str
-    batcher: Batcher
+    engine: EngineClient
     redis: redis.Redis
     streams: StreamPublisher
     audio_store: AudioStore
     celery_app: Celery
     instance: str
     held_messages: HeldMessages
+    encoders: Executor | None  # where results in costly formats are encoded (see worker.results)
     # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
     finished: deque = field(default_factory=deque)
     audio_seconds_done: float = 0.0
 
-    def job_finished(self, handle: JobHandle, duration_s: float) -> None:
+    def job_finished(self, handle: Job, duration_s: float) -> None:
         """Note a finished job for the next sample of the ops page's history; latencies count from the
         job's arrival in this worker."""
         now = time.monotonic()
@@ -125,80 +129,46 @@ class WorkerRuntime:
 
     def health(self) -> dict:
         """Model kind, device, dtype, GPU name and memory, and how busy this worker is."""
-        import torch
-
-        model = self.batcher.synthesizer.model
-        report = {
+        engine = self.engine
+        return {
             "worker": self.hostname,
             "pid": os.getpid(),
+            "engine_pid": engine.engine_pid,
+            "engine_restarts": engine.restarts,
             "host": socket.gethostname(),
-            "model": model.info.kind,
-            "model_info": model.info.as_dict(),
-            "batch_jobs": self.batcher.max_jobs,  # the health answer keeps its published name
-            "batches": self.batcher.stats.batches,
-            "jobs_done": self.batcher.stats.jobs_done,
+            "model": engine.model_info["kind"],
+            "model_info": engine.model_info,
+            "batch_jobs": self.settings.max_jobs_in_flight,  # the health answer keeps its published name
+            **engine.stats,
             "audio_seconds_done": round(self.audio_seconds_done, 3),
-            "current_batch": self.batcher.stats.current_batch,
-            "last_batch_size": self.batcher.stats.last_batch_size,
-            "gpu": None,
+            "gpu": engine.gpu,
         }
-        if model.device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(model.device)
-            allocated = torch.cuda.memory_allocated(model.device)
-            reserved = torch.cuda.memory_reserved(model.device)
-            report["gpu"] = {
-                "name": torch.cuda.get_device_name(model.device),
-                "memory_total_mb": round(total / 2**20),
-                "memory_free_mb": round(free / 2**20),
-                "allocated_mb": round(allocated / 2**20, 1),
-                "reserved_mb": round(reserved / 2**20, 1),
-                "peak_allocated_mb": round(torch.cuda.max_memory_allocated(model.device) / 2**20, 1),
-                "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
-                "utilisation": _utilisation(model.device),
-            }
-        return report
-
-
-def _utilisation(device) -> float | None:
-    """The GPU's busy fraction over NVML's last sample period; None where NVML cannot be read."""
-    import torch
-
-    try:
-        return torch.cuda.utilization(device) / 100
-    except Exception as error:  # noqa: BLE001 - no NVML library, no driver support, a MIG slice...
-        logger.debug("no GPU utilisation: %r", error)
-        return None
 
 
 _runtime: WorkerRuntime | None = None
 
 
 def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRuntime:
-    """Load and warm up the model and start the batcher; once per process."""
+    """Start the engine process (it loads and warms up the model); once per process."""
     global _runtime
-    from worker.synthesis import Synthesizer
-
-    # ChatTTS warns about every character its normaliser drops (digits, most symbols): per request,
-    # that drowns a worker's log.
-    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
     client = redis_client(settings)
     _warn_unless_noeviction(client)
-    synthesizer = Synthesizer.load(settings)
-    batcher = Batcher(
-        synthesizer,
-        max_jobs=settings.max_jobs_in_flight,
-        soft_limit_s=settings.task_soft_time_limit_s,
-        hard_limit_s=settings.task_time_limit_s,
-        is_revoked=is_revoked,
-    )
-    batcher.start()
+    engine = EngineClient(settings, hostname.split("@")[0], is_revoked=is_revoked)
+    engine.start()
     publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
     store = audio_store.from_settings(settings, client)
     instance = failover.instance_name()
     held_messages = HeldMessages(client, hostname, instance, ttl_s=settings.visibility_timeout_s)
-    _runtime = WorkerRuntime(settings, hostname, batcher, client, publisher, store, celery_app, instance, held_messages)
+    encoders = (
+        ProcessPoolExecutor(settings.encoder_processes, mp_context=multiprocessing.get_context("spawn"))
+        if settings.encoder_processes
+        else None
+    )
+    _runtime = WorkerRuntime(
+        settings, hostname, engine, client, publisher, store, celery_app, instance, held_messages, encoders
+    )
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
-    logger.info("worker %s ready: model %s", hostname, synthesizer.model.info.as_dict())
+    logger.info("worker %s ready: model %s", hostname, engine.model_info)
     return _runtime
 
 

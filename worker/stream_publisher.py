@@ -23,7 +23,7 @@ import redis
 from chattts_farm import streams
 from chattts_farm.contract import FarmError
 from worker import audio
-from worker.model import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE
 
 logger = logging.getLogger(__name__)
 

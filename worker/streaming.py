@@ -7,7 +7,7 @@ context on either side. Decoded pieces come back in the order they were cut and 
 text's order: a later segment's audio waits for the segments before it, then follows the pause
 between them. Joined, a request's delivered audio is the audio it would have had unstreamed: each
 piece decodes the frames its kept ones read. How many that is, the vocoder measures at load
-(:meth:`~worker.engine.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
+(:meth:`~worker.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
 frames, 1.1 s, at full scale), but what a frame's audio reads above float rounding is far less
 (7 frames for the synthetic weights), and that is what the first chunk waits for.
 

@@ -1,27 +1,29 @@
-"""The synthesis core: load ChatTTS once, then turn requests into encoded audio as they come.
+"""The synthesis core: load ChatTTS once, then turn requests into audio as they come.
 
-Plain Python: no Celery, no Flask. Tasks, the CLI and the benchmark are thin adapters around
-:class:`Synthesizer`.
+Plain Python: no Celery, no Flask. The engine process (worker.engine_server), the CLI and the
+benchmarks are thin adapters around :class:`Synthesizer`, which runs the engine process's pipeline:
 
-Each request's text is split into segments; the segments of every request in flight share the
-engine's running batch (every sampling setting is per row, so any requests can share it), and a
-request added while others run joins it at the next step. Segments that come out are decoded,
-checked by the quality gate, and a request whose segments are all done is joined and encoded. A
-bad request gets its own error; the others go on.
+1. prepare (worker.preparation): each request's text split into segments, normalised, refined;
+2. generate (worker.engine): the segments of every request in flight share the engine's running
+   batch (every sampling setting is per row, so any requests can share it), and a request added
+   while others run joins it at the next step; streaming requests are cut as they are drawn
+   (worker.streaming);
+3. vocode (worker.decoding, worker.vocoder): segments that come out become audio beside the next
+   steps, and the quality gate (worker.quality) sends a flagged one back with another seed;
+4. finish (worker.results): a request whose segments are all done is a result; whoever reads its
+   audio (the worker's Celery side) joins and encodes it.
+
+A bad request gets its own error; the others go on.
 """
 
 from __future__ import annotations
 
-import copy
-import functools
 import itertools
 import logging
-import secrets
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict
 
-import numpy as np
 import torch
 
 from chattts_farm.contract import (
@@ -32,103 +34,26 @@ from chattts_farm.contract import (
     SynthesisRequest,
 )
 from chattts_farm.settings import Settings
-from chattts_farm.speech_length import expected_tokens
-from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
-from worker import audio, voices
+from worker.audio import SAMPLE_RATE
 from worker.decoding import Decoded, Decoder, Piece, assess
 from worker.engine.engine import Engine
-from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
-from worker.engine.segment import SegmentStatus as Status
-from worker.engine.vocoder import Vocoder
-from worker.model import SAMPLE_RATE, LoadedModel, load_model
+from worker.engine_sizing import engine_capacity, kv_dtype, max_prompt_tokens
+from worker.model import LoadedModel, load_model
+from worker.preparation import Preparer, RequestInFlight
+from worker.results import SynthesisResult
 from worker.sampling import segment_seed
-from worker.segmenting import split_segments
 from worker.streaming import Deliver, RequestStream
-from worker.text_normaliser import TextNormaliser
+from worker.vocoder import Vocoder
 
 logger = logging.getLogger(__name__)
 
 # Progress callbacks fire at most this often, however fast the steps are.
 PROGRESS_INTERVAL_S = 0.5
-# Without a MAX_RUNNING_ROWS setting: the CPU's slots, and on CUDA the share of free memory the
-# slots take, less room for the prefill, the vocoder and the graphs' scratch.
-CPU_RUNNING_ROWS = 64
-GPU_MEMORY_SHARE = 0.85
-GPU_WORKSPACE_BYTES = 6 * 2**30
-MAX_AUTO_RUNNING_ROWS = 512
-
 # on_progress(request index, fraction 0..1, segments done, segments in all)
 ProgressCallback = Callable[[int, float, int, int], None]
 # cancelled() -> indices of the requests to stop now
 CancelledCheck = Callable[[], Collection[int]]
-
-
-@dataclass
-class SynthesisResult:
-    """One request's audio and its description. The segments' audio is joined when ``samples`` is first
-    read and encoded when ``audio`` is, by whoever reads them: a worker's job thread, not the thread
-    that drives the GPU."""
-
-    request_id: str
-    pieces: list[np.ndarray] = field(repr=False)  # the segments' samples, float32 at sample_rate
-    pause_samples: int  # the silence between two segments
-    format: str
-    mime_type: str
-    sample_rate: int
-    duration_s: float
-    tokens: int
-    segments: int
-    seed: int  # the audio seed used: passing it again reproduces this audio
-    voice_embedding: str = field(repr=False)
-    batch_size: int
-    timings: dict[str, float]
-    quality: dict
-    model: dict
-    memory: dict
-
-    @functools.cached_property
-    def samples(self) -> np.ndarray:
-        pause = np.zeros(self.pause_samples, dtype=np.float32)
-        joined: list[np.ndarray] = []
-        for piece in self.pieces:
-            if joined:
-                joined.append(pause)
-            joined.append(np.nan_to_num(piece.astype(np.float32, copy=False)))
-        return np.concatenate(joined)
-
-    @functools.cached_property
-    def audio(self) -> bytes:
-        started = time.perf_counter()
-        encoded = audio.encode(self.samples, self.sample_rate, self.format)
-        self.timings["encode_s"] = round(time.perf_counter() - started, 4)
-        return encoded
-
-    def summary(self) -> dict:
-        """Everything but the audio, JSON-able (encode_s is there once the audio has been read)."""
-        unsaid = {"pieces", "pause_samples"}
-        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in unsaid}
-
-
-@dataclass(eq=False)
-class RequestInFlight:
-    """A request inside the synthesizer: its segments, voice and audio seed, and what it has cost so far."""
-
-    request: SynthesisRequest
-    number: int  # unique within the synthesizer: its segments' ``owner``
-    seed: int
-    embedding: str
-    segments: list[Segment]
-    started: float = field(default_factory=time.perf_counter)
-    text_s: float = 0.0
-    decode_s: float = 0.0
-    generated_at: float | None = None
-    shared_with: int = 1  # the most requests in flight together while this one was
-    stream: RequestStream | None = None  # how its audio goes out as it is drawn, when it streams
-
-    @property
-    def segments_done(self) -> int:
-        return sum(1 for segment in self.segments if segment.quality is not None and segment.status is Status.FINISHED)
 
 
 class Synthesizer:
@@ -146,15 +71,15 @@ class Synthesizer:
         self.settings = settings
         self.engine = Engine(
             model,
-            slots=engine_slots(model, settings),
-            max_admissions=settings.max_rows_per_pass,
+            **engine_capacity(model, settings),
+            max_admissions=settings.max_segments_per_pass,
             max_prompt_tokens=max_prompt_tokens(settings),
             max_new_tokens=settings.max_new_tokens,
             kv_dtype=kv_dtype(settings),
         )
-        self.vocoder = Vocoder(model, settings.max_rows_per_pass)
+        self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
-        self._normalise = TextNormaliser(model.chat.normalizer)
+        self.preparer = Preparer(model, settings)
         self.stream_context_frames = (
             min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
         )
@@ -195,23 +120,37 @@ class Synthesizer:
         on_audio: Sequence[Deliver | None] | None = None,
     ) -> list[SynthesisResult | FarmError]:
         """Synthesise all requests together; each gets a result or its own error, in order (streaming
-        to its ``on_audio`` callback, as ``add`` does)."""
+        to its ``on_audio`` callback, as ``add`` does).
+
+        The requests are added a prefill pass's worth (``max_segments_per_pass``) at a time, one batch a
+        step: the engine admits no more a step, and it starts on the first while the host prepares
+        the rest (preparing 1,536 requests at once kept an H200 idle for 0.65 s).
+        """
         self._reset_memory_stats()
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
-        index_of: dict[int, int] = {}
-        for index, added in enumerate(self.add(requests, on_audio)):
-            if isinstance(added, RequestInFlight):
-                index_of[added.number] = index
-            else:
-                outcomes[index] = added
+        deliveries = list(on_audio) if on_audio is not None else [None] * len(requests)
+        index_of: dict[int, int] = {}  # request number -> its index in ``requests``
+        added_up_to = 0
         last_report = 0.0
-        while any(number in self.in_flight for number in index_of):
-            if cancelled is not None:
-                stopping = set(cancelled())
-                for number, index in index_of.items():
-                    if index in stopping and number in self.in_flight:
-                        self.cancel(number)
-                        outcomes[index] = JobCancelled(f"request {requests[index].request_id} was cancelled")
+        while added_up_to < len(requests) or any(number in self.in_flight for number in index_of):
+            stopping = set(cancelled()) if cancelled is not None else set()
+            if added_up_to < len(requests):
+                batch = range(added_up_to, min(added_up_to + self.settings.max_segments_per_pass, len(requests)))
+                added_up_to = batch.stop
+                for index in batch:
+                    if index in stopping:
+                        outcomes[index] = _cancelled(requests[index])
+                batch = [index for index in batch if index not in stopping]
+                added = self.add([requests[i] for i in batch], [deliveries[i] for i in batch]) if batch else []
+                for index, entry in zip(batch, added, strict=True):
+                    if isinstance(entry, RequestInFlight):
+                        index_of[entry.number] = index
+                    else:
+                        outcomes[index] = entry
+            for number, index in index_of.items():
+                if index in stopping and number in self.in_flight:
+                    self.cancel(number)
+                    outcomes[index] = _cancelled(requests[index])
             for entry, outcome in self.step():
                 outcomes[index_of[entry.number]] = outcome
                 if on_progress is not None and not isinstance(outcome, Exception):
@@ -235,7 +174,7 @@ class Synthesizer:
         added: list[RequestInFlight | FarmError] = []
         for request, deliver in zip(requests, on_audio or [None] * len(requests), strict=True):
             try:
-                entry = self._prepare(next(self._numbers), request)
+                entry = self.preparer.prepare(next(self._numbers), request)
             except InvalidRequest as error:
                 logger.info("request %s refused: %s", request.request_id, error)
                 added.append(error)
@@ -250,7 +189,7 @@ class Synthesizer:
                 )
             added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, RequestInFlight)]
-        self._refine(prepared)
+        self.preparer.refine(prepared)
         text_s = time.perf_counter() - started
         for entry in prepared:
             entry.text_s = text_s
@@ -315,6 +254,7 @@ class Synthesizer:
             return []
         finished = []
         now = time.perf_counter()
+        memory = None  # one report for every request this batch finishes
         for piece, samples, assessed in zip(decoded.pieces, decoded.samples, decoded.qualities, strict=True):
             segment = piece.segment
             entry = self.in_flight.get(segment.owner)
@@ -336,7 +276,8 @@ class Synthesizer:
             elif entry.segments_done == len(entry.segments):
                 entry.generated_at = now
                 del self.in_flight[entry.number]
-                finished.append((entry, self._finish(entry)))
+                memory = memory if memory is not None else self._memory_report()
+                finished.append((entry, self._finish(entry, memory)))
         return finished
 
     @property
@@ -367,69 +308,6 @@ class Synthesizer:
         fraction = min(0.95, 0.95 * min(drawn, expected) / expected)
         return fraction, entry.segments_done, len(entry.segments)
 
-    def _prepare(self, number: int, request: SynthesisRequest) -> RequestInFlight:
-        if len(request.text) > self.settings.max_text_chars:
-            raise InvalidRequest(
-                "text", f"has {len(request.text)} characters; the maximum is {self.settings.max_text_chars}"
-            )
-        embedding, speaker = voices.resolve(self.model.chat.speaker, request.voice)
-        audio_seed = request.seed if request.seed is not None else secrets.randbits(32)
-        texts = [self._normalise(piece) for piece in split_segments(request.text, self.settings.max_segment_chars)]
-        texts = [text for text in texts if is_speakable(text)]
-        if not texts:
-            raise InvalidRequest("text", NOTHING_SPEAKABLE)
-        segments = [
-            Segment(
-                owner=number,
-                index=index,
-                text=text,
-                request=request,
-                speaker=speaker,
-                seed=segment_seed(audio_seed, index),
-                expected_tokens=expected_tokens(text, request.speed),
-                max_tokens=self.settings.max_new_tokens,
-                pinned=self.model.is_synthetic,
-            )
-            for index, text in enumerate(texts)
-        ]
-        return RequestInFlight(request, number, audio_seed, embedding, segments)
-
-    def _refine(self, prepared: list[RequestInFlight]) -> None:
-        """Run ChatTTS's refine-text step on the segments of the requests that asked for it.
-
-        ChatTTS refines a list of texts under one prompt, so requests are grouped by their levels.
-        """
-        import ChatTTS
-
-        groups: dict[str, list[tuple[RequestInFlight, Segment]]] = {}
-        for entry in prepared:
-            if entry.request.refine_text is not None:
-                groups.setdefault(entry.request.refine_text.prompt, []).extend((entry, s) for s in entry.segments)
-        chat = self.model.chat
-        for prompt, members in groups.items():
-            texts = [segment.text for _, segment in members]
-            # Random weights never end a text on their own: the length rule pins it to the input's length.
-            pinned = (
-                max(len(chat.tokenizer._tokenizer.tokenize(text)) for text in texts) if self.model.is_synthetic else 0
-            )
-            params = ChatTTS.Chat.RefineTextParams(
-                prompt=prompt,
-                show_tqdm=False,
-                manual_seed=members[0][0].seed,
-                min_new_token=pinned,
-                max_new_token=pinned or 384,
-            )
-            for chunk_start in range(0, len(members), self.settings.max_rows_per_pass):
-                chunk = [segment for _, segment in members[chunk_start : chunk_start + self.settings.max_rows_per_pass]]
-                refined = chat._refine_text([segment.text for segment in chunk], self.model.device, params)
-                ids = [tokens[tokens.less(chat.tokenizer.break_0_ids)] for tokens in refined.ids]
-                for segment, text in zip(chunk, chat.tokenizer.decode(ids), strict=True):
-                    # Refining can drop everything speakable; the plain text is better than silence.
-                    if is_speakable(text):
-                        segment.text = text
-                        segment.expected_tokens = expected_tokens(text, segment.request.speed)
-                refined.destroy()
-
     def _regenerate(self, entry: RequestInFlight, segment: Segment) -> None:
         """Send a segment the quality gate flagged back to the engine with another seed."""
         segment.attempt += 1
@@ -442,7 +320,7 @@ class Synthesizer:
         for entry in self.in_flight.values():
             entry.shared_with = max(entry.shared_with, len(self.in_flight))
 
-    def _finish(self, entry: RequestInFlight) -> SynthesisResult:
+    def _finish(self, entry: RequestInFlight, memory: dict) -> SynthesisResult:
         pieces = [segment.samples for segment in entry.segments]
         total_samples = sum(piece.size for piece in pieces) + self.pause_samples * (len(pieces) - 1)
         flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
@@ -472,7 +350,7 @@ class Synthesizer:
                 "segments": [asdict(s.quality) for s in entry.segments],
             },
             model=self.model.info.as_dict(),
-            memory=self._memory_report(),
+            memory=memory,
         )
 
     def _reset_memory_stats(self) -> None:
@@ -480,43 +358,21 @@ class Synthesizer:
             torch.cuda.reset_peak_memory_stats(self.model.device)
 
     def _memory_report(self) -> dict:
-        """Peak GPU memory since the last reset; fragmentation is the share of reserved memory not in use."""
+        """Peak GPU memory since the last reset; fragmentation is the share of reserved memory not in use.
+
+        Read once for all the requests that finish together: each read of torch's statistics builds
+        them all (~0.25 ms on an H200's host), and at full load hundreds of requests finish a second.
+        """
         if self.model.device.type != "cuda":
             return {}
-        allocated = torch.cuda.memory_allocated(self.model.device)
-        reserved = torch.cuda.memory_reserved(self.model.device)
+        stats = torch.cuda.memory_stats(self.model.device)
+        allocated, reserved = stats["allocated_bytes.all.current"], stats["reserved_bytes.all.current"]
         return {
-            "peak_allocated_mb": round(torch.cuda.max_memory_allocated(self.model.device) / 2**20, 1),
-            "peak_reserved_mb": round(torch.cuda.max_memory_reserved(self.model.device) / 2**20, 1),
+            "peak_allocated_mb": round(stats["allocated_bytes.all.peak"] / 2**20, 1),
+            "peak_reserved_mb": round(stats["reserved_bytes.all.peak"] / 2**20, 1),
             "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
         }
 
 
-def max_prompt_tokens(settings: Settings) -> int:
-    """The longest prompt a slot holds: a segment of text, or what refine-text makes of it (up to
-    384 tokens), with the prompt's tags."""
-    return max(settings.max_segment_chars, 384) + 16
-
-
-def kv_dtype(settings: Settings) -> torch.dtype | None:
-    """The KV cache's dtype when it is not the model's own."""
-    return torch.float8_e4m3fn if settings.kv_dtype == "fp8" else None
-
-
-def engine_slots(model: LoadedModel, settings: Settings) -> int:
-    """How many segments the engine runs at once: the setting, or what the free GPU memory holds."""
-    if settings.max_running_rows:
-        return settings.max_running_rows
-    if model.device.type != "cuda":
-        return CPU_RUNNING_ROWS
-    free, _ = torch.cuda.mem_get_info(model.device)
-    per_slot = ModelRunner.bytes_per_slot(
-        model,
-        max_prompt_tokens=max_prompt_tokens(settings),
-        max_new_tokens=settings.max_new_tokens,
-        kv_bytes=torch.finfo(kv_dtype(settings) or model.chat.gpt.gpt.dtype).bits // 8,
-    )
-    budget = free * GPU_MEMORY_SHARE - GPU_WORKSPACE_BYTES
-    slots = max(1, min(MAX_AUTO_RUNNING_ROWS, int(budget // per_slot)))
-    logger.info("engine: %d slots (%.0f MiB each) in %.0f MiB free", slots, per_slot / 2**20, free / 2**20)
-    return slots
+def _cancelled(request: SynthesisRequest) -> JobCancelled:
+    return JobCancelled(f"request {request.request_id} was cancelled")

@@ -1,4 +1,4 @@
-"""The Celery task bodies: thin adapters between Celery and the batcher (see worker.batcher)."""
+"""The Celery task bodies: thin adapters between Celery and the engine process (see worker.engine_client)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,8 @@ _held_lock = threading.Lock()
 
 @worker_init.connect
 def _start_runtime(sender, **_) -> None:
-    # The model lives in this process and the batcher batches across its job threads: forking pools
-    # would copy CUDA state into children and run one job per process.
+    # The engine process batches across this process's job threads: forking pools would start an
+    # engine (a model, a GPU's memory) per child and run one job per process.
     if get_implementation(sender.pool_cls).__module__ != "celery.concurrency.thread":
         raise RuntimeError(
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
@@ -111,7 +111,7 @@ def synthesize(self, **arguments) -> dict:
             if request.stream:
                 held.streams.begin(job_id)
             on_audio = functools.partial(held.streams.audio, job_id) if request.stream else None
-            handle = held.batcher.submit(request, on_audio=on_audio)
+            handle = held.engine.submit(request, on_audio=on_audio)
             _held[job_id] = (handle, self.request)
     if running_here is not None:
         # Delivered again while it runs here: a broker reconnection hands unacknowledged messages
@@ -120,7 +120,7 @@ def synthesize(self, **arguments) -> dict:
         running_here[0].finished.wait()
         raise Ignore()
     try:
-        handle.finished.wait()  # the batcher always finishes a handle (or its watchdog ends the process)
+        handle.finished.wait()  # the engine client always finishes a job (or the process ends)
     finally:
         with _held_lock:
             del _held[job_id]
@@ -133,7 +133,7 @@ def synthesize(self, **arguments) -> dict:
     if isinstance(outcome, Exception):
         raise outcome
     key = held.audio_store.key(job_id, request.format)
-    held.audio_store.write(key, outcome.audio)
+    held.audio_store.write(key, outcome.encoded_by(held.encoders))
     summary = outcome.summary()
     if handle.first_audio_at is not None:
         summary["timings"]["first_chunk_s"] = round(handle.first_audio_at - handle.started_at, 4)
@@ -192,9 +192,7 @@ def health() -> dict:
 @app.task(name=EMBEDDING_TASK_NAME, throws=(FarmError,))
 def voice_embedding(seed: int) -> str:
     """The embedding a seed names, for callers without torch (the web catalog stores it)."""
-    from worker.voices import embedding_for_seed
-
     voice = parse_voice(seed, field="seed")
     if not isinstance(voice, int):
         raise InvalidRequest("seed", "must be an integer seed")
-    return embedding_for_seed(runtime.current().batcher.synthesizer.model.chat.speaker, voice)
+    return runtime.current().engine.embedding(voice)

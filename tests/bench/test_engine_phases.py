@@ -1,23 +1,37 @@
-"""bench/engine_phases.py in a tiny form: every phase of the synthesizer is timed and the decode step alone too."""
+"""bench/engine_phases.py in a tiny form: every phase of the synthesizer is timed, the decode step alone too,
+the untimed pass's timeline accounts for its steps, and a profile of the host runs."""
 
 from tests.support import run_bench
+
+
+def table_after(lines: list[str], header: str) -> dict[str, list[str]]:
+    """The rows of the first table whose header holds ``header``: first cell -> the other cells."""
+    start = next(index for index, line in enumerate(lines) if header in line) + 2
+    rows = {}
+    for line in lines[start:]:
+        if not line.startswith("  | "):
+            break
+        cells = [cell.strip() for cell in line.split("|")[1:-1]]
+        rows[cells[0]] = cells[1:]
+    return rows
 
 
 def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     finished = run_bench(
         "engine_phases",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "4", "--slots", "4"),
-        *("--kv-dtypes", "model,fp8", "--seconds", "1-2"),
+        *("--kv-dtypes", "model,fp8", "--seconds", "1-2", "--profile-steps", "2"),
         data_dir=data_dir,
         timeout_s=300,
     )
     output = finished.stdout
     assert output.count("audio-s per wall-s (phases timed)") == 2  # both cache dtypes
-    phases = {
-        line.split("|")[1].strip(): float(line.split("|")[2])
-        for line in output.splitlines()
-        if line.startswith("  | ") and "---" not in line and "phase" not in line
-    }
+    lines = output.splitlines()
+    phases = {name: float(cells[0]) for name, cells in table_after(lines, "| phase |").items()}
     assert {"prefill", "decode step", "vocoder", "finish"} <= set(phases)
     assert phases["decode step"] > 0 and phases["vocoder"] > 0
     assert "decode step of 4 slot(s)" in output
+    # The timeline: the first step admits (0 running), the rest ran 1-64 segments.
+    timeline = table_after(lines, "| running |")
+    assert "0" in timeline and int(timeline["1-64"][0]) > 0 and float(timeline["1-64"][1]) > 0
+    assert output.count("the host over 2 steps (cProfile, by own time)") == 2

@@ -1,5 +1,7 @@
 """bench/standard.py in a tiny form: every mode of the standard workload runs on the CPU and finishes every job."""
 
+import re
+
 from tests.support import markdown_table, run_bench
 
 MODES = ("engine, batch 1", "engine alone", "stock ChatTTS, serial", "engine soak", "farm (Redis + Celery)")
@@ -22,6 +24,9 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
         assert row["peak alloc MiB"] == row["fragmentation"] == row["segments"] == "-", row  # no CUDA here
     assert modes[1]["jobs"] == modes[4]["jobs"] == "6"
     assert any(line.startswith("batch 1: RTF ") for line in lines)
+    [cpu] = [line for line in lines if line.startswith("farm (Redis + Celery): CPU a job")]
+    celery_ms, encoders_ms, engine_ms = (float(figure) for figure in re.findall(r"([\d.]+) ms", cpu))
+    assert celery_ms > 0 and engine_ms > 0 and encoders_ms >= 0  # the workload's wav needs no encoder
 
     soak = markdown_table(lines, "| t s |")
     assert len(soak) >= 2

@@ -21,26 +21,30 @@ def test_values_are_read_and_typed():
     settings = Settings.from_env(
         {
             "CHATTTS_FARM_MODEL": "synthetic-tiny",
-            "CHATTTS_FARM_MAX_ROWS_PER_PASS": "8",
+            "CHATTTS_FARM_MAX_SEGMENTS_PER_PASS": "8",
             "CHATTTS_FARM_DATA_DIR": "/tmp/farm",
             "CHATTTS_FARM_REQUIRE_API_KEY": "yes",
             "CHATTTS_FARM_SEGMENT_PAUSE_S": "0.5",
         }
     )
-    assert (settings.model, settings.max_rows_per_pass, settings.data_dir) == ("synthetic-tiny", 8, Path("/tmp/farm"))
+    assert (settings.model, settings.max_segments_per_pass, settings.data_dir) == (
+        "synthetic-tiny",
+        8,
+        Path("/tmp/farm"),
+    )
     assert settings.require_api_key is True and settings.segment_pause_s == 0.5
 
 
 def test_overrides_win_and_none_means_not_given():
-    settings = Settings.from_env({"CHATTTS_FARM_MODEL": "auto"}, model=None, max_rows_per_pass=3)
-    assert (settings.model, settings.max_rows_per_pass) == ("auto", 3)
+    settings = Settings.from_env({"CHATTTS_FARM_MODEL": "auto"}, model=None, max_segments_per_pass=3)
+    assert (settings.model, settings.max_segments_per_pass) == ("auto", 3)
 
 
 @pytest.mark.parametrize(
     ("name", "value"),
     [
-        ("MAX_ROWS_PER_PASS", "many"),
-        ("MAX_ROWS_PER_PASS", "0"),
+        ("MAX_SEGMENTS_PER_PASS", "many"),
+        ("MAX_SEGMENTS_PER_PASS", "0"),
         ("CUDA_DTYPE", "int8"),
         ("SEGMENT_PAUSE_S", "long"),
         ("REQUIRE_API_KEY", "maybe"),
@@ -59,7 +63,9 @@ def test_a_hard_limit_below_the_soft_limit_is_refused():
 @pytest.mark.parametrize(
     ("old", "new", "field"),
     [
-        ("MAX_BATCH", "MAX_ROWS_PER_PASS", "max_rows_per_pass"),
+        ("MAX_BATCH", "MAX_SEGMENTS_PER_PASS", "max_segments_per_pass"),
+        ("MAX_ROWS_PER_PASS", "MAX_SEGMENTS_PER_PASS", "max_segments_per_pass"),
+        ("MAX_RUNNING_ROWS", "SLOTS", "slots"),
         ("BATCH_JOBS", "MAX_JOBS_IN_FLIGHT", "max_jobs_in_flight"),
     ],
 )
@@ -72,8 +78,8 @@ def test_a_renamed_variable_is_still_read_under_its_old_name_with_a_warning(old,
 
 def test_the_new_name_wins_over_the_old_one(caplog):
     with caplog.at_level(logging.WARNING):
-        settings = Settings.from_env({"CHATTTS_FARM_MAX_BATCH": "7", "CHATTTS_FARM_MAX_ROWS_PER_PASS": "9"})
-    assert settings.max_rows_per_pass == 9 and "CHATTTS_FARM_MAX_BATCH is ignored" in caplog.text
+        settings = Settings.from_env({"CHATTTS_FARM_MAX_BATCH": "7", "CHATTTS_FARM_MAX_SEGMENTS_PER_PASS": "9"})
+    assert settings.max_segments_per_pass == 9 and "CHATTTS_FARM_MAX_BATCH is ignored" in caplog.text
 
 
 def test_secrets_stay_out_of_the_settings_repr():
@@ -92,3 +98,12 @@ def test_env_example_is_the_generated_one_and_names_every_setting():
     assert text == env_example(), "`.env.example` is stale: run `python -m cli.settings_docs`"
     for variable, _default, _meaning, _field in documented():
         assert variable in text
+
+
+@pytest.mark.parametrize("retries", [0, 2, 5])
+def test_redis_never_hands_out_a_job_a_live_worker_may_still_hold(retries):
+    # A live worker holds a job while one batch runs ahead of it, then for its own run and one more run
+    # for each engine process death its retries allow, each bounded by the hard limit.
+    settings = Settings.from_env({"CHATTTS_FARM_ENGINE_RETRIES": str(retries), "CHATTTS_FARM_TASK_TIME_LIMIT_S": "900"})
+    longest_held_s = (2 + retries) * 900
+    assert settings.visibility_timeout_s > longest_held_s

@@ -8,6 +8,7 @@ tested in tests/worker).
 
 import contextlib
 import socket
+import statistics
 import time
 from contextlib import ExitStack
 from dataclasses import replace
@@ -27,8 +28,11 @@ WAITERS = 200
 # two-core machine still renews its leases in time (a third of the shorter, every round).
 LEASE_S = 4
 SEND_TIMEOUT_S = 3
-# A quick answer, with room for a busy two-core test machine.
+# A quick answer, with room for a busy two-core test machine: the typical call of a series is under
+# QUICK_S and none is past SLOW_S. A web starved by waiting clients makes every call slow; one call of
+# five held up past QUICK_S by the machine's other tests (CI runs them in parallel) is not starvation.
 QUICK_S = 0.2
+SLOW_S = 1.0
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,10 @@ def timed(method: str, url: str, **options) -> tuple[float, requests.Response]:
     started = time.monotonic()
     answer = requests.request(method, url, timeout=5, **options)
     return time.monotonic() - started, answer
+
+
+def answered_quickly(took: list[float]) -> bool:
+    return statistics.median(took) < QUICK_S and max(took) < SLOW_S
 
 
 # Open streams at once, as issue 12 asks the web to hold, split over two keys (each key's bound on
@@ -103,14 +111,14 @@ def test_256_open_streams_leave_everyone_else_answered_quickly(paused_farm):
             assert next(listening[-1]) == bytes(stream.pcm)
         wait_until(lambda: blocked_stream_reads(paused_farm.redis) >= STREAMS, 10, "every stream to wait for more")
 
-        slowest = 0.0
+        took = {"GET /healthz": [], "GET /api/jobs/<id>": []}
         for _ in range(5):
             for method, path in (("GET", "/healthz"), ("GET", f"/api/jobs/{job_ids[0]}")):
-                took, answer = timed(method, base + path, headers=paused_farm.headers("other"))
+                call_took, answer = timed(method, base + path, headers=paused_farm.headers("other"))
                 assert answer.status_code in (200, 404), answer.text  # another key's job: 404
-                slowest = max(slowest, took)
+                took[f"{method} {path.replace(job_ids[0], '<id>')}"].append(call_took)
             time.sleep(0.1)
-        assert slowest < QUICK_S, slowest
+        assert all(answered_quickly(series) for series in took.values()), took
 
         # Every stream is still open, and hears what comes next.
         for stream, heard in zip(streams, listening, strict=True):
@@ -147,21 +155,23 @@ def test_a_listener_that_hangs_up_frees_its_redis_connection_and_slot(paused_far
 
 def test_two_hundred_waiting_calls_of_one_key_leave_everyone_else_answered_quickly(paused_farm, patient_calls):
     base, other = paused_farm.web.url, paused_farm.headers("other")
-    slowest = {"GET /healthz": 0.0, "POST /api/jobs": 0.0, "GET /api/jobs/<id>": 0.0}
+    took = {"GET /healthz": [], "POST /api/jobs": [], "GET /api/jobs/<id>": []}
     for attempt in range(5):
-        took, answer = timed("GET", base + "/healthz")
+        call_took, answer = timed("GET", base + "/healthz")
         assert answer.status_code == 200
-        slowest["GET /healthz"] = max(slowest["GET /healthz"], took)
+        took["GET /healthz"].append(call_took)
 
-        took, answer = timed("POST", base + "/api/jobs", json={"text": f"Try {attempt}.", "voice": 3}, headers=other)
+        call_took, answer = timed(
+            "POST", base + "/api/jobs", json={"text": f"Try {attempt}.", "voice": 3}, headers=other
+        )
         assert answer.status_code == 202, answer.text
-        slowest["POST /api/jobs"] = max(slowest["POST /api/jobs"], took)
+        took["POST /api/jobs"].append(call_took)
 
-        took, answer = timed("GET", f"{base}/api/jobs/{answer.json()['id']}", headers=other)
+        call_took, answer = timed("GET", f"{base}/api/jobs/{answer.json()['id']}", headers=other)
         assert answer.status_code == 200 and answer.json()["status"] == "queued"
-        slowest["GET /api/jobs/<id>"] = max(slowest["GET /api/jobs/<id>"], took)
+        took["GET /api/jobs/<id>"].append(call_took)
         time.sleep(0.2)
-    assert max(slowest.values()) < QUICK_S, slowest
+    assert all(answered_quickly(series) for series in took.values()), took
     # Every patient call is still waiting: none has been answered, nor dropped.
     for call in patient_calls:
         call.setblocking(False)
@@ -178,7 +188,7 @@ def one_call_too_many(paused_farm) -> requests.Response:
         json={"input": "One too many.", "voice": 7},
         headers=paused_farm.headers("patient"),
     )
-    assert answer.status_code == 429 and took < QUICK_S, (answer.status_code, took)
+    assert answer.status_code == 429 and took < SLOW_S, (answer.status_code, took)  # a call let wait would hang
     return answer
 
 
@@ -295,11 +305,14 @@ def test_a_download_holds_a_slot_and_a_reader_that_takes_nothing_is_disconnected
 def test_a_head_of_a_stream_answers_at_once_and_takes_no_slot(paused_farm):
     base, held = paused_farm.web.url, paused_farm.headers("held")
     job_id = paused_farm.submit_stream("held")  # queued, no audio yet: a GET would wait for its first chunk
+    took = []
     for _ in range(5):
-        took, answer = timed("HEAD", f"{base}/api/jobs/{job_id}/stream?format=wav", headers=held)
-        assert answer.status_code == 200 and took < QUICK_S, (answer.status_code, took)
+        call_took, answer = timed("HEAD", f"{base}/api/jobs/{job_id}/stream?format=wav", headers=held)
+        assert answer.status_code == 200, answer.status_code
         assert answer.headers["Content-Type"] == "audio/wav" and answer.headers["X-Job-Id"] == job_id
         assert "Content-Length" not in answer.headers  # the GET's body is chunked, not empty
+        took.append(call_took)
+    assert answered_quickly(took), took
     assert paused_farm.waits_of("held") == 0
 
     StreamWriter(paused_farm.redis, job_id).audio(samples(0.1))

@@ -1,6 +1,7 @@
 import pytest
 
 from chattts_farm.contract import SynthesisRequest
+from cli.local_services import free_port, start_redis_server
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +17,13 @@ def make_request(tiny_settings):
         return SynthesisRequest.from_arguments({"text": text, **arguments}, max_text_chars=tiny_settings.max_text_chars)
 
     return make
+
+
+@pytest.fixture
+def own_redis_url(tmp_path):
+    """A Redis of the test's own, for workers that must not meet the session's."""
+    port = free_port()
+    server = start_redis_server(port, tmp_path / "redis", "--save", "", "--appendonly", "no")
+    yield f"redis://127.0.0.1:{port}/0"
+    server.terminate()
+    server.wait(timeout=20)

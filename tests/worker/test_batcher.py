@@ -151,7 +151,7 @@ def test_a_revoked_job_ends_at_once_and_its_batch_mates_go_on(core):
 
 
 def test_segments_beyond_the_slots_wait_and_every_job_completes(tiny_settings, synthesizer):
-    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=2))
+    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, slots=2))
     batcher = started_batcher(small)
     handles = [batcher.submit(SynthesisRequest(text=f"Job number {i}.", request_id=f"job-{i}")) for i in range(6)]
     assert all(not isinstance(o, Exception) for o in outcomes_of(handles))

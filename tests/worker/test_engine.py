@@ -15,6 +15,7 @@ import torch.nn.utils.parametrize as parametrize
 from transformers.cache_utils import DynamicCache
 
 from worker.engine import runner
+from worker.engine.blocks import blocks_for
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling
 from worker.engine.segment import Segment, SegmentOutput
 from worker.sampling import sample
@@ -249,23 +250,81 @@ def test_prompts_are_padded_to_few_lengths():
     assert runner.prompt_length_buckets(40) == [32, 40]
 
 
-def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_and_the_scratch_slot(synthesizer, mixed_segments):
+def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_blocks_and_the_scratch(synthesizer, mixed_segments):
     engine = new_engine(synthesizer.model, 8)
     state = engine.runner
     before = {name: getattr(state, name).clone() for name in ("keys", "hiddens", "step", "finished", "tokens")}
     engine.add(mixed_segments()[:3])  # three prompts: a pass of four rows, one of padding
-    engine.scheduler.schedule()
-    engine._prefill(list(engine.scheduler.running.values()))
-    untouched = [3, 4, 5, 6, 7]
+    engine._prefill(engine._admit())
+    held = {block for slot in (0, 1, 2) for block in engine.scheduler.pool.tables[slot]}
+    untouched_blocks = torch.tensor([block for block in range(state.kv_blocks) if block not in held])
+    untouched_slots = torch.tensor([3, 4, 5, 6, 7])
     for name, was in before.items():
-        now = getattr(state, name)
-        slot_axis = 1 if name == "keys" else 0
-        assert torch.equal(
-            now.index_select(slot_axis, torch.tensor(untouched)), was.index_select(slot_axis, torch.tensor(untouched))
-        ), name
-    # The padding row's work went to the scratch slot, past the slots any decode step covers.
+        axis, untouched = (1, untouched_blocks) if name == "keys" else (0, untouched_slots)
+        assert torch.equal(getattr(state, name).index_select(axis, untouched), was.index_select(axis, untouched)), name
+    # The padding row's work went to the scratch slot, past the slots any decode step covers, and its
+    # keys (and the padding after each prompt) to the scratch block, past the pool.
     assert state.scratch_slot == 8 and state.prefill_slots[:4].tolist() == [0, 1, 2, 8]
     assert state.prefill_lengths[3] == 1 and bool(state.finished[state.scratch_slot])
+    assert state.scratch_block == state.kv_blocks and set(state.block_table[8].tolist()) == {state.scratch_block}
+
+
+def long_running(segments, *, greedy=False):
+    """The segments drawing up to 150 steps (the pinned ones 90-140), sampled or greedy (top-k 1)."""
+    return [
+        dataclasses.replace(
+            segment,
+            max_tokens=150,
+            expected_tokens=90 + 10 * segment.owner,
+            request=dataclasses.replace(segment.request, top_k=1) if greedy else segment.request,
+        )
+        for segment in segments
+    ]
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_segments_preempted_when_the_cache_runs_dry_start_over_and_draw_what_they_would_alone(
+    synthesizer, mixed_segments, greedy
+):
+    expected = eager_reference(synthesizer.model, long_running(mixed_segments(), greedy=greedy))
+    # Eight slots over a pool that holds the longest segment a slot may run: two or three of these at once.
+    engine = new_engine(synthesizer.model, 8, kv_blocks=blocks_for(128 + 160))
+    segments = long_running(mixed_segments(), greedy=greedy)
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert engine.preemptions > 0
+    assert_same_outputs(outputs, expected)
+    # Every block is back in the pool.
+    assert engine.scheduler.pool.free == engine.scheduler.pool.blocks and not engine.scheduler.pool.tables
+    assert set(engine.runner.block_table.flatten().tolist()) == {engine.runner.scratch_block}
+
+
+def test_segments_moved_down_into_freed_slots_draw_what_they_would_alone(synthesizer, mixed_segments, monkeypatch):
+    expected = eager_reference(synthesizer.model, long_running(mixed_segments()))
+    engine = new_engine(synthesizer.model, 8)
+    moves = []
+    compact = engine.scheduler.compact
+
+    def noted():
+        moved = compact()
+        moves.extend(moved)
+        return moved
+
+    monkeypatch.setattr(engine.scheduler, "compact", noted)
+    rows = []
+    segments = long_running(mixed_segments())
+    engine.add(segments)
+    while engine.has_work:
+        engine.step()
+        rows.append((engine.scheduler.rows_in_use, engine.running))
+    assert moves  # the short ones ended first, below longer ones
+    assert_same_outputs([segment.output for segment in segments], expected)
+    # After each step the running slots are packed as far as the step's row buckets tell apart.
+    assert all(engine._bucket(in_use) == engine._bucket(running) for in_use, running in rows)
+
+
+def test_a_cache_that_cannot_hold_one_segment_is_refused_at_start(synthesizer):
+    with pytest.raises(ValueError, match="cannot hold one segment"):
+        new_engine(synthesizer.model, 2, kv_blocks=blocks_for(128 + 160) - 1)
 
 
 def test_a_waiting_segment_that_is_cancelled_never_runs(synthesizer, mixed_segments):
@@ -287,15 +346,17 @@ def test_a_prompt_longer_than_a_slot_fails_alone_naming_the_text(synthesizer, mi
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
-def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segments, monkeypatch):
+@pytest.mark.parametrize("cache", ["every slot its longest", "runs dry"])
+def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segments, monkeypatch, cache):
     from worker.model import load_model
 
     # fp32, so that the graphs' kernels and the eager loop's agree to the last token.
     model = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
     monkeypatch.setattr(runner, "KV_BUCKET", 32)  # several buckets, so several graphs
-    expected = eager_reference(model, mixed_segments())
-    segments = mixed_segments()
-    engine = new_engine(model, 8)
+    prepare = long_running if cache == "runs dry" else list
+    expected = eager_reference(model, prepare(mixed_segments()))
+    segments = prepare(mixed_segments())
+    engine = new_engine(model, 8, kv_blocks=blocks_for(128 + 160) if cache == "runs dry" else None)
     # Captured ahead, as a worker does at start, the steps run for free slots and the prefills for the
     # scratch slot change nothing drawn later.
     columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
@@ -303,6 +364,7 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns + prefills
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
+    assert (engine.preemptions > 0) == (cache == "runs dry")
 
 
 def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):

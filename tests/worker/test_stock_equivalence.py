@@ -64,7 +64,7 @@ REQUESTS = [
 def farm_segment(synthesizer, owner, request) -> Segment:
     """The request's one segment as the Synthesizer prepares it (normalised text, resolved voice, seed),
     run for exactly TOKENS steps."""
-    (segment,) = synthesizer._prepare(owner, request).segments
+    (segment,) = synthesizer.preparer.prepare(owner, request).segments
     return dataclasses.replace(segment, expected_tokens=TOKENS, max_tokens=TOKENS, pinned=True)
 
 

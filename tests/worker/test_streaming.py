@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from chattts_farm.contract import SynthesisRequest
+from worker.engine.blocks import blocks_for
+from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
+from worker.engine_sizing import max_prompt_tokens
 from worker.streaming import RequestStream
 from worker.synthesis import Synthesizer
 
@@ -58,6 +61,35 @@ def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context
     plain = core.synthesize([make_request(LONG_TEXT, seed=7)])[0]
     assert joined.shape == plain.samples.shape
     assert np.abs(joined - plain.samples).max() < 1e-4
+
+
+def test_streams_whose_segments_are_preempted_mid_stream_still_send_the_unstreamed_audio(
+    tiny_settings, synthesizer, make_request
+):
+    # A KV cache that holds one longest segment (a few blocks more than one of these segments) runs
+    # dry with three requests of three segments each: the newest running ones are preempted and start
+    # over, after some of their audio has gone out.
+    settings = dataclasses.replace(tiny_settings, max_new_tokens=300)
+    longest = blocks_for(max_prompt_tokens(settings) + settings.max_new_tokens)
+    per_block = ModelRunner.bytes_per_block(synthesizer.model, kv_bytes=4)
+    small = Synthesizer(
+        synthesizer.model, dataclasses.replace(settings, kv_cache_gib=(longest + 0.5) * per_block / 2**30)
+    )
+    assert small.engine.scheduler.pool.blocks == longest
+    requests = [
+        SynthesisRequest(**{**make_request(LONG_TEXT, seed=7 + row).__dict__, "request_id": f"streamed-{row}"})
+        for row in range(3)
+    ]
+    chunks = [[] for _ in requests]
+    run(small, requests, [lambda segment, samples, row=row: chunks[row].append(samples) for row in range(3)])
+    assert small.engine.preemptions > 0
+    plain = Synthesizer(synthesizer.model, settings).synthesize(
+        [make_request(LONG_TEXT, seed=7 + row) for row in range(3)]
+    )
+    for streamed, unstreamed in zip(chunks, plain, strict=True):
+        joined = np.concatenate(streamed)
+        assert joined.shape == unstreamed.samples.shape
+        assert np.abs(joined - unstreamed.samples).max() < 1e-4
 
 
 def test_the_first_chunk_is_small_and_goes_out_long_before_the_request_ends(core, make_request):

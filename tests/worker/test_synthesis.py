@@ -7,8 +7,7 @@ import pytest
 
 from chattts_farm.contract import FORMATS, JobCancelled, SynthesisRequest
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
-from worker.audio import decode
-from worker.model import SAMPLE_RATE
+from worker.audio import SAMPLE_RATE, decode
 from worker.synthesis import Synthesizer
 from worker.voices import embedding_for_seed
 
@@ -119,7 +118,7 @@ def test_the_requests_of_one_call_run_together_in_the_engine(tiny_settings, synt
 def test_more_segments_than_slots_wait_for_a_free_slot_and_all_complete(
     tiny_settings, synthesizer, make_request, monkeypatch
 ):
-    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=2))
+    small = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, slots=2))
     counts = running_counts(small, monkeypatch)
     outcomes = small.synthesize([make_request(voice=v) for v in range(5)])
     assert max(counts) == 2 and all(not isinstance(o, Exception) for o in outcomes)
@@ -198,11 +197,26 @@ def test_progress_is_reported_and_ends_at_one(synthesizer, make_request):
     assert fractions == sorted(fractions)
 
 
-@pytest.mark.parametrize("max_running_rows", [64, 2])
-def test_a_cancelled_request_stops_and_its_batch_mates_finish(
-    tiny_settings, synthesizer, make_request, max_running_rows
+def test_a_call_of_more_requests_than_a_pass_adds_them_a_pass_at_a_time_and_answers_each_in_order(
+    tiny_settings, synthesizer, make_request, monkeypatch
 ):
-    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_running_rows=max_running_rows))
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_segments_per_pass=2))
+    sizes = []
+    add = core.add
+    monkeypatch.setattr(
+        core, "add", lambda requests, on_audio=None: sizes.append(len(requests)) or add(requests, on_audio)
+    )
+    requests = [make_request(f"Request number {number}.", seed=number) for number in range(5)]
+    # The last one is cancelled before its turn to be added: it is never prepared.
+    outcomes = core.synthesize(requests, cancelled=lambda: {4})
+    assert sizes == [2, 2]
+    assert [outcome.request_id for outcome in outcomes[:4]] == [request.request_id for request in requests[:4]]
+    assert isinstance(outcomes[4], JobCancelled)
+
+
+@pytest.mark.parametrize("slots", [64, 2])
+def test_a_cancelled_request_stops_and_its_batch_mates_finish(tiny_settings, synthesizer, make_request, slots):
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, slots=slots))
     requests = [make_request("Cancel me, I am long. " * 20), make_request("Keep me, I am long too. " * 20)]
     outcomes = core.synthesize(requests, cancelled=lambda: {0})
     assert isinstance(outcomes[0], JobCancelled)

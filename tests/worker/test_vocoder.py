@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from worker.engine.vocoder import WINDOW_STEP_FRAMES, Vocoder, batch_bucket, plan_windows
 from worker.model import LoadedModel
 from worker.synthetic_assets import synthetic_config
+from worker.vocoder import WINDOW_STEP_FRAMES, Vocoder, batch_bucket, plan_windows
 
 
 @pytest.fixture(scope="module")

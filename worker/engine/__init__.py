@@ -1,7 +1,8 @@
 """The farm's GPT engine: segments join and leave a running batch at every step.
 
-``segment`` is one request's piece of text as the engine runs it; ``scheduler`` (torch-free) decides
-which segments hold the slots; ``runner`` owns the KV cache, the per-slot state and the CUDA graphs;
-``engine`` ties them into ``add`` / ``step``; ``vocoder`` turns finished segments of any lengths into
-audio together, in fixed windows. The engine imports neither Celery nor Redis nor threads.
+``segment`` is one request's piece of text as the engine runs it; ``scheduler`` and ``blocks``
+(torch-free, as ``segment`` is at import) decide which segments hold the slots and the KV cache's
+blocks; ``runner`` owns the paged KV cache, the per-slot state and the CUDA graphs;
+``engine`` ties them into ``add`` / ``step``. The vocoder, which turns what the engine drew into
+audio, has a room of its own (worker.vocoder). The engine imports neither Celery nor Redis nor threads.
 """

@@ -1,16 +1,19 @@
-"""Decode attention over a slot cache that reads each slot's own filled columns, and no more.
+"""Decode attention over a paged KV cache that reads each slot's own filled positions, and no more.
 
-A decode step's query is one position per slot; slots are at different depths. Attention with a
-mask over a common width (what ``scaled_dot_product_attention`` takes) reads every slot's cache up to
-the deepest slot's, and on a GPU a decode step is bound by those reads. These Triton kernels read what
-the slots hold, at the bandwidth of the GPU, in two stages (split-KV, as flash-decoding does):
+A decode step's query is one position per slot; slots are at different depths, and each slot's
+positions live in the blocks of its block table (worker.engine.blocks), scattered over one pool.
+Attention with a mask over a common width (what ``scaled_dot_product_attention`` takes) reads every
+slot's cache up to the deepest slot's, and on a GPU a decode step is bound by those reads. These
+Triton kernels read what the slots hold, at the bandwidth of the GPU, in two stages (split-KV, as
+flash-decoding does):
 
-1. one program per (slot, head, split of :data:`SPLIT_COLUMNS` columns) streams its part of the
-   slot's keys and values with an online softmax and leaves a partial result (its weighted sum, its
-   largest score and its sum of weights); a slot's splits past its length end at once. So a single
-   slot with a long context still spreads over many of the GPU's cores, and a step of many slots
-   has programs enough without;
-2. one program per (slot, head) merges the slot's partial results.
+1. one program per (slot, head, split of :data:`SPLIT_COLUMNS` positions) streams its part of the
+   slot's keys and values, block by block through the slot's table, with an online softmax and
+   leaves a partial result (its weighted sum, its largest score and its sum of weights); a slot's
+   splits past its length end at once. So a single slot with a long context still spreads over many
+   of the GPU's cores, and a step of many slots has programs enough without;
+2. one program per (slot, head) merges the slot's partial results, when it has more than one (a
+   slot whose positions fit one split has its result written by that split's program).
 
 The step's new key and value come in as tensors, not from the cache: the program whose split holds
 the new column writes them to the cache (in its dtype, fp8 included) and attends to them as written,
@@ -27,12 +30,13 @@ import functools
 
 import torch
 
-# Columns a program reads per split, and per iteration (a divisor of it), warps and pipeline stages,
-# by the cache's bytes a value (an fp8 cache reads more columns an iteration). Chosen by a sweep of
-# 2 splits x 3 blocks x 2 warp counts x 3 stage counts on an H200 at 1,024 rows of the standard
-# workload's contexts (docs/performance.md): bf16 334 us a layer (2,919 GB/s), fp8 228 us.
+# Positions a program reads per split, and per iteration (its tile: a divisor of the split, whole
+# blocks of the cache), warps and pipeline stages, by the cache's bytes a value (an fp8 cache reads
+# more positions an iteration). Chosen by a sweep of 2 splits x 3 tiles x 2 warp counts x 3 stage
+# counts on an H200 at 1,024 rows of the standard workload's contexts, their blocks scattered over
+# the pool (docs/performance.md): bf16 337 us a layer (2,855 GB/s), fp8 243 us.
 SPLIT_COLUMNS = 512
-_LAUNCH = {2: {"BLOCK": 64, "num_warps": 4, "num_stages": 4}, 1: {"BLOCK": 256, "num_warps": 4, "num_stages": 2}}
+_LAUNCH = {2: {"TILE": 128, "num_warps": 4, "num_stages": 4}, 1: {"TILE": 256, "num_warps": 4, "num_stages": 3}}
 
 
 @functools.cache
@@ -55,22 +59,24 @@ def decode_attention(
     new_value: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
+    block_table: torch.Tensor,
     columns: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """Write each row's new key and value at its column of the cache, then attend its query over the
-    cache's columns up to and including that one.
+    """Write each row's new key and value at its position of the cache, then attend its query over
+    its positions up to and including that one.
 
     ``query`` is (rows, heads, 1, dim); ``new_key`` and ``new_value`` (rows, kv heads, 1, dim), in the
-    query's dtype; ``keys`` and ``values`` (rows, kv heads, context, dim) views of the cache (any float
-    dtype, fp8 included, with unit stride along dim); heads share kv heads in groups; ``columns``
-    (rows,) the column each row's new position goes to, or -1 for a row that takes no part (a slot
-    that finished or holds nothing: nothing of its cache is read or written, and its output is
-    zeros). Returns (rows, heads, 1, dim) in the query's dtype.
+    query's dtype; ``keys`` and ``values`` (blocks, kv heads, block positions, dim), the cache's pool
+    of one layer (any float dtype, fp8 included, with unit stride along dim); heads share kv heads in
+    groups; ``block_table`` (rows, table width) the blocks holding each row's positions in order;
+    ``columns`` (rows,) the position each row's new key and value go to, or -1 for a row that takes
+    no part (a slot that finished or holds nothing: nothing of its cache is read or written, and its
+    output is zeros). Returns (rows, heads, 1, dim) in the query's dtype.
     """
     rows, heads, _, dim = query.shape
-    kv_heads, context = keys.shape[1], keys.shape[2]
-    splits = splits_for(context)
+    kv_heads, block_positions = keys.shape[1], keys.shape[2]
+    splits = splits_for(block_table.shape[1] * block_positions)
     partial = torch.empty((rows, heads, splits, dim), dtype=torch.float32, device=query.device)
     best_scores = torch.empty((rows, heads, splits), dtype=torch.float32, device=query.device)
     weight_sums = torch.empty_like(best_scores)
@@ -83,11 +89,16 @@ def decode_attention(
         new_value,
         keys,
         values,
+        block_table,
         columns,
         partial,
         best_scores,
         weight_sums,
+        out,
         scale,
+        block_table.stride(0),
+        out.stride(0),
+        out.stride(1),
         query.stride(0),
         query.stride(1),
         new_key.stride(0),
@@ -102,6 +113,7 @@ def decode_attention(
         values.stride(2),
         GROUP=heads // kv_heads,
         DIM=dim,
+        BLOCK_POSITIONS=block_positions,
         SPLIT=SPLIT_COLUMNS,
         SPLITS=splits,
         **launch,
@@ -135,26 +147,32 @@ def _kernels():
         new_value,
         keys,
         values,
+        block_table,
         columns,
         partial,
         best_scores,
         weight_sums,
+        out,
         scale,
+        table_row,
+        out_row,
+        out_head,
         query_row,
         query_head,
         new_key_row,
         new_key_head,
         new_value_row,
         new_value_head,
-        key_row,
+        key_block,
         key_head,
         key_column,
-        value_row,
+        value_block,
         value_head,
         value_column,
         GROUP: tl.constexpr,
         DIM: tl.constexpr,
-        BLOCK: tl.constexpr,
+        BLOCK_POSITIONS: tl.constexpr,
+        TILE: tl.constexpr,
         SPLIT: tl.constexpr,
         SPLITS: tl.constexpr,
     ):
@@ -168,34 +186,41 @@ def _kernels():
             return
         dims = tl.arange(0, DIM)
         q = tl.load(query + row * query_row + head * query_head + dims).to(tl.float32) * scale
-        key_base = keys + row * key_row + kv_head * key_head
-        value_base = values + row * value_row + kv_head * value_head
+        table = block_table + row * table_row
+        key_base = keys + kv_head * key_head
+        value_base = values + kv_head * value_head
         best = tl.full((), float("-inf"), tl.float32)
         total = tl.full((), 0.0, tl.float32)
         acc = tl.zeros((DIM,), tl.float32)
-        # The cache's columns before the new one, in this split.
+        # The row's positions before the new one, in this split, a tile at a time (a tile spans one
+        # block or several whole ones).
         end = tl.minimum(start + SPLIT, new_column)
-        for block_start in range(start, end, BLOCK):
-            offsets = block_start + tl.arange(0, BLOCK)
+        for tile_start in range(start, end, TILE):
+            offsets = tile_start + tl.arange(0, TILE)
             inside = offsets < end
-            k = tl.load(key_base + offsets[:, None] * key_column + dims[None, :], mask=inside[:, None], other=0.0)
+            blocks = tl.load(table + offsets // BLOCK_POSITIONS, mask=inside, other=0)
+            places = blocks * key_block + (offsets % BLOCK_POSITIONS) * key_column
+            k = tl.load(key_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
             scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
             scores = tl.where(inside, scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             weights = tl.exp(scores - new_best)
             rescale = tl.exp(best - new_best)
-            v = tl.load(value_base + offsets[:, None] * value_column + dims[None, :], mask=inside[:, None], other=0.0)
+            places = blocks * value_block + (offsets % BLOCK_POSITIONS) * value_column
+            v = tl.load(value_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
             acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
-        if new_column < start + SPLIT:  # the new column is this split's: write it, and attend to it as written
+        if new_column < start + SPLIT:  # the new position is this split's: write it, and attend to it as written
             k_new = tl.load(new_key + row * new_key_row + kv_head * new_key_head + dims)
             v_new = tl.load(new_value + row * new_value_row + kv_head * new_value_head + dims)
             k_new = k_new.to(keys.dtype.element_ty)
             v_new = v_new.to(values.dtype.element_ty)
             if head % GROUP == 0:
-                tl.store(key_base + new_column * key_column + dims, k_new)
-                tl.store(value_base + new_column * value_column + dims, v_new)
+                block = tl.load(table + new_column // BLOCK_POSITIONS)
+                offset = new_column % BLOCK_POSITIONS
+                tl.store(key_base + block * key_block + offset * key_column + dims, k_new)
+                tl.store(value_base + block * value_block + offset * value_column + dims, v_new)
             score = tl.sum(k_new.to(tl.float32) * q, axis=0)
             new_best = tl.maximum(best, score)
             weight = tl.exp(score - new_best)
@@ -203,10 +228,13 @@ def _kernels():
             acc = acc * rescale + weight * v_new.to(tl.float32)
             total = total * rescale + weight
             best = new_best
-        at = (row * tl.num_programs(1) + head) * SPLITS + split
-        tl.store(partial + at * DIM + dims, acc)
-        tl.store(best_scores + at, best)
-        tl.store(weight_sums + at, total)
+        if new_column < SPLIT:  # the row's only split: its result is the answer, with nothing to merge
+            tl.store(out + row * out_row + head * out_head + dims, (acc / total).to(out.dtype.element_ty))
+        else:
+            at = (row * tl.num_programs(1) + head) * SPLITS + split
+            tl.store(partial + at * DIM + dims, acc)
+            tl.store(best_scores + at, best)
+            tl.store(weight_sums + at, total)
 
     @triton.jit
     def merge_splits(
@@ -228,6 +256,8 @@ def _kernels():
         new_column = tl.load(columns + row)
         if new_column < 0:
             tl.store(out + row * out_row + head * out_head + dims, tl.zeros((DIM,), out.dtype.element_ty))
+            return
+        if new_column < SPLIT:  # one split, whose program wrote the result
             return
         used = new_column // SPLIT + 1
         splits = tl.arange(0, SPLITS_POWER)

@@ -1,14 +1,16 @@
 """The engine: segments join and leave the running batch at every step.
 
-``add`` queues segments; each ``step`` admits waiting segments into free slots (their prompts run as
-one prefill pass), runs SYNC_EVERY decode steps for every running slot, then reads which slots
-finished (one small device-to-host copy) and retires them with their output. A segment that arrives
-while others run starts at the next step; one that ends frees its slot for the next.
+``add`` queues segments; each ``step`` gives the running segments the cache blocks of the steps
+ahead (preempting the newest when the pool runs dry), admits waiting segments into free slots
+(their prompts run as one prefill pass), runs SYNC_EVERY decode steps for every running slot, then
+reads which slots finished (one small device-to-host copy) and retires them with their output,
+moving the running segments down into the freed slots when that lets the steps cover fewer rows. A
+segment that arrives while others run starts at the next step; one that ends frees its slot and
+its blocks for the next.
 """
 
 from __future__ import annotations
 
-import bisect
 import itertools
 from collections.abc import Callable, Iterable
 
@@ -16,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from chattts_farm.contract import InvalidRequest
-from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, row_buckets
+from worker.engine.blocks import blocks_for
+from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, bucket_for, row_buckets
 from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
 from worker.model import LoadedModel
@@ -33,6 +36,9 @@ class PromptTooLong(InvalidRequest):
 
 
 class Engine:
+    """``slots`` segments at once over a KV cache of ``kv_blocks`` blocks (default: enough for every
+    slot's longest segment, so that nothing is ever preempted)."""
+
     def __init__(
         self,
         model: LoadedModel,
@@ -41,22 +47,32 @@ class Engine:
         max_admissions: int,
         max_prompt_tokens: int,
         max_new_tokens: int,
+        kv_blocks: int | None = None,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
     ) -> None:
         self.model = model
-        self.scheduler = Scheduler(slots, max_admissions)
+        longest = blocks_for(max_prompt_tokens + max_new_tokens)
+        kv_blocks = kv_blocks or slots * longest
+        if kv_blocks < longest:
+            raise ValueError(
+                f"a KV cache of {kv_blocks} blocks cannot hold one segment of {max_prompt_tokens} prompt "
+                f"and {max_new_tokens} new tokens ({longest} blocks)"
+            )
+        self.scheduler = Scheduler(slots, max_admissions, kv_blocks)
         self.runner = ModelRunner(
             model,
             slots=slots,
             max_prompt_tokens=max_prompt_tokens,
             max_new_tokens=max_new_tokens,
             max_admissions=max_admissions,
+            kv_blocks=kv_blocks,
             kv_dtype=kv_dtype,
             capture_graphs=capture_graphs,
         )
         self.row_buckets = row_buckets(slots)
         self.decode_steps = 0
+        self.preemptions = 0
         # Per running slot: its prompt's tokens and the decode step it joined at. The host picks each
         # step's attention bucket from these, without asking the device.
         self._joined: dict[int, tuple[int, int]] = {}
@@ -100,9 +116,28 @@ class Engine:
         dropped = self.scheduler.drop_waiting(lambda _: True)
         if self.scheduler.running:
             self.runner.interrupt(list(self.scheduler.running))
-        for slot in list(self.scheduler.running):
-            dropped.append(self._retire(slot))
+        dropped.extend(self._retire(list(self.scheduler.running)))
         return dropped
+
+    def _demand(self, segment: Segment) -> tuple[int, int]:
+        """(start, end) of a segment admitted now: by the time ``c`` decode steps have run, it has filled
+        at most ``min(start + c, end)`` cache positions (its prompt's, then one a step)."""
+        prompt = encode_prompt(self.model, segment).numel()
+        # A slot that ends keeps writing at its last position until it is retired.
+        return prompt + 1 - self.decode_steps, min(prompt + segment.end_at, self.runner.context)
+
+    def _admit(self) -> list[Segment]:
+        """Give the running segments the blocks of this round's decode steps and admit waiting ones;
+        returns those admitted (their prefill is still to run)."""
+        schedule = self.scheduler.schedule(self.decode_steps + SYNC_EVERY, self._demand)
+        if schedule.preempted:
+            # Their slots stop now; the scheduler has put the segments back in the queue.
+            slots = [slot for slot, _ in schedule.preempted]
+            self.runner.interrupt(slots)
+            self._release(slots)
+            self.preemptions += len(slots)
+        self.runner.set_blocks(schedule.new_blocks)
+        return schedule.admitted
 
     @torch.inference_mode()
     def step(self) -> list[Segment]:
@@ -111,7 +146,7 @@ class Engine:
         A segment leaves with its ``output``, or with ``error`` set when it could not run at all.
         """
         left = []
-        admitted = self.scheduler.schedule()
+        admitted = self._admit()
         if admitted:
             left.extend(self._prefill(admitted))
         if not self.scheduler.running:
@@ -122,8 +157,8 @@ class Engine:
         for segment in itertools.islice(self.scheduler.waiting, self.scheduler.max_admissions):
             encode_prompt(self.model, segment)
         finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
-        for slot in [slot for slot in self.scheduler.running if finished[slot]]:
-            segment = self._retire(slot)
+        retired = [slot for slot in self.scheduler.running if finished[slot]]
+        for slot, segment in zip(retired, self._retire(retired), strict=True):
             hiddens, codes = self.runner.output(slot, lengths[slot])
             segment.output = SegmentOutput(
                 hiddens=hiddens,
@@ -132,7 +167,21 @@ class Engine:
                 ended_by=_reason(ended_by[slot], lengths[slot], segment),
             )
             left.append(segment)
+        if self._bucket(self.scheduler.rows_in_use) > self._bucket(self.running):
+            self._compact()
         return left
+
+    def _bucket(self, rows: int) -> int:
+        return bucket_for(self.row_buckets, rows)
+
+    def _compact(self) -> None:
+        """Pack the running slots at the front again, so that the steps cover as few rows as the
+        running segments need (segments end in any order: late in a workload a few hundred can run
+        scattered over the slots of the 1,536 it started with)."""
+        moves = self.scheduler.compact()
+        self.runner.move_slots(moves)
+        for source, target in moves:
+            self._joined[target] = self._joined.pop(source)
 
     def _prefill(self, admitted: list[Segment]) -> list[Segment]:
         device = self.model.device
@@ -143,6 +192,7 @@ class Engine:
         for row, (segment, tokens) in enumerate(zip(admitted, lengths.tolist(), strict=True)):
             if tokens > limit:
                 segment.error = PromptTooLong(tokens, limit)
+                self.runner.clear_blocks([segment.slot])
                 self.scheduler.retire(segment.slot)
                 rejected.append(segment)
             else:
@@ -176,15 +226,21 @@ class Engine:
         return rejected
 
     def _decode_step(self) -> None:
-        rows = self.row_buckets[bisect.bisect_left(self.row_buckets, self.scheduler.rows_in_use)]
+        rows = self._bucket(self.scheduler.rows_in_use)
         columns = self._deepest_start + self.decode_steps
         self.runner.decode_step(rows, self.runner.kv_bucket(columns))
         self.decode_steps += 1
 
-    def _retire(self, slot: int) -> Segment:
-        del self._joined[slot]
+    def _retire(self, slots: list[int]) -> list[Segment]:
+        self._release(slots)
+        return [self.scheduler.retire(slot) for slot in slots]
+
+    def _release(self, slots: list[int]) -> None:
+        """Forget slots that have left (their blocks are back in the scheduler's pool)."""
+        for slot in slots:
+            del self._joined[slot]
         self._deepest_start = self._deepest()
-        return self.scheduler.retire(slot)
+        self.runner.clear_blocks(slots)
 
     def _deepest(self) -> int:
         # After its prefill a slot has drawn step 0: its next decode step attends prompt + 1 columns,

@@ -1,15 +1,18 @@
-"""The model runner: the GPT's weights, a KV cache of fixed slots, and one decode step for all of them.
+"""The model runner: the GPT's weights, a paged KV cache, fixed slots, and one decode step for all of them.
 
-Everything a decode step touches is allocated once per worker: the KV cache (layers x slots x
-context), and per slot its prompt length, step, last tokens, recent tokens (for the repetition
-penalty), sampling settings, hidden states and codes. A segment takes a slot with ``prefill`` (the
-prompts admitted together run as one pass, padded to a bucket of rows and length, and draw step 0);
-then every ``decode_step`` draws the next step of the first ``rows`` slots, each at its own position.
-Slots that finished (or hold nothing) stay in the step, frozen: their step stops advancing and
-their output is cut at their end (on CUDA their attention reads nothing). So the decode step's shapes
-depend only on (rows, attended columns), and on CUDA it is captured as one CUDA graph per such
-bucket, kept for the life of the worker and replayed, each layer's parts around its attention
-compiled into a few kernels (worker.engine.layers). Nothing in a step reads back to the host; the
+Everything a decode step touches is allocated once per worker: the KV cache (one pool of blocks of
+BLOCK_POSITIONS positions, per layer), each slot's block table (which blocks hold its positions, in
+order: worker.engine.blocks decides, :meth:`set_blocks` writes it here), and per slot its prompt
+length, step, last tokens, recent tokens (for the repetition penalty), sampling settings, hidden
+states and codes. A segment takes a slot with ``prefill`` (the prompts admitted together run as one
+pass, padded to a bucket of rows and length, and draw step 0); then every ``decode_step`` draws the
+next step of the first ``rows`` slots, each at its own position. Slots that finished (or hold
+nothing) stay in the step, frozen: their step stops advancing and their output is cut at their end
+(on CUDA their attention reads nothing; elsewhere a slot that holds nothing writes to the scratch
+block, where its table points). So the decode step's shapes depend only on (rows, attended
+columns), and on CUDA it is captured as one CUDA graph per such bucket, kept for the life of the
+worker and replayed, each layer's parts around its attention compiled into a few kernels
+(worker.engine.layers). Nothing in a step reads back to the host; the
 engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
@@ -27,6 +30,7 @@ import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 
 from worker.engine.attention import decode_attention, triton_available
+from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.layers import after_attention, before_attention, fuse_layers
 from worker.model import LoadedModel
 from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
@@ -46,21 +50,29 @@ def prompt_length_buckets(longest: int) -> list[int]:
     return [*buckets, longest]
 
 
-def _bucket(buckets: list[int], size: int) -> int:
+def bucket_for(buckets: list[int], size: int) -> int:
+    """The smallest of the sorted ``buckets`` that holds ``size``."""
     return buckets[bisect.bisect_left(buckets, size)]
 
 
+# Above this many rows, the row counts a step is captured for go up in steps of it.
+ROW_STEP = 256
+
+
 def row_buckets(slots: int) -> list[int]:
-    """The row counts a decode step is captured for: powers of two, then the slot count."""
+    """The row counts a decode step is captured for: powers of two up to ROW_STEP, then multiples of
+    ROW_STEP (so a step of 1,300 rows computes 1,536, not 2,048), then the slot count."""
     buckets, rows = [], 1
-    while rows < slots:
+    while rows < min(slots, ROW_STEP):
         buckets.append(rows)
         rows *= 2
+    buckets.extend(range(rows, slots, ROW_STEP))
     return [*buckets, slots]
 
 
 class ModelRunner:
-    """The GPT of one worker over ``slots`` preallocated slots of ``context`` positions each."""
+    """The GPT of one worker over ``slots`` preallocated slots of up to ``context`` positions each,
+    whose keys and values share a pool of ``kv_blocks`` blocks."""
 
     def __init__(
         self,
@@ -70,6 +82,7 @@ class ModelRunner:
         max_prompt_tokens: int,
         max_new_tokens: int,
         max_admissions: int,
+        kv_blocks: int,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
     ) -> None:
@@ -104,17 +117,36 @@ class ModelRunner:
 
         attention = self.llama.layers[0].self_attn
         self.kv_dtype = kv_dtype or self.llama.dtype
-        cache_shape = (len(self.llama.layers), slots + 1, config.num_key_value_heads, self.context, attention.head_dim)
-        # Zeros, not empty: a step's attention reads unwritten columns of its bucket too (masked,
-        # weight 0), and 0 x NaN left over in the memory would still be NaN.
+        # One block more than the pool's: what writes must land somewhere but is never read (a
+        # prefill's padding, a free slot's frozen step off CUDA) goes to this scratch block.
+        self.kv_blocks = kv_blocks
+        self.scratch_block = kv_blocks
+        cache_shape = (
+            len(self.llama.layers),
+            kv_blocks + 1,
+            config.num_key_value_heads,
+            BLOCK_POSITIONS,
+            attention.head_dim,
+        )
+        # Zeros, not empty: off CUDA a step's attention reads unwritten positions of its bucket too
+        # (masked, weight 0), and 0 x NaN left over in the memory would still be NaN.
         self.keys = torch.zeros(cache_shape, dtype=self.kv_dtype, device=device)
         self.values = torch.zeros_like(self.keys)
+        self.table_width = blocks_for(self.context)
+        # int64: a layer's pool may pass 2**31 elements, and the kernel's addresses are block x stride.
+        self.block_table = torch.full(
+            (slots + 1, self.table_width), self.scratch_block, dtype=torch.long, device=device
+        )
+
+        # Every per-slot buffer, in one list too: a segment moved to another slot takes them all along.
+        self._slot_state: list[torch.Tensor] = []
 
         def per_slot(fill, dtype, *shape):
-            return torch.full((slots + 1, *shape), fill, dtype=dtype, device=device)
+            self._slot_state.append(torch.full((slots + 1, *shape), fill, dtype=dtype, device=device))
+            return self._slot_state[-1]
 
         self.slot_index = torch.arange(slots, device=device)
-        self.columns = torch.arange(self.context, device=device)
+        self.columns = torch.arange(self.table_width * BLOCK_POSITIONS, device=device)
         # An empty slot has a prompt of 1 so that its frozen step writes and attends column 0.
         self.prompt_length = per_slot(1, torch.long)
         self.step = per_slot(0, torch.long)  # the step the slot's next draw makes
@@ -154,12 +186,39 @@ class ModelRunner:
         self.capture_stream = torch.cuda.Stream(device) if self.use_graphs else None
 
     @staticmethod
-    def bytes_per_slot(model: LoadedModel, *, max_prompt_tokens: int, max_new_tokens: int, kv_bytes: int) -> int:
-        """The memory one slot's preallocated state takes (the cache and the hidden states dominate)."""
+    def bytes_per_block(model: LoadedModel, *, kv_bytes: int) -> int:
+        """The memory one block of the KV cache takes (every layer's keys and values)."""
         config = model.chat.gpt.gpt.config
         head_dim = config.hidden_size // config.num_attention_heads
-        cache = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_bytes
-        return (max_prompt_tokens + max_new_tokens) * cache + (max_new_tokens + 1) * config.hidden_size * 4
+        return BLOCK_POSITIONS * 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_bytes
+
+    @staticmethod
+    def bytes_per_slot(model: LoadedModel, *, max_new_tokens: int) -> int:
+        """The memory one slot's own state takes, outside the KV cache (its hidden states dominate)."""
+        return (max_new_tokens + 1) * model.chat.gpt.gpt.config.hidden_size * 4
+
+    def set_blocks(self, entries: list[tuple[int, int, int]]) -> None:
+        """Write (slot, index in its table, block) entries into the block tables."""
+        if entries:
+            slots, indices, blocks = torch.tensor(entries, dtype=torch.long).T.to(self.device)
+            self.block_table[slots, indices] = blocks
+
+    def move_slots(self, moves: list[tuple[int, int]]) -> None:
+        """Move running segments from slot to slot (the targets free): every per-slot buffer and the
+        block table's row go with them; the sources are left finished, their tables at the scratch block."""
+        if not moves:
+            return
+        sources, targets = torch.tensor(moves, dtype=torch.long).T.to(self.device)
+        for state in self._slot_state:
+            state[targets] = state[sources]
+        self.block_table[targets] = self.block_table[sources]
+        self.block_table[sources] = self.scratch_block
+        self.finished[sources] = True
+
+    def clear_blocks(self, slots: list[int]) -> None:
+        """Point the slots' tables at the scratch block: their blocks have gone back to the pool."""
+        if slots:
+            self.block_table[torch.tensor(slots, dtype=torch.long, device=self.device)] = self.scratch_block
 
     def prefill(
         self,
@@ -184,8 +243,8 @@ class ModelRunner:
         self.ended_by[index] = STILL_RUNNING
 
         rows, length, _ = embeddings.shape
-        bucket_rows = _bucket(self.prefill_row_buckets, rows)
-        bucket_length = _bucket(self.prefill_length_buckets, length)
+        bucket_rows = bucket_for(self.prefill_row_buckets, rows)
+        bucket_length = bucket_for(self.prefill_length_buckets, length)
         self.prefill_embeddings[:bucket_rows, :bucket_length].zero_()
         self.prefill_embeddings[:rows, :length] = embeddings
         self.prefill_slots[:bucket_rows] = self.scratch_slot
@@ -198,10 +257,17 @@ class ModelRunner:
         """The prompts in the prefill buffers' first ``rows`` and ``length``: the cache filled, step 0 drawn."""
         index = self.prefill_slots[:rows]
         positions = self.columns[:length].expand(rows, length)
+        # Where each position's key and value go: its block and its place in the block; the padding
+        # after a prompt goes to the scratch block.
+        in_prompt = positions < self.prefill_lengths[:rows, None]
+        blocks = torch.where(
+            in_prompt, self.block_table[index].gather(1, positions // BLOCK_POSITIONS), self.scratch_block
+        )
+        places = positions % BLOCK_POSITIONS
 
         def attend(layer: int, query, key, value):
-            self.keys[layer, index, :, :length] = key.to(self.kv_dtype)
-            self.values[layer, index, :, :length] = value.to(self.kv_dtype)
+            self.keys[layer, blocks, :, places] = key.transpose(1, 2).to(self.kv_dtype)
+            self.values[layer, blocks, :, places] = value.transpose(1, 2).to(self.kv_dtype)
             # The padding after a prompt sees the prompt (causal), so no position attends to nothing.
             return F.scaled_dot_product_attention(
                 query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
@@ -212,7 +278,7 @@ class ModelRunner:
         self._draw(index, last.float())
 
     def decode_step(self, rows: int, kv_length: int) -> None:
-        """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` cache columns."""
+        """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` positions."""
         if self.reads_own_columns:
             kv_length = self.context
         self._run((rows, kv_length), self.graphs, self._decode)
@@ -319,17 +385,37 @@ class ModelRunner:
             def attend(layer: int, query, key, value):
                 # The kernel writes the new key and value into the cache itself.
                 return decode_attention(
-                    query, key, value, self.keys[layer, :rows], self.values[layer, :rows], taking_part, self._scale
+                    query,
+                    key,
+                    value,
+                    self.keys[layer],
+                    self.values[layer],
+                    self.block_table[:rows],
+                    taking_part,
+                    self._scale,
                 )
 
         else:
-            visible = (self.columns[:kv_length].unsqueeze(0) <= column.unsqueeze(1))[:, None, None, :]
+            # The reference: each row's first blocks gathered into one span, attended with a mask.
+            read = self.block_table[:rows, : blocks_for(kv_length)]
+            span = read.shape[1] * BLOCK_POSITIONS
+            visible = (self.columns[:span].unsqueeze(0) <= column.unsqueeze(1))[:, None, None, :]
+            block = self.block_table[slots, column // BLOCK_POSITIONS]
+            place = column % BLOCK_POSITIONS
 
             def attend(layer: int, query, key, value):
-                self.keys[layer, slots, :, column] = key[:, :, 0].to(self.kv_dtype)
-                self.values[layer, slots, :, column] = value[:, :, 0].to(self.kv_dtype)
-                keys = self.keys[layer, :rows, :, :kv_length].to(query.dtype)
-                values = self.values[layer, :rows, :, :kv_length].to(query.dtype)
+                self.keys[layer, block, :, place] = key[:, :, 0].to(self.kv_dtype)
+                self.values[layer, block, :, place] = value[:, :, 0].to(self.kv_dtype)
+                # index_select of whole blocks: about twice as fast on the CPU as indexing by the table.
+                keys, values = (
+                    cache[layer]
+                    .index_select(0, read.flatten())
+                    .view(rows, read.shape[1], *cache.shape[2:])
+                    .transpose(1, 2)
+                    .reshape(rows, cache.shape[2], span, cache.shape[-1])
+                    .to(query.dtype)
+                    for cache in (self.keys, self.values)
+                )
                 return F.scaled_dot_product_attention(
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )

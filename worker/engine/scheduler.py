@@ -1,45 +1,156 @@
-"""Which segments hold the engine's slots: torch-free bookkeeping.
+"""Which segments hold the engine's slots and its KV cache's blocks: torch-free bookkeeping.
 
 Segments wait in arrival order and take the lowest free slots, so the running slots stay packed at
-the front and a decode step runs on as few rows as possible. A segment keeps its slot until it is
-retired; nothing is preempted.
+the front and a decode step runs on as few rows as possible. A running segment's cache grows by one
+position a decode step: at the engine's clock ``c`` (the decode steps it will have run at the end of
+this round) it fills ``min(start + c, end)`` positions, ``start`` and ``end`` fixed when it is
+admitted. So the scheduler knows the clock at which each segment outgrows its blocks, and each round
+grows only the segments due (about one in eight with blocks of 64 positions and rounds of 8 steps),
+not all 2,048. Segments end in any order, leaving holes below the highest running slot, which every
+decode step still covers: ``compact`` moves the highest running segments down into the holes (a
+move copies a slot's own state, its hidden states so far included, and its block table's row; never
+its cache). When the pool runs
+dry, the newest running segments are preempted (their blocks go
+back, and they wait again at the head of the queue, to start over with the same seed and draw the
+same tokens). Waiting segments are admitted while their blocks fit with a block to spare for each
+running segment, and not in a round that preempted, which would only run the preempted again to
+preempt them once more.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
+from worker.engine.blocks import BLOCK_POSITIONS, BlockPool, blocks_for
 from worker.engine.segment import Segment, SegmentStatus
+
+# demand(segment) -> (start, end): the positions a segment just admitted fills at clock c are min(start + c, end)
+Demand = Callable[[Segment], tuple[int, int]]
+
+
+@dataclass
+class Schedule:
+    admitted: list[Segment] = field(default_factory=list)
+    preempted: list[tuple[int, Segment]] = field(default_factory=list)  # (the slot it left, the segment)
+    new_blocks: list[tuple[int, int, int]] = field(default_factory=list)  # (slot, index in its table, block)
+
+
+class Admission(NamedTuple):
+    """A running segment's record: its admission's number (the order of admission), and its demand."""
+
+    number: int
+    start: int
+    end: int
 
 
 class Scheduler:
-    def __init__(self, slots: int, max_admissions: int):
+    def __init__(self, slots: int, max_admissions: int, kv_blocks: int):
         self.max_admissions = max_admissions
+        self.pool = BlockPool(kv_blocks)
         self.waiting: deque[Segment] = deque()
         self.running: dict[int, Segment] = {}
         self._free_slots = list(range(slots))
+        self._admissions: dict[int, Admission] = {}  # per running slot
+        # (the clock at which a segment outgrows its blocks, its admission's number); entries of
+        # segments that have left since stay until they come up, and are passed over then.
+        self._due: list[tuple[int, int]] = []
+        self._slot_of: dict[int, int] = {}  # per running admission's number: its slot
+        self._numbers = itertools.count()
 
     def add(self, segment: Segment) -> None:
         segment.status = SegmentStatus.WAITING
         self.waiting.append(segment)
 
-    def schedule(self) -> list[Segment]:
-        """Move waiting segments into free slots, lowest slots first; returns those admitted."""
-        admitted = []
-        while self.waiting and self._free_slots and len(admitted) < self.max_admissions:
-            segment = self.waiting.popleft()
-            segment.slot = heapq.heappop(self._free_slots)
+    def schedule(self, clock: int, demand: Demand) -> Schedule:
+        """Give the running segments the blocks they fill by ``clock``, preempting the newest when
+        the pool runs out; then admit waiting segments into free slots, lowest slots first, each with
+        the blocks it fills by ``clock`` (its ``demand``)."""
+        schedule = Schedule()
+        while self._due and self._due[0][0] <= clock:
+            _, number = heapq.heappop(self._due)
+            slot = self._slot_of.get(number)
+            if slot is None:  # it left
+                continue
+            needed = self._needed(slot, clock)
+            while self.pool.missing(slot, needed) > self.pool.free and slot in self.running:
+                newest = max(self.running, key=lambda running: self._admissions[running].number)
+                schedule.preempted.append(self._preempt(newest))
+            if slot in self.running:
+                schedule.new_blocks.extend(self._grow(slot, needed))
+        if schedule.preempted:
+            # A segment grown earlier in the round may have been preempted after.
+            schedule.new_blocks = [entry for entry in schedule.new_blocks if entry[0] in self.running]
+            return schedule
+        while self.waiting and self._free_slots and len(schedule.admitted) < self.max_admissions:
+            segment = self.waiting[0]
+            start, end = demand(segment)
+            needed = min(start + clock, end)
+            if blocks_for(needed) + len(self.running) > self.pool.free:
+                break
+            self.waiting.popleft()
+            slot = segment.slot = heapq.heappop(self._free_slots)
             segment.status = SegmentStatus.RUNNING
-            self.running[segment.slot] = segment
-            admitted.append(segment)
-        return admitted
+            self.running[slot] = segment
+            self._admissions[slot] = Admission(next(self._numbers), start, end)
+            self._slot_of[self._admissions[slot].number] = slot
+            schedule.new_blocks.extend(self._grow(slot, needed))
+            schedule.admitted.append(segment)
+        return schedule
+
+    def _needed(self, slot: int, clock: int) -> int:
+        _, start, end = self._admissions[slot]
+        return min(start + clock, end)
+
+    def _grow(self, slot: int, needed: int) -> list[tuple[int, int, int]]:
+        """The slot's blocks for ``needed`` positions (the pool has them), and when it needs more."""
+        entries = [(slot, *entry) for entry in self.pool.grow(slot, needed)]
+        number, start, end = self._admissions[slot]
+        covered = self.pool.held(slot) * BLOCK_POSITIONS
+        if covered < end:
+            heapq.heappush(self._due, (covered - start + 1, number))
+        return entries
+
+    def compact(self) -> list[tuple[int, int]]:
+        """Move the running segments above the lowest ``len(running)`` slots into the free slots below
+        them, so that the running slots are packed at the front again (segments end in any order, and
+        a step covers every slot up to the highest running one); returns the (from, to) moves. A
+        segment keeps its blocks, its place in the order of admission and its growth."""
+        packed = len(self.running)
+        movers = sorted((slot for slot in self.running if slot >= packed), reverse=True)
+        moves = []
+        for source in movers:
+            target = heapq.heappop(self._free_slots)
+            segment = self.running.pop(source)
+            segment.slot = target
+            self.running[target] = segment
+            self._admissions[target] = self._admissions.pop(source)
+            self._slot_of[self._admissions[target].number] = target
+            self.pool.tables[target] = self.pool.tables.pop(source)
+            heapq.heappush(self._free_slots, source)
+            moves.append((source, target))
+        return moves
+
+    def _preempt(self, slot: int) -> tuple[int, Segment]:
+        segment = self._free(slot)
+        segment.status = SegmentStatus.WAITING
+        self.waiting.appendleft(segment)
+        return slot, segment
 
     def retire(self, slot: int) -> Segment:
-        segment = self.running.pop(slot)
+        segment = self._free(slot)
         segment.status = SegmentStatus.FINISHED
+        return segment
+
+    def _free(self, slot: int) -> Segment:
+        segment = self.running.pop(slot)
         segment.slot = None
+        del self._slot_of[self._admissions.pop(slot).number]
+        self.pool.release(slot)
         heapq.heappush(self._free_slots, slot)
         return segment
 

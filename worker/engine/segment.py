@@ -1,15 +1,22 @@
-"""One segment of a request's text, as the engine runs it."""
+"""One segment of a request's text, as the engine runs it.
+
+Torch-free at import (its tensors are only named in annotations), so that the scheduler, which
+reads segments, is too.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
 from chattts_farm.contract import FarmError, SynthesisRequest
-from worker.quality import SegmentQuality
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
+
+    from worker.quality import SegmentQuality
 
 
 class SegmentStatus(enum.Enum):

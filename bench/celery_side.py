@@ -1,0 +1,97 @@
+"""What a worker's Celery side can carry: jobs a second, and CPU a job, with an engine that answers at once.
+
+    python -m bench.celery_side --jobs 2000 --jobs-in-flight 512
+
+Starts a redis-server of its own and one `chattts-farm worker --cpu 1` whose engine process is
+bench.instant_engine (a result the moment a job arrives, no model): every job's cost is then the
+Celery side's own (its job thread, Celery's messages and result, the audio store, encoding, a stream's
+Redis writes). For each way of asking (formats, streamed or not) it sends the standard workload's
+texts at once and prints a Markdown table: jobs a second, the audio seconds a wall second that would
+carry, and CPU milliseconds a job in the worker's Celery process and in its encoder processes, with
+how many cores they kept busy.
+The engine has to be at least this fast for the Celery side to be the farm's limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from celery import Celery
+from celery.result import ResultSet
+
+from bench.farm import bench_redis, cpu_used, running_workers, worker_pids
+from bench.workload import standard_requests
+from chattts_farm.contract import TASK_NAME
+
+WAYS = {"wav": ("wav", False), "mp3": ("mp3", False), "ogg": ("ogg", False), "wav streamed": ("wav", True)}
+
+
+def run_way(client: Celery, pids: dict, jobs: int, audio_format: str, stream: bool) -> dict:
+    requests = standard_requests(jobs, seed=len(audio_format) + stream)
+    arguments = [{**request.as_arguments(), "format": audio_format, "stream": stream} for request in requests]
+    with cpu_used(pids) as used:
+        started = time.perf_counter()
+        results = [client.send_task(TASK_NAME, kwargs=kwargs) for kwargs in arguments]
+        outputs = ResultSet(results).join_native(timeout=3600, propagate=True)
+        wall = time.perf_counter() - started
+    audio_s = sum(output["duration_s"] for output in outputs)
+    return {
+        "jobs": len(outputs),
+        "wall_s": wall,
+        "jobs_per_s": len(outputs) / wall,
+        "audio_per_wall": audio_s / wall,
+        "celery_ms": 1000 * used["celery"] / len(outputs),
+        "encoders_ms": 1000 * used["encoders"] / len(outputs),
+        "cores": (used["celery"] + used["encoders"]) / wall,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=2000, help="Jobs of each way, all sent at once.")
+    parser.add_argument("--jobs-in-flight", type=int, default=512, help="Jobs the worker holds at once.")
+    parser.add_argument("--ways", default=",".join(WAYS), help=f"Which of: {', '.join(WAYS)}.")
+    parser.add_argument("--redis-server", default=shutil.which("redis-server"))
+    parser.add_argument("--workdir", default="var/bench")
+    arguments = parser.parse_args()
+    ways = [way.strip() for way in arguments.ways.split(",") if way.strip()]
+    workdir = Path(arguments.workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+
+    rows = []
+    with bench_redis(workdir, arguments.redis_server) as redis_url:
+        client = Celery(broker=redis_url, backend=redis_url)
+        settings = {
+            "CHATTTS_FARM_REDIS_URL": redis_url,
+            "CHATTTS_FARM_ENGINE_MODULE": "bench.instant_engine",
+            "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
+        }
+        with running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log"):
+            pids = worker_pids(client, ["cpu0"])
+            del pids["engine"]  # the stand-in's own cost is not the farm's
+            run_way(client, pids, min(arguments.jobs, arguments.jobs_in_flight), "wav", False)  # warm-up
+            for way in ways:
+                rows.append((way, run_way(client, pids, arguments.jobs, *WAYS[way])))
+                print(f"{way}: {rows[-1][1]['jobs_per_s']:.1f} jobs/s", flush=True)
+
+    print(
+        f"\none worker's Celery side, its engine answering at once; {arguments.jobs} jobs of the standard "
+        f"workload a way, sent at once, {arguments.jobs_in_flight} held at a time\n"
+    )
+    print(
+        "| way | jobs | wall s | jobs/s | audio-s/s carried | Celery process CPU ms a job "
+        "| encoders' CPU ms a job | cores busy |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for way, row in rows:
+        print(
+            f"| {way} | {row['jobs']} | {row['wall_s']:.2f} | {row['jobs_per_s']:.1f} | {row['audio_per_wall']:.0f} "
+            f"| {row['celery_ms']:.1f} | {row['encoders_ms']:.1f} | {row['cores']:.2f} |"
+        )
+
+
+if __name__ == "__main__":
+    main()

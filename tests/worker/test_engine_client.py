@@ -1,0 +1,98 @@
+"""A worker's engine process dies and no job is lost: a real CPU worker (synthetic-tiny) on a Redis of
+the test's own, its engine process SIGKILLed with 12 jobs in flight, one of them streaming; and an
+engine that cannot start says why."""
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from chattts_farm.audio_store import fetch_audio
+from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, EngineLost, ModelUnavailable
+from chattts_farm.settings import Settings
+from chattts_farm.streams import stream_audio
+from tests.support import Workers, wait_until
+from tests.worker.test_tasks import LONG_TEXT
+from worker.audio import decode
+from worker.engine_client import EngineClient
+
+JOBS = 12
+SETTINGS = {
+    "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(JOBS),
+    "CHATTTS_FARM_ENGINE_RETRIES": "1",
+    # The default time limits: the jobs come back from the engine's restart, not from Redis's
+    # visibility timeout (3,630 s with one engine retry).
+    "CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S": "600",
+    "CHATTTS_FARM_TASK_TIME_LIMIT_S": "900",
+}
+
+
+@pytest.fixture
+def worker(own_redis_url, data_dir, tmp_path):
+    started = Workers.start(own_redis_url, data_dir, tmp_path / "worker.log", count=1, **SETTINGS)
+    yield started
+    started.stop()
+
+
+def test_an_engine_that_cannot_load_its_model_says_why_where_the_worker_starts_it(monkeypatch, data_dir):
+    # The engine process reads the settings from the environment it inherits, as under a real worker.
+    monkeypatch.setenv("CHATTTS_FARM_MODEL", "s3://bucket")
+    monkeypatch.setenv("CHATTTS_FARM_DATA_DIR", str(data_dir))
+    client = EngineClient(Settings.from_env(), "cpu0", is_revoked=lambda job_id: False)
+    with pytest.raises(ModelUnavailable, match="huggingface, local:<dir>, synthetic-tiny"):
+        client.start()
+    assert client.engine_pid is None
+
+
+def health(worker) -> dict:
+    return worker.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
+
+
+def test_an_engine_killed_with_12_jobs_in_flight_is_started_again_and_every_job_succeeds_once(worker):
+    client, before = worker.client, health(worker)
+    # The engine runs in a process of its own, named for its device in `ps`.
+    assert before["engine_pid"] != before["pid"] and before["engine_restarts"] == 0
+    assert Path(f"/proc/{before['engine_pid']}/cmdline").read_bytes().startswith(b"chattts-farm engine cpu0")
+    streaming = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": 99, "stream": True}, queue="cpu0")
+    heard = iter(stream_audio(streaming.id, redis_url=worker.redis_url, timeout_s=300))
+    chunks = [next(heard)]  # it streams
+    jobs = [
+        client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0") for i in range(JOBS - 1)
+    ]
+    wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
+    os.kill(before["engine_pid"], signal.SIGKILL)
+
+    outputs = [job.get(timeout=300) for job in [streaming, *jobs]]
+    assert [output["job_id"] for output in outputs] == [streaming.id] + [job.id for job in jobs]
+    # The same worker process served them all, through its second engine process.
+    after = health(worker)
+    assert after["pid"] == before["pid"] and after["engine_restarts"] == 1
+    assert after["engine_pid"] != before["engine_pid"]
+    lost = f"the engine process {before['engine_pid']} of cpu0 ended (exit code -9) with {JOBS} job(s) unfinished"
+    assert lost in worker.log()
+    wait_until(lambda: all(f"[{job.id}] succeeded" in worker.log() for job in jobs), 10, "every success logged")
+    for job in [streaming, *jobs]:
+        assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", worker.log())) == 1
+    # The stream went on where it was, in the same run: no audio twice, none missing.
+    chunks.extend(heard)
+    assert len({chunk.run for chunk in chunks}) == 1
+    pcm = np.frombuffer(b"".join(chunk.pcm for chunk in chunks), dtype="<i2")
+    stored, _ = decode(fetch_audio(outputs[0]))
+    assert np.array_equal(pcm, np.round(stored * 32768).astype(np.int16))
+
+
+def test_a_job_whose_engine_dies_more_often_than_the_settings_allow_fails_with_engine_lost(worker):
+    client = worker.client
+    job = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1500]}, queue="cpu0")
+    for _ in range(2):  # CHATTTS_FARM_ENGINE_RETRIES is 1: the job runs twice, then fails
+        engine = health(worker)["engine_pid"]
+        wait_until(lambda: job.state == PROGRESS_STATE, 60, "the job to run")
+        os.kill(engine, signal.SIGKILL)
+        wait_until(lambda engine=engine: health(worker)["engine_pid"] != engine, 120, "another engine process")
+    with pytest.raises(EngineLost, match="died 2 times.*CHATTTS_FARM_ENGINE_RETRIES allows 1 runs again"):
+        job.get(timeout=60)
+    # The worker serves on.
+    assert client.send_task(TASK_NAME, kwargs={"text": "Still here."}, queue="cpu0").get(timeout=120)["job_id"]

@@ -1,0 +1,67 @@
+"""A result crosses from the engine process to the Celery side as a plain message and is the same there."""
+
+import dataclasses
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import msgpack
+import numpy as np
+
+from worker.audio import SAMPLE_RATE, decode
+from worker.results import SynthesisResult
+
+
+def a_result() -> SynthesisResult:
+    tone = np.sin(np.linspace(0, 440 * 2 * np.pi, SAMPLE_RATE)).astype(np.float32) * 0.5
+    return SynthesisResult(
+        request_id="job-1",
+        pieces=[tone, tone[: SAMPLE_RATE // 2]],
+        pause_samples=SAMPLE_RATE // 4,
+        format="wav",
+        mime_type="audio/wav",
+        sample_rate=SAMPLE_RATE,
+        duration_s=1.75,
+        tokens=40,
+        segments=2,
+        seed=7,
+        voice_embedding="an embedding",
+        batch_size=3,
+        timings={"text_s": 0.01, "generate_s": 0.5, "decode_s": 0.1},
+        quality={"ok": True, "flags": [], "retried_segments": 0, "segments": [{"ok": True}, {"ok": True}]},
+        model={"kind": "synthetic", "device": "cpu"},
+        memory={},
+    )
+
+
+def test_a_result_sent_as_a_message_is_rebuilt_with_the_same_samples_and_summary():
+    sent = a_result()
+    wire = msgpack.packb(sent.as_message(), use_bin_type=True)
+    rebuilt = SynthesisResult.from_message(msgpack.unpackb(wire, raw=False))
+    assert rebuilt.summary() == sent.summary()
+    assert np.array_equal(rebuilt.samples, sent.samples)
+
+
+def test_the_samples_are_the_pieces_with_a_pause_between_and_the_audio_is_them_encoded():
+    result = a_result()
+    assert result.samples.size == SAMPLE_RATE + SAMPLE_RATE // 4 + SAMPLE_RATE // 2
+    assert not result.samples[SAMPLE_RATE : SAMPLE_RATE + SAMPLE_RATE // 4].any()
+    decoded, rate = decode(result.audio)
+    assert rate == SAMPLE_RATE and np.allclose(decoded, result.samples, atol=1 / 16_000)
+    assert "encode_s" in result.summary()["timings"]
+
+
+def test_a_costly_format_is_encoded_by_a_process_of_the_pool_and_the_audio_is_the_same():
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        for audio_format in ("flac", "mp3"):
+            result = dataclasses.replace(a_result(), format=audio_format)
+            pooled = result.encoded_by(pool)
+            assert pooled == dataclasses.replace(a_result(), format=audio_format).audio
+            assert result.timings["encode_s"] > 0
+
+
+def test_wav_is_encoded_in_the_callers_thread_not_sent_to_the_pool():
+    class NoPool:
+        def submit(self, *_):
+            raise AssertionError("wav went to the pool")
+
+    assert decode(a_result().encoded_by(NoPool()))[1] == SAMPLE_RATE

@@ -1,0 +1,92 @@
+"""The channel between a worker's Celery side and its engine process: msgpack messages on a socket pair.
+
+Torch-free; both sides import it. A message is a map with a ``kind`` and plain fields; audio travels as
+float32 bytes, never as pickled tensors or arrays. Framing is multiprocessing's (a length, then the
+bytes), on a Unix socket the engine process inherits as a file descriptor.
+
+The messages (field names in brackets):
+
+- Celery side to engine: ``submit`` [job, arguments, started_at, started_wall, sent_samples, stream],
+  ``cancel`` [job], ``ask`` [ask, question, argument].
+- Engine to Celery side: ``ready`` [model, pid] or ``failed`` [error] once at start; then ``audio`` [job,
+  segment, pcm], ``finished`` [job, started_at, started_wall, result | error], ``status`` [jobs, stats,
+  gpu] every half second, ``answer`` [ask, value | error].
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgpack
+import numpy as np
+
+from chattts_farm import contract
+from chattts_farm.contract import FarmError, SynthesisFailed
+
+# Each side buffers this much before a send waits for the other to read: a second of a busy engine's
+# audio chunks, so its thread rarely waits on the worker's.
+SOCKET_BUFFER_BYTES = 8 * 2**20
+
+
+def _plain(value: Any) -> Any:
+    """msgpack's fallback: numpy scalars (quality figures) as Python numbers."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot send a {type(value).__name__} over the engine channel")
+
+
+class Channel:
+    """One end of the channel; ``send`` may be called from any thread, ``receive`` from one."""
+
+    def __init__(self, connection: Connection):
+        self._connection = connection
+        self._send_lock = threading.Lock()
+
+    @classmethod
+    def pair(cls) -> tuple[Channel, socket.socket]:
+        """This side's end, and the socket to hand to the engine process (see :meth:`from_fd`)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for end in (ours, theirs):
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+        return cls(Connection(ours.detach())), theirs
+
+    @classmethod
+    def from_fd(cls, fd: int) -> Channel:
+        return cls(Connection(fd))
+
+    def send(self, kind: str, **fields: Any) -> None:
+        """Send one message; OSError (BrokenPipeError, ...) once the other side has gone."""
+        packed = msgpack.packb({"kind": kind, **fields}, default=_plain, use_bin_type=True)
+        with self._send_lock:
+            self._connection.send_bytes(packed)
+
+    def receive(self) -> dict:
+        """The next message; EOFError once the other side has gone."""
+        try:
+            raw = self._connection.recv_bytes()
+        except OSError as error:  # ConnectionResetError among them
+            raise EOFError(str(error)) from error
+        return msgpack.unpackb(raw, raw=False)
+
+    def close(self) -> None:
+        self._connection.close()
+
+
+def error_fields(error: BaseException) -> dict:
+    """An error as plain fields: its type's name and its arguments."""
+    return {"type": type(error).__name__, "args": [str(argument) for argument in error.args]}
+
+
+def error_from(fields: dict) -> FarmError:
+    """The farm error the fields name; any other kind of error as :class:`SynthesisFailed`."""
+    kind = getattr(contract, fields["type"], None)
+    if isinstance(kind, type) and issubclass(kind, FarmError):
+        try:
+            return kind(*fields["args"])
+        except TypeError:
+            pass
+    return SynthesisFailed(f"{fields['type']}: {': '.join(fields['args'])}")

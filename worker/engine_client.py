@@ -1,0 +1,269 @@
+"""The Celery side's end of the engine process: starts it, hands it jobs, and starts it again when it dies.
+
+Torch-free. The worker process holds one :class:`EngineClient`; each job's thread submits its request
+and waits on the :class:`Job` it gets back. One receiver thread reads the channel (see worker.channel):
+audio for streams, results, errors, and every running job's progress. When the engine process ends
+(SIGKILL, a CUDA error, the OOM killer, the hard time limit), its end of the channel closes and the
+receiver sees it at once: it starts a new engine process and hands it every job that was unfinished,
+each with the seed it had (a stream sends only what had not gone out), up to ``engine_retries`` times
+a job; past that the job fails with :class:`EngineLost`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from chattts_farm.contract import EngineLost, FarmError, JobCancelled, SynthesisFailed, SynthesisRequest
+from chattts_farm.settings import Settings
+from worker.channel import Channel, error_from
+from worker.results import SynthesisResult
+
+logger = logging.getLogger(__name__)
+
+# A new engine process is tried this many times (waiting 1, 2, 4... s between) before the worker
+# process gives up and exits, so that its supervisor starts it afresh and its jobs go elsewhere.
+ENGINE_START_ATTEMPTS = 3
+# A revoked job is looked for this often, and ended on this side at once.
+REVOCATION_POLL_S = 0.1
+# How long a question to the engine (a voice's embedding) may wait for its answer.
+ASK_TIMEOUT_S = 60
+# The worker ends with this code when no engine process can be started (see worker.supervisor).
+EXIT_NO_ENGINE = 70
+
+# receives (segment index, float32 samples) of a streaming job, in order
+Deliver = Callable[[int, np.ndarray], None]
+
+
+@dataclass(eq=False)
+class Job:
+    """A job this worker holds: what its thread waits on and reads."""
+
+    request: SynthesisRequest
+    on_audio: Deliver | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+    started_at: float | None = None  # monotonic, in the engine process (one clock for the host)
+    started_wall: float | None = None  # epoch seconds, reported to callers
+    first_audio_at: float | None = None  # monotonic: when its first audio arrived here
+    finished: threading.Event = field(default_factory=threading.Event)
+    outcome: SynthesisResult | FarmError | None = None
+    progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
+    sent_samples: int = 0  # of a stream: what has gone out, which a new engine process does not send again
+    engine_deaths: int = 0  # engine processes that died while they ran it
+
+    def finish(self, outcome: SynthesisResult | FarmError) -> None:
+        self.outcome = outcome
+        self.finished.set()
+
+
+class EngineClient:
+    def __init__(self, settings: Settings, name: str, *, is_revoked: Callable[[str], bool]):
+        self.settings = settings
+        self.name = name  # gpu0, cpu1: the engine process is ``chattts-farm engine <name>``
+        self.is_revoked = is_revoked
+        self.model_info: dict = {}
+        self.engine_pid: int | None = None
+        self.restarts = 0  # engine processes started after the first
+        self.stats = {"batches": 0, "jobs_done": 0, "current_batch": 0, "last_batch_size": 0}
+        self.gpu: dict | None = None
+        self._jobs: dict[str, Job] = {}  # unfinished, by job id
+        self._lock = threading.Lock()  # over _jobs and _channel: a job is sent once to each engine
+        self._channel: Channel | None = None  # None while no engine process is up
+        self._asks: dict[int, tuple[threading.Event, list]] = {}
+        self._ask_numbers = itertools.count()
+
+    def start(self) -> None:
+        """Start the engine process and wait until its model is loaded and warm; raises the error that
+        kept it from starting (ModelUnavailable naming what to set, say)."""
+        self._start_engine()
+        threading.Thread(target=self._watch_revocations, name="revocation-watch", daemon=True).start()
+
+    def submit(self, request: SynthesisRequest, on_audio: Deliver | None = None) -> Job:
+        # The seed is drawn here, not in the engine: a job run again by a new engine process must make
+        # the same audio, or a stream would go on from where it was with another voice's samples.
+        if request.seed is None:
+            request = replace(request, seed=secrets.randbits(32))
+        job = Job(request, on_audio=on_audio)
+        with self._lock:
+            self._jobs[request.request_id] = job
+            if self._channel is not None:
+                self._send_job(self._channel, job)
+        return job
+
+    def embedding(self, seed: int) -> str:
+        """The speaker embedding a seed names, from the engine's model."""
+        done, answer = threading.Event(), []
+        number = next(self._ask_numbers)
+        self._asks[number] = (done, answer)
+        try:
+            channel = self._channel
+            if channel is None:
+                raise SynthesisFailed("the engine process is starting again: ask again in a moment")
+            try:
+                channel.send("ask", ask=number, question="embedding", argument=seed)
+            except OSError:
+                raise SynthesisFailed("the engine process has died: ask again in a moment") from None
+            if not done.wait(ASK_TIMEOUT_S):
+                raise SynthesisFailed(f"the engine process gave no embedding within {ASK_TIMEOUT_S} s")
+        finally:
+            del self._asks[number]
+        reply = answer[0]  # the first word: the answer, or that its engine died before it
+        if "error" in reply:
+            raise error_from(reply["error"])
+        return reply["value"]
+
+    def _start_engine(self) -> None:
+        channel, theirs = Channel.pair()
+        command = [
+            sys.executable,
+            "-m",
+            self.settings.engine_module,
+            str(theirs.fileno()),
+            self.name,
+            str(logging.getLogger("worker").getEffectiveLevel()),
+        ]
+        # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the worker,
+        # which shuts down warm; the engine ends when the worker's end of the channel closes.
+        process = subprocess.Popen(command, pass_fds=(theirs.fileno(),), start_new_session=True)
+        theirs.close()
+        try:
+            message = channel.receive()
+        except EOFError:
+            message = {"kind": "ended"}
+        if message["kind"] != "ready":
+            code = process.wait()
+            channel.close()
+            if message["kind"] == "failed":
+                raise error_from(message["error"])
+            raise RuntimeError(f"the engine process exited (code {code}) before it was ready: its log says why")
+        self.model_info, self.engine_pid = message["model"], message["pid"]
+        with self._lock:
+            self._channel = channel
+            for job in self._jobs.values():
+                self._send_job(channel, job)
+        threading.Thread(
+            target=self._receive, args=(channel, process), name=f"engine-channel-{process.pid}", daemon=True
+        ).start()
+        logger.info("engine process %d of %s ready: %d job(s) handed to it", process.pid, self.name, len(self._jobs))
+
+    def _send_job(self, channel: Channel, job: Job) -> None:
+        # An OSError: the engine has died, and its receiver starts another, which gets every unfinished job.
+        with contextlib.suppress(OSError):
+            channel.send(
+                "submit",
+                job=job.request.request_id,
+                arguments=job.request.as_arguments(),
+                stream=job.on_audio is not None,
+                started_at=job.started_at,
+                started_wall=job.started_wall,
+                sent_samples=job.sent_samples,
+            )
+
+    def _receive(self, channel: Channel, process: subprocess.Popen) -> None:
+        while True:
+            try:
+                message = channel.receive()
+            except EOFError:
+                break
+            getattr(self, "_on_" + message.pop("kind"))(**message)
+        self._engine_lost(channel, process)
+
+    def _on_audio(self, job: str, segment: int, pcm: bytes) -> None:
+        held = self._jobs.get(job)
+        if held is None or held.on_audio is None:
+            return
+        samples = np.frombuffer(pcm, dtype=np.float32)
+        if held.first_audio_at is None:
+            held.first_audio_at = time.monotonic()
+        held.sent_samples += samples.size
+        held.on_audio(segment, samples)
+
+    def _on_finished(self, job: str, started_at, started_wall, result: dict | None = None, error: dict | None = None):
+        with self._lock:
+            held = self._jobs.pop(job, None)
+        if held is None:  # ended here already (revoked)
+            return
+        held.started_at, held.started_wall = started_at, started_wall
+        held.finish(error_from(error) if error is not None else SynthesisResult.from_message(result))
+
+    def _on_status(self, jobs: dict, stats: dict, **gpu_report) -> None:
+        for job, (started_at, started_wall, progress) in jobs.items():
+            held = self._jobs.get(job)
+            if held is not None:
+                held.started_at, held.started_wall, held.progress = started_at, started_wall, progress
+        self.stats = stats
+        if "gpu" in gpu_report:  # not in every status
+            self.gpu = gpu_report["gpu"]
+
+    def _on_answer(self, ask: int, **reply) -> None:
+        waiting = self._asks.get(ask)
+        if waiting is not None:
+            waiting[1].append(reply)
+            waiting[0].set()
+
+    def _engine_lost(self, channel: Channel, process: subprocess.Popen) -> None:
+        code = process.wait()
+        channel.close()
+        for done, answer in list(self._asks.values()):
+            answer.append({"error": {"type": "SynthesisFailed", "args": ["the engine process died; ask again"]}})
+            done.set()
+        with self._lock:
+            self._channel = None
+            lost = list(self._jobs.values())
+            for job in lost:
+                job.engine_deaths += 1
+                if job.engine_deaths > self.settings.engine_retries:
+                    del self._jobs[job.request.request_id]
+                    job.finish(
+                        EngineLost(
+                            f"the engine process died {job.engine_deaths} times while it ran job "
+                            f"{job.request.request_id} (last exit code {code}); CHATTTS_FARM_ENGINE_RETRIES "
+                            f"allows {self.settings.engine_retries} runs again"
+                        )
+                    )
+        logger.error(
+            "the engine process %d of %s ended (exit code %s) with %d job(s) unfinished: starting another",
+            process.pid,
+            self.name,
+            code,
+            len(lost),
+        )
+        for attempt in range(ENGINE_START_ATTEMPTS):
+            try:
+                self._start_engine()
+            except Exception:  # noqa: BLE001 - tried again, then the worker exits
+                logger.exception(
+                    "engine process %d of %d for %s failed to start", attempt + 1, ENGINE_START_ATTEMPTS, self.name
+                )
+                time.sleep(2**attempt)
+                continue
+            self.restarts += 1
+            return
+        logger.critical("no engine process of %s starts: exiting so the supervisor restarts this worker", self.name)
+        os._exit(EXIT_NO_ENGINE)
+
+    def _watch_revocations(self) -> None:
+        """End revoked jobs here at once (their threads return), and tell the engine to drop them."""
+        while True:
+            time.sleep(REVOCATION_POLL_S)
+            with self._lock:
+                revoked = [job for job_id, job in self._jobs.items() if self.is_revoked(job_id)]
+                for job in revoked:
+                    del self._jobs[job.request.request_id]
+                channel = self._channel
+            for job in revoked:
+                job.finish(JobCancelled(f"job {job.request.request_id} was revoked"))
+                if channel is not None:
+                    with contextlib.suppress(OSError):  # a dead engine drops it anyway
+                        channel.send("cancel", job=job.request.request_id)

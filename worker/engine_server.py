@@ -1,0 +1,197 @@
+"""The engine process: the model, the engine and the batcher of one GPU, on an interpreter of their own.
+
+Started and watched by the worker's Celery side (see worker.engine_client) as
+``python -m worker.engine_server <fd> <name> <log level>``, where ``fd`` is its end of the channel (see
+worker.channel). It loads and warms up the model, says ``ready``, then serves: every ``submit`` goes
+to the batcher, whose thread drives the GPU; this process's main thread only reads the channel, and
+one sender thread writes to it, so the engine's thread never waits on a socket. When the Celery side
+goes (its end of the channel closes: a worker stopped or killed), this process ends at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import queue
+import sys
+import threading
+import time
+
+import numpy as np
+import setproctitle
+
+from chattts_farm.contract import FarmError, SynthesisRequest
+from chattts_farm.settings import Settings
+from worker.batcher import Batcher, JobHandle
+from worker.channel import Channel, error_fields
+from worker.synthesis import PROGRESS_INTERVAL_S, Synthesizer
+
+logger = logging.getLogger(__name__)
+
+# The GPU's memory and utilisation go out with every this many status messages (about every 2 s).
+GPU_REPORT_EVERY = 4
+
+
+class EngineServer:
+    def __init__(self, channel: Channel, synthesizer: Synthesizer, settings: Settings):
+        self.channel = channel
+        self.synthesizer = synthesizer
+        self._live: set[str] = set()  # submitted, not finished
+        self._cancelled: set[str] = set()  # of those, the ones the Celery side has ended
+        self.batcher = Batcher(
+            synthesizer,
+            max_jobs=settings.max_jobs_in_flight,
+            soft_limit_s=settings.task_soft_time_limit_s,
+            hard_limit_s=settings.task_time_limit_s,
+            is_revoked=self._cancelled.__contains__,
+        )
+        self.max_text_chars = settings.max_text_chars
+        self._outbox: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
+
+    def serve(self) -> None:
+        """Serve until the Celery side goes; never returns."""
+        threading.Thread(target=self._send_outbox, name="channel-sender", daemon=True).start()
+        self.batcher.start()
+        threading.Thread(target=self._report_status, name="status-reporter", daemon=True).start()
+        self._send("ready", model=self.synthesizer.model.info.as_dict(), pid=os.getpid())
+        while True:
+            try:
+                message = self.channel.receive()
+            except EOFError:
+                logger.info("the worker's end of the channel has closed: the engine process ends")
+                os._exit(0)
+            getattr(self, "_on_" + message.pop("kind"))(**message)
+
+    def _on_submit(self, job: str, arguments: dict, stream: bool, started_at, started_wall, sent_samples: int):
+        try:
+            request = SynthesisRequest.from_arguments(arguments, max_text_chars=self.max_text_chars, request_id=job)
+        except FarmError as error:  # the Celery side checked it by the same rules: not expected
+            self._send("finished", job=job, started_at=None, started_wall=None, error=error_fields(error))
+            return
+        self._live.add(job)
+        self.batcher.submit(
+            request,
+            on_audio=(lambda segment, samples: self._send_audio(job, segment, samples)) if stream else None,
+            on_finished=self._finished,
+            started_at=started_at,
+            started_wall=started_wall,
+            sent_samples=sent_samples,
+        )
+
+    def _on_cancel(self, job: str) -> None:
+        if job in self._live:  # else it has finished, and its id would stay in the set for good
+            self._cancelled.add(job)
+
+    def _on_ask(self, ask: int, question: str, argument) -> None:
+        try:
+            if question != "embedding":
+                raise ValueError(f"no such question: {question!r}")
+            from worker.voices import embedding_for_seed
+
+            self._send("answer", ask=ask, value=embedding_for_seed(self.synthesizer.model.chat.speaker, argument))
+        except Exception as error:  # noqa: BLE001 - the asker gets it
+            self._send("answer", ask=ask, error=error_fields(error))
+
+    def _send_audio(self, job: str, segment: int, samples: np.ndarray) -> None:
+        self._send("audio", job=job, segment=segment, pcm=np.ascontiguousarray(samples, dtype=np.float32).tobytes())
+
+    def _finished(self, handle: JobHandle) -> None:
+        job = handle.request.request_id
+        self._live.discard(job)
+        self._cancelled.discard(job)
+        outcome = handle.outcome
+        fields = {"job": job, "started_at": handle.started_at, "started_wall": handle.started_wall}
+        if isinstance(outcome, Exception):
+            fields["error"] = error_fields(outcome)
+        else:
+            fields["result"] = outcome.as_message()
+        self._send("finished", **fields)
+
+    def _report_status(self) -> None:
+        """Every running job's progress and the engine's figures, in one message every PROGRESS_INTERVAL_S."""
+        for count in itertools.count():
+            time.sleep(PROGRESS_INTERVAL_S)
+            jobs = {
+                handle.request.request_id: [handle.started_at, handle.started_wall, handle.progress]
+                for handle in self.batcher.running()
+            }
+            stats = self.batcher.stats
+            status = {
+                "jobs": jobs,
+                "stats": {
+                    "batches": stats.batches,
+                    "jobs_done": stats.jobs_done,
+                    "current_batch": stats.current_batch,
+                    "last_batch_size": stats.last_batch_size,
+                },
+            }
+            if count % GPU_REPORT_EVERY == 0:
+                status["gpu"] = gpu_report(self.synthesizer.model.device)
+            self._send("status", **status)
+
+    def _send(self, kind: str, **fields) -> None:
+        self._outbox.put((kind, fields))
+
+    def _send_outbox(self) -> None:
+        while True:
+            kind, fields = self._outbox.get()
+            try:
+                self.channel.send(kind, **fields)
+            except OSError:
+                logger.info("the worker's end of the channel has closed: the engine process ends")
+                os._exit(0)
+
+
+def gpu_report(device) -> dict | None:
+    """The GPU's name and memory, and how busy it is; None on a CPU."""
+    import torch
+
+    if device.type != "cuda":
+        return None
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    reserved = torch.cuda.memory_reserved(device)
+    return {
+        "name": torch.cuda.get_device_name(device),
+        "memory_total_mb": round(total / 2**20),
+        "memory_free_mb": round(free / 2**20),
+        "allocated_mb": round(allocated / 2**20, 1),
+        "reserved_mb": round(reserved / 2**20, 1),
+        "peak_allocated_mb": round(torch.cuda.max_memory_allocated(device) / 2**20, 1),
+        "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
+        "utilisation": _utilisation(device),
+    }
+
+
+def _utilisation(device) -> float | None:
+    """The GPU's busy fraction over NVML's last sample period; None where NVML cannot be read."""
+    import torch
+
+    try:
+        return torch.cuda.utilization(device) / 100
+    except Exception as error:  # noqa: BLE001 - no NVML library, no driver support, a MIG slice...
+        logger.debug("no GPU utilisation: %r", error)
+        return None
+
+
+def main(argv: list[str]) -> None:
+    fd, name, log_level = int(argv[0]), argv[1], int(argv[2])
+    setproctitle.setproctitle(f"chattts-farm engine {name}")
+    logging.basicConfig(level=log_level, format=f"%(asctime)s %(levelname)s engine {name} %(name)s: %(message)s")
+    # ChatTTS warns about every character its normaliser drops (digits, most symbols): per request,
+    # that drowns a worker's log.
+    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+    channel = Channel.from_fd(fd)
+    try:
+        settings = Settings.from_env()
+        synthesizer = Synthesizer.load(settings)
+    except Exception as error:
+        logger.exception("the engine could not start")
+        channel.send("failed", error=error_fields(error))
+        sys.exit(1)
+    EngineServer(channel, synthesizer, settings).serve()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

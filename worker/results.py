@@ -1,0 +1,102 @@
+"""What a finished request gives back: its audio and its description, on either side of the engine process.
+
+Torch-free: the engine process builds a :class:`SynthesisResult`, sends it over the channel as a plain
+message (:meth:`SynthesisResult.as_message`: the samples as float32 bytes), and the worker's Celery
+side rebuilds it (:meth:`SynthesisResult.from_message`) and has its audio joined and encoded, off the
+engine's interpreter: in a pool of encoder processes for the formats that cost CPU (mp3 and Ogg Opus
+take tens of milliseconds a job, which one interpreter's lock would serialise).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import time
+from concurrent.futures import Executor
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+from worker import audio
+
+# Travel as bytes beside the summary, not in it.
+_UNSAID = frozenset({"pieces", "pause_samples"})
+# Formats whose encoding costs less than handing the samples to another process.
+CHEAP_FORMATS = frozenset({"wav"})
+
+
+def joined(pieces: list[np.ndarray], pause_samples: int) -> np.ndarray:
+    """The pieces as one float32 signal, ``pause_samples`` of silence between two."""
+    pause = np.zeros(pause_samples, dtype=np.float32)
+    parts: list[np.ndarray] = []
+    for piece in pieces:
+        if parts:
+            parts.append(pause)
+        parts.append(np.nan_to_num(piece.astype(np.float32, copy=False)))
+    return np.concatenate(parts)
+
+
+def encode_joined(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, audio_format: str) -> bytes:
+    """Join and encode: what a process of the encoder pool runs (a module-level function, to be sent there)."""
+    return audio.encode(joined(pieces, pause_samples), sample_rate, audio_format)
+
+
+@dataclass
+class SynthesisResult:
+    """One request's audio and its description. The segments' audio is joined when ``samples`` is first
+    read and encoded when ``audio`` is, by whoever reads them: a worker's job thread, not the engine."""
+
+    request_id: str
+    pieces: list[np.ndarray] = field(repr=False)  # the segments' samples, float32 at sample_rate
+    pause_samples: int  # the silence between two segments
+    format: str
+    mime_type: str
+    sample_rate: int
+    duration_s: float
+    tokens: int
+    segments: int
+    seed: int  # the audio seed used: passing it again reproduces this audio
+    voice_embedding: str = field(repr=False)
+    batch_size: int
+    timings: dict[str, float]
+    quality: dict
+    model: dict
+    memory: dict
+
+    @functools.cached_property
+    def samples(self) -> np.ndarray:
+        return joined(self.pieces, self.pause_samples)
+
+    @functools.cached_property
+    def audio(self) -> bytes:
+        started = time.perf_counter()
+        encoded = audio.encode(self.samples, self.sample_rate, self.format)
+        self.timings["encode_s"] = round(time.perf_counter() - started, 4)
+        return encoded
+
+    def summary(self) -> dict:
+        """Everything but the audio, JSON-able (encode_s is there once the audio has been read)."""
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in _UNSAID}
+
+    def as_message(self) -> dict:
+        """The result as plain values for the channel (see worker.channel)."""
+        return {
+            "summary": self.summary(),
+            "pieces": [np.ascontiguousarray(piece, dtype=np.float32).tobytes() for piece in self.pieces],
+            "pause_samples": self.pause_samples,
+        }
+
+    def encoded_by(self, pool: Executor | None) -> bytes:
+        """The audio, encoded by a process of ``pool`` (another interpreter: many jobs' encodings at once)
+        where its format costs CPU, else here."""
+        if pool is None or self.format in CHEAP_FORMATS:
+            return self.audio
+        started = time.perf_counter()
+        encoded = pool.submit(encode_joined, self.pieces, self.pause_samples, self.sample_rate, self.format).result()
+        self.timings["encode_s"] = round(time.perf_counter() - started, 4)
+        return encoded
+
+    @classmethod
+    def from_message(cls, message: dict) -> SynthesisResult:
+        pieces = [np.frombuffer(piece, dtype=np.float32) for piece in message["pieces"]]
+        return cls(pieces=pieces, pause_samples=message["pause_samples"], **message["summary"])
