@@ -69,8 +69,8 @@ def main() -> None:
             "CHATTTS_FARM_ENGINE_MODULE": "bench.instant_engine",
             "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
         }
-        with running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log"):
-            pids = worker_pids(client, ["cpu0"])
+        with running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log") as supervisor:
+            pids = worker_pids(client, ["cpu0"], supervisor)
             del pids["engine"]  # the stand-in's own cost is not the farm's
             run_way(client, pids, min(arguments.jobs, arguments.jobs_in_flight), "wav", False)  # warm-up
             for way in ways:

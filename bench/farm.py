@@ -25,7 +25,9 @@ from pathlib import Path
 from celery import Celery
 
 from chattts_farm.contract import TASK_NAME
+from chattts_farm.settings import Settings
 from cli.local_services import free_port, start_redis_server
+from worker.supervisor import plan_workers
 
 TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
 WORKERS_START_TIMEOUT_S = 600
@@ -38,11 +40,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def worker_pids(client: Celery, queues: list[str]) -> dict[str, Callable[[], list[int]]]:
-    """The processes of the workers behind ``queues`` (gpu0, cpu0), by kind: their Celery processes,
-    their engine processes, and the encoder processes their Celery processes start as needed."""
-    reports = [client.send_task("chattts.health", queue=queue).get(timeout=60) for queue in queues]
-    celery, engines = [report["pid"] for report in reports], [report["engine_pid"] for report in reports]
+def worker_pids(client: Celery, queues: list[str], supervisor_pid: int) -> dict[str, Callable[[], list[int]]]:
+    """The processes of the workers behind ``queues`` (gpu0, cpu0), by kind: their Celery processes
+    (every child of their supervisor), their engine processes, and the encoder processes their Celery
+    processes start as needed."""
+    engines = [client.send_task("chattts.health", queue=queue).get(timeout=60)["engine_pid"] for queue in queues]
+    celery = children(supervisor_pid)
     return {
         "celery": lambda: celery,
         "engine": lambda: engines,
@@ -83,24 +86,27 @@ def bench_redis(workdir: Path, server: str | None) -> Iterator[str]:
 
 
 @contextmanager
-def running_workers(client: Celery, placement: list[str], settings: dict[str, str], log: Path) -> Iterator[None]:
+def running_workers(client: Celery, placement: list[str], settings: dict[str, str], log: Path) -> Iterator[int]:
     """`chattts-farm worker PLACEMENT` (``--cpu N`` or ``--gpus 0,1``) with ``settings`` (CHATTTS_FARM_*
-    variables) added to the environment, logging to ``log``, once every worker answers ``client``'s ping;
-    stopped on exit, warm (each worker finishes its batch)."""
-    workers = int(placement[1]) if placement[0] == "--cpu" else len(placement[1].split(","))
+    variables) added to the environment, logging to ``log``, once every Celery process answers
+    ``client``'s ping: the supervisor's pid; stopped on exit, warm (each worker finishes its batch)."""
+    environment = {**os.environ, **settings}
+    cpu, gpus = (int(placement[1]), None) if placement[0] == "--cpu" else (None, placement[1])
+    celery_processes = Settings.from_env(environment).celery_processes
+    processes = len(plan_workers(gpus, cpu, celery_processes=celery_processes, socket_dir="(not started here)"))
     with log.open("w") as handle:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "cli", "worker", *placement],
-            env={**os.environ, **settings},
+            env=environment,
             stdout=handle,
             stderr=subprocess.STDOUT,
         )
     try:
         deadline = time.monotonic() + WORKERS_START_TIMEOUT_S
-        while len(client.control.ping(timeout=1.0)) < workers:
+        while len(client.control.ping(timeout=1.0)) < processes:
             if supervisor.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not start; see {log}")
-        yield
+        yield supervisor.pid
     finally:
         supervisor.send_signal(signal.SIGTERM)
         supervisor.wait(timeout=300)

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import numpy as np
 
 from chattts_farm.contract import MIME_TYPES, SynthesisRequest
+from chattts_farm.settings import Settings
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import SAMPLE_RATE
-from worker.channel import Channel
+from worker.channel import Channel, listen
 from worker.results import SynthesisResult
 
 CHUNK_S = 0.5
@@ -51,8 +53,8 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
     )
 
 
-def main(argv: list[str]) -> None:
-    channel = Channel.from_fd(int(argv[0]))
+def serve(channel: Channel) -> None:
+    """Answer the channel's jobs until the Celery process at its other end goes."""
     channel.send("ready", model=MODEL, pid=os.getpid())
     chunk = int(CHUNK_S * SAMPLE_RATE)
     while True:
@@ -70,6 +72,19 @@ def main(argv: list[str]) -> None:
             for start in range(message["sent_samples"], samples.size, chunk):
                 channel.send("audio", job=job, segment=0, pcm=samples[start : start + chunk].tobytes())
         channel.send("finished", job=job, started_at=now, started_wall=wall, result=result.as_message())
+
+
+def accept(listener) -> None:
+    while True:
+        threading.Thread(target=serve, args=(Channel.accept(listener),), daemon=True).start()
+
+
+def main(argv: list[str]) -> None:
+    # The GPU's other Celery processes, if any, connect where the worker's settings say.
+    socket_path = Settings.from_env().engine_socket
+    if socket_path:
+        threading.Thread(target=accept, args=(listen(socket_path),), daemon=True).start()
+    serve(Channel.from_fd(int(argv[0])))
 
 
 if __name__ == "__main__":

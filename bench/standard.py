@@ -300,6 +300,7 @@ def run_farm(
     warm_up: list[SynthesisRequest],
     requests: list[SynthesisRequest],
     gpus: str | None = None,
+    celery_processes: int = 0,
 ) -> ModeResult:
     """The workload through Redis and a `chattts-farm worker` of its own: on ``gpus`` (nvidia-smi's
     numbers, comma-separated) when given, else on the engine's device."""
@@ -321,17 +322,20 @@ def run_farm(
             "CHATTTS_FARM_KV_DTYPE": arguments.kv_dtype,
             "CHATTTS_FARM_MAX_SEGMENT_CHARS": str(STANDARD_SEGMENT_CHARS),
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
+            "CHATTTS_FARM_CELERY_PROCESSES": str(celery_processes),
         }
         progress(f"farm: starting a worker ({' '.join(placement)}); its log: {workdir / 'standard-worker.log'}")
-        with running_workers(client, placement, settings, workdir / "standard-worker.log"):
+        with running_workers(client, placement, settings, workdir / "standard-worker.log") as supervisor:
             progress("farm: warming up")
             through_farm(client, warm_up)
             progress("farm: the workload")
-            with cpu_used(worker_pids(client, queues)) as used:
+            with cpu_used(worker_pids(client, queues, supervisor)) as used:
                 result = through_farm(client, requests)
             result.cpu_s = used
     if gpus is not None:
         result.mode += f", GPUs {gpus}"
+    if celery_processes:
+        result.mode += f", {celery_processes} Celery process{'es' if celery_processes > 1 else ''} a GPU"
     return result
 
 
@@ -454,6 +458,11 @@ def main() -> None:
         help="GPUs of a farm run, as `chattts-farm worker --gpus` takes them (0,1); repeat for several runs. "
         "Default: one run on the engine's GPU.",
     )
+    parser.add_argument(
+        "--celery-processes",
+        default="0",
+        help="Celery processes a GPU for the farm runs, comma-separated: a run each (0: the default).",
+    )
     parser.add_argument("--soak-s", type=float, default=0, help="Seconds of soak through the engine (0: none).")
     parser.add_argument("--soak-every-s", type=float, default=30, help="Seconds between the soak's samples.")
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
@@ -507,7 +516,8 @@ def main() -> None:
         progress(f"engine freed: {torch.cuda.memory_reserved(device) / MIB:.0f} MiB still reserved here")
     if not arguments.skip_farm:
         for gpus in arguments.farm_gpus or [None]:
-            results.append(run_farm(arguments, device, warm_up, workload, gpus))
+            for processes in [int(count) for count in arguments.celery_processes.split(",")]:
+                results.append(run_farm(arguments, device, warm_up, workload, gpus, processes))
 
     print(
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "

@@ -82,8 +82,14 @@ _SEED_DIGITS = re.compile(r"[0-9]+")
 
 
 def worker_queue(kind: str, index: int) -> str:
-    """The queue of one worker process (``gpu0``, ``cpu1``), for jobs pinned to it."""
+    """The queue of one worker (``gpu0``, ``cpu1``), for jobs pinned to it."""
     return f"{kind}{index}"
+
+
+def queue_of_worker(worker_name: str) -> str:
+    """The queue a worker process takes pinned jobs from: ``gpu0`` for ``gpu0@host`` and for its GPU's
+    other Celery processes (``gpu0.1@host``)."""
+    return worker_name.split("@")[0].split(".")[0]
 
 
 class FarmError(Exception):

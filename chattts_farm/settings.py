@@ -55,6 +55,12 @@ def _setting(
     return field(default=default, metadata=metadata, repr=not secret)
 
 
+# The most slots an engine gives itself without a SLOTS setting: on a GPU (as many as its memory
+# holds, up to this), and on the CPU. MAX_JOBS_IN_FLIGHT defaults to them.
+MAX_AUTO_SLOTS = 2048
+CPU_SLOTS = 64
+
+
 @dataclass(frozen=True)
 class Settings:
     # Every process.
@@ -147,11 +153,34 @@ class Settings:
         role="worker",
     )
     max_jobs_in_flight: int = _setting(
-        512,
-        "jobs a worker process holds at once (a thread each; it takes another from Redis only as one ends): "
-        "about the engine's slots keeps a GPU full without hoarding the queue",
-        minimum=1,
+        0,
+        "jobs a GPU's (or CPU worker's) Celery processes hold at once (a thread each; they take another "
+        "from Redis only as one ends): about the engine's slots keeps a GPU full without hoarding the "
+        f"queue (0: {MAX_AUTO_SLOTS} for a GPU, {CPU_SLOTS} for a CPU worker, the most slots an engine "
+        "gives itself there)",
+        minimum=0,
         renamed_from=("BATCH_JOBS",),
+        role="worker",
+    )
+    celery_processes: int = _setting(
+        0,
+        "Celery processes that take jobs for each engine (0: 3 for a GPU, 1 for a CPU worker): one "
+        "process's interpreter carries ~80 jobs a second on an H200 host, fewer than its engine can "
+        "finish; the first starts and watches the engine process, the others connect to it, and they "
+        "share MAX_JOBS_IN_FLIGHT",
+        minimum=0,
+        role="worker",
+    )
+    engine_socket: str = _setting(
+        "",
+        "set by `chattts-farm worker` for a GPU's Celery processes when there are several: the socket its "
+        "engine process listens on for the others",
+        role="worker",
+    )
+    engine_starter: bool = _setting(
+        True,
+        "set by `chattts-farm worker`: whether this Celery process starts its engine process (the first of "
+        "a GPU's) or connects to ENGINE_SOCKET (the others)",
         role="worker",
     )
     task_soft_time_limit_s: int = _setting(
@@ -304,6 +333,10 @@ class Settings:
         its worker lives; a dead worker's jobs come back sooner, through worker.failover.
         """
         return (3 + self.engine_retries) * self.task_time_limit_s + 30
+
+    def jobs_in_flight(self, on_gpu: bool) -> int:
+        """MAX_JOBS_IN_FLIGHT, or its default for a GPU or a CPU worker."""
+        return self.max_jobs_in_flight or (MAX_AUTO_SLOTS if on_gpu else CPU_SLOTS)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: object) -> Settings:

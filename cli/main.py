@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 from pathlib import Path
 
 import click
@@ -176,11 +177,15 @@ def worker(gpus: str | None, cpu_workers: int | None, loglevel: str) -> None:
 
     _log_to_stderr(loglevel)
     settings = _settings()
-    try:
-        specs = plan_workers(gpus, cpu_workers)
-    except (NoGpus, ValueError) as error:
-        raise click.UsageError(str(error)) from None
-    sys.exit(Supervisor(specs, settings, loglevel).run())
+    # The engines' sockets, where a GPU's other Celery processes reach its engine: a directory only this
+    # user may enter.
+    with tempfile.TemporaryDirectory(prefix="chattts-farm-engines-") as socket_dir:
+        try:
+            specs = plan_workers(gpus, cpu_workers, celery_processes=settings.celery_processes, socket_dir=socket_dir)
+        except (NoGpus, ValueError) as error:
+            raise click.UsageError(str(error)) from None
+        code = Supervisor(specs, settings, loglevel).run()
+    sys.exit(code)
 
 
 @main.group()

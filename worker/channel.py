@@ -2,7 +2,9 @@
 
 Torch-free; both sides import it. A message is a map with a ``kind`` and plain fields; audio travels as
 float32 bytes, never as pickled tensors or arrays. Framing is multiprocessing's (a length, then the
-bytes), on a Unix socket the engine process inherits as a file descriptor.
+bytes), on a Unix socket: the one the engine process inherits as a file descriptor from the Celery
+process that started it, and one more for each other Celery process of its GPU, which connects to the
+socket the engine listens on (see ``CHATTTS_FARM_CELERY_PROCESSES``).
 
 The messages (field names in brackets):
 
@@ -15,6 +17,8 @@ The messages (field names in brackets):
 
 from __future__ import annotations
 
+import contextlib
+import os
 import socket
 import threading
 from multiprocessing.connection import Connection
@@ -50,13 +54,31 @@ class Channel:
         """This side's end, and the socket to hand to the engine process (see :meth:`from_fd`)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for end in (ours, theirs):
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
-            end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
+            _size_buffers(end)
         return cls(Connection(ours.detach())), theirs
 
     @classmethod
     def from_fd(cls, fd: int) -> Channel:
         return cls(Connection(fd))
+
+    @classmethod
+    def connect(cls, path: str) -> Channel:
+        """This side's end of a channel to the engine listening at ``path``; OSError if none does."""
+        end = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _size_buffers(end)
+            end.connect(path)
+        except OSError:
+            end.close()
+            raise
+        return cls(Connection(end.detach()))
+
+    @classmethod
+    def accept(cls, listener: socket.socket) -> Channel:
+        """The engine's end of the next channel a Celery process opens on ``listener`` (see :func:`listen`)."""
+        end, _ = listener.accept()
+        _size_buffers(end)
+        return cls(Connection(end.detach()))
 
     def send(self, kind: str, **fields: Any) -> None:
         """Send one message; OSError (BrokenPipeError, ...) once the other side has gone."""
@@ -74,6 +96,23 @@ class Channel:
 
     def close(self) -> None:
         self._connection.close()
+
+
+def listen(path: str) -> socket.socket:
+    """A socket at ``path`` on which the GPU's other Celery processes open their channels to its engine;
+    a socket left there by an engine process that died is replaced. Only this user may connect: the
+    directory it lies in is the supervisor's own (mode 0700)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    return listener
+
+
+def _size_buffers(end: socket.socket) -> None:
+    end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER_BYTES)
+    end.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER_BYTES)
 
 
 def error_fields(error: BaseException) -> dict:

@@ -41,6 +41,9 @@ REVOCATION_POLL_S = 0.1
 ASK_TIMEOUT_S = 60
 # The worker ends with this code when no engine process can be started (see worker.supervisor).
 EXIT_NO_ENGINE = 70
+# How long a GPU's other Celery processes wait for the engine the first one starts (it loads and warms
+# up the model; after a crash, its supervisor's backoff comes first) before they exit.
+ENGINE_CONNECT_TIMEOUT_S = 600
 
 # receives (segment index, float32 samples) of a streaming job, in order
 Deliver = Callable[[int, np.ndarray], None]
@@ -82,11 +85,16 @@ class EngineClient:
         self._channel: Channel | None = None  # None while no engine process is up
         self._asks: dict[int, tuple[threading.Event, list]] = {}
         self._ask_numbers = itertools.count()
+        self.stopping = False  # the worker is shutting down: an engine lost now is not waited for
 
     def start(self) -> None:
-        """Start the engine process and wait until its model is loaded and warm; raises the error that
-        kept it from starting (ModelUnavailable naming what to set, say)."""
-        self._start_engine()
+        """Start the engine process (or, in a GPU's other Celery processes, connect to the one the first
+        started) and wait until its model is loaded and warm; raises the error that kept it from
+        starting (ModelUnavailable naming what to set, say)."""
+        if self.settings.engine_starter:
+            self._start_engine()
+        else:
+            self._connect_engine()
         threading.Thread(target=self._watch_revocations, name="revocation-watch", daemon=True).start()
 
     def submit(self, request: SynthesisRequest, on_audio: Deliver | None = None) -> Job:
@@ -147,15 +155,42 @@ class EngineClient:
             if message["kind"] == "failed":
                 raise error_from(message["error"])
             raise RuntimeError(f"the engine process exited (code {code}) before it was ready: its log says why")
-        self.model_info, self.engine_pid = message["model"], message["pid"]
+        self._adopt(channel, message, process)
+
+    def _connect_engine(self) -> None:
+        """Connect to the engine process of this GPU that its first Celery process starts, waiting for it."""
+        deadline = time.monotonic() + ENGINE_CONNECT_TIMEOUT_S
+        while True:
+            try:
+                channel = Channel.connect(self.settings.engine_socket)
+            except OSError:
+                channel = None
+            if channel is not None:
+                try:
+                    message = channel.receive()
+                except EOFError:  # it was ending
+                    channel.close()
+                else:
+                    self._adopt(channel, message, process=None)
+                    return
+            if self.stopping or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"no engine process of {self.name} answered at {self.settings.engine_socket} within "
+                    f"{ENGINE_CONNECT_TIMEOUT_S} s: the first Celery process of its GPU starts it, and its log says why"
+                )
+            time.sleep(0.5)
+
+    def _adopt(self, channel: Channel, ready: dict, process: subprocess.Popen | None) -> None:
+        """Take a ready engine's channel: every unfinished job goes to it, and a thread reads its messages."""
+        self.model_info, self.engine_pid = ready["model"], ready["pid"]
         with self._lock:
             self._channel = channel
             for job in self._jobs.values():
                 self._send_job(channel, job)
         threading.Thread(
-            target=self._receive, args=(channel, process), name=f"engine-channel-{process.pid}", daemon=True
+            target=self._receive, args=(channel, process), name=f"engine-channel-{ready['pid']}", daemon=True
         ).start()
-        logger.info("engine process %d of %s ready: %d job(s) handed to it", process.pid, self.name, len(self._jobs))
+        logger.info("engine process %d of %s ready: %d job(s) handed to it", ready["pid"], self.name, len(self._jobs))
 
     def _send_job(self, channel: Channel, job: Job) -> None:
         # An OSError: the engine has died, and its receiver starts another, which gets every unfinished job.
@@ -170,7 +205,7 @@ class EngineClient:
                 sent_samples=job.sent_samples,
             )
 
-    def _receive(self, channel: Channel, process: subprocess.Popen) -> None:
+    def _receive(self, channel: Channel, process: subprocess.Popen | None) -> None:
         while True:
             try:
                 message = channel.receive()
@@ -212,8 +247,9 @@ class EngineClient:
             waiting[1].append(reply)
             waiting[0].set()
 
-    def _engine_lost(self, channel: Channel, process: subprocess.Popen) -> None:
-        code = process.wait()
+    def _engine_lost(self, channel: Channel, process: subprocess.Popen | None) -> None:
+        # Only the Celery process that started the engine knows how it ended.
+        code = process.wait() if process is not None else "unknown here"
         channel.close()
         for done, answer in list(self._asks.values()):
             answer.append({"error": {"type": "SynthesisFailed", "args": ["the engine process died; ask again"]}})
@@ -233,12 +269,21 @@ class EngineClient:
                         )
                     )
         logger.error(
-            "the engine process %d of %s ended (exit code %s) with %d job(s) unfinished: starting another",
-            process.pid,
+            "the engine process %d of %s ended (exit code %s) with %d job(s) unfinished: %s",
+            self.engine_pid,
             self.name,
             code,
             len(lost),
+            "starting another" if process is not None else "waiting for the one its first Celery process starts",
         )
+        if process is None:
+            try:
+                self._connect_engine()
+            except RuntimeError:
+                logger.critical("no engine process of %s answers: exiting; this worker's jobs go elsewhere", self.name)
+                os._exit(EXIT_NO_ENGINE)
+            self.restarts += 1
+            return
         for attempt in range(ENGINE_START_ATTEMPTS):
             try:
                 self._start_engine()

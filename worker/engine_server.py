@@ -6,6 +6,12 @@ worker.channel). It loads and warms up the model, says ``ready``, then serves: e
 to the batcher, whose thread drives the GPU; this process's main thread only reads the channel, and
 one sender thread writes to it, so the engine's thread never waits on a socket. When the Celery side
 goes (its end of the channel closes: a worker stopped or killed), this process ends at once.
+
+Where a GPU has more than one Celery process (``CHATTTS_FARM_CELERY_PROCESSES``: one interpreter's lock
+carries only so many jobs a second), the first starts this process and the others connect to the
+socket it listens on (``CHATTTS_FARM_ENGINE_SOCKET``): each channel has a reader thread of its own, and
+each job's audio, result and progress go back on the channel it came on. Another Celery process that
+goes takes its jobs with it (they come back through its queue); the first one going ends this process.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ import setproctitle
 from chattts_farm.contract import FarmError, SynthesisRequest
 from chattts_farm.settings import Settings
 from worker.batcher import Batcher, JobHandle
-from worker.channel import Channel, error_fields
+from worker.channel import Channel, error_fields, listen
 from worker.synthesis import PROGRESS_INTERVAL_S, Synthesizer
 
 logger = logging.getLogger(__name__)
@@ -35,10 +41,12 @@ GPU_REPORT_EVERY = 4
 
 class EngineServer:
     def __init__(self, channel: Channel, synthesizer: Synthesizer, settings: Settings):
-        self.channel = channel
+        self.channel = channel  # the starting Celery process's: when it closes, this process ends
         self.synthesizer = synthesizer
-        self._live: set[str] = set()  # submitted, not finished
-        self._cancelled: set[str] = set()  # of those, the ones the Celery side has ended
+        self.socket_path = settings.engine_socket
+        self._lock = threading.Lock()  # over the two maps below: every channel has a reader thread
+        self._jobs_of: dict[Channel, set[str]] = {channel: set()}  # submitted, not finished, by channel
+        self._cancelled: set[str] = set()  # of those, the ones a Celery process has ended
         self.batcher = Batcher(
             synthesizer,
             max_jobs=settings.max_jobs_in_flight,
@@ -47,78 +55,115 @@ class EngineServer:
             is_revoked=self._cancelled.__contains__,
         )
         self.max_text_chars = settings.max_text_chars
-        self._outbox: queue.SimpleQueue[tuple[str, dict]] = queue.SimpleQueue()
+        self._outbox: queue.SimpleQueue[tuple[Channel, str, dict]] = queue.SimpleQueue()
 
     def serve(self) -> None:
-        """Serve until the Celery side goes; never returns."""
+        """Serve until the starting Celery process goes; never returns."""
         threading.Thread(target=self._send_outbox, name="channel-sender", daemon=True).start()
         self.batcher.start()
         threading.Thread(target=self._report_status, name="status-reporter", daemon=True).start()
-        self._send("ready", model=self.synthesizer.model.info.as_dict(), pid=os.getpid())
+        if self.socket_path:
+            listener = listen(self.socket_path)
+            threading.Thread(target=self._accept, args=(listener,), name="channel-listener", daemon=True).start()
+        self._say_ready(self.channel)
+        self._read(self.channel)
+        logger.info("the worker's end of the channel has closed: the engine process ends")
+        os._exit(0)
+
+    def _say_ready(self, channel: Channel) -> None:
+        self._send(channel, "ready", model=self.synthesizer.model.info.as_dict(), pid=os.getpid())
+
+    def _accept(self, listener) -> None:
+        """Serve each other Celery process of this GPU that connects, on a thread of its own."""
+        while True:
+            channel = Channel.accept(listener)
+            with self._lock:
+                self._jobs_of[channel] = set()
+            self._say_ready(channel)
+            threading.Thread(target=self._serve_other, args=(channel,), name="channel-reader", daemon=True).start()
+
+    def _serve_other(self, channel: Channel) -> None:
+        self._read(channel)
+        # That Celery process has gone (its jobs come back through its queue): its jobs end here.
+        with self._lock:
+            orphans = self._jobs_of.pop(channel)
+            self._cancelled.update(orphans)
+        channel.close()
+        logger.info("a Celery process of this engine has gone: %d job(s) of it dropped", len(orphans))
+
+    def _read(self, channel: Channel) -> None:
+        """Handle the channel's messages until the Celery process at its other end goes."""
         while True:
             try:
-                message = self.channel.receive()
+                message = channel.receive()
             except EOFError:
-                logger.info("the worker's end of the channel has closed: the engine process ends")
-                os._exit(0)
-            getattr(self, "_on_" + message.pop("kind"))(**message)
+                return
+            getattr(self, "_on_" + message.pop("kind"))(channel, **message)
 
-    def _on_submit(self, job: str, arguments: dict, stream: bool, started_at, started_wall, sent_samples: int):
+    def _on_submit(
+        self, channel: Channel, job: str, arguments: dict, stream: bool, started_at, started_wall, sent_samples: int
+    ):
         try:
             request = SynthesisRequest.from_arguments(arguments, max_text_chars=self.max_text_chars, request_id=job)
         except FarmError as error:  # the Celery side checked it by the same rules: not expected
-            self._send("finished", job=job, started_at=None, started_wall=None, error=error_fields(error))
+            self._send(channel, "finished", job=job, started_at=None, started_wall=None, error=error_fields(error))
             return
-        self._live.add(job)
+        with self._lock:
+            self._jobs_of[channel].add(job)
+            self._cancelled.discard(job)
         self.batcher.submit(
             request,
-            on_audio=(lambda segment, samples: self._send_audio(job, segment, samples)) if stream else None,
-            on_finished=self._finished,
+            on_audio=(lambda segment, samples: self._send_audio(channel, job, segment, samples)) if stream else None,
+            on_finished=lambda handle: self._finished(channel, handle),
             started_at=started_at,
             started_wall=started_wall,
             sent_samples=sent_samples,
         )
 
-    def _on_cancel(self, job: str) -> None:
-        if job in self._live:  # else it has finished, and its id would stay in the set for good
-            self._cancelled.add(job)
+    def _on_cancel(self, channel: Channel, job: str) -> None:
+        with self._lock:
+            if job in self._jobs_of.get(channel, ()):  # else it has finished, and its id would stay for good
+                self._cancelled.add(job)
 
-    def _on_ask(self, ask: int, question: str, argument) -> None:
+    def _on_ask(self, channel: Channel, ask: int, question: str, argument) -> None:
         try:
             if question != "embedding":
                 raise ValueError(f"no such question: {question!r}")
             from worker.voices import embedding_for_seed
 
-            self._send("answer", ask=ask, value=embedding_for_seed(self.synthesizer.model.chat.speaker, argument))
+            embedding = embedding_for_seed(self.synthesizer.model.chat.speaker, argument)
+            self._send(channel, "answer", ask=ask, value=embedding)
         except Exception as error:  # noqa: BLE001 - the asker gets it
-            self._send("answer", ask=ask, error=error_fields(error))
+            self._send(channel, "answer", ask=ask, error=error_fields(error))
 
-    def _send_audio(self, job: str, segment: int, samples: np.ndarray) -> None:
-        self._send("audio", job=job, segment=segment, pcm=np.ascontiguousarray(samples, dtype=np.float32).tobytes())
+    def _send_audio(self, channel: Channel, job: str, segment: int, samples: np.ndarray) -> None:
+        pcm = np.ascontiguousarray(samples, dtype=np.float32).tobytes()
+        self._send(channel, "audio", job=job, segment=segment, pcm=pcm)
 
-    def _finished(self, handle: JobHandle) -> None:
+    def _finished(self, channel: Channel, handle: JobHandle) -> None:
         job = handle.request.request_id
-        self._live.discard(job)
-        self._cancelled.discard(job)
+        with self._lock:
+            self._jobs_of.get(channel, set()).discard(job)
+            self._cancelled.discard(job)
         outcome = handle.outcome
         fields = {"job": job, "started_at": handle.started_at, "started_wall": handle.started_wall}
         if isinstance(outcome, Exception):
             fields["error"] = error_fields(outcome)
         else:
             fields["result"] = outcome.as_message()
-        self._send("finished", **fields)
+        self._send(channel, "finished", **fields)
 
     def _report_status(self) -> None:
-        """Every running job's progress and the engine's figures, in one message every PROGRESS_INTERVAL_S."""
+        """To each Celery process, the progress of its running jobs and the engine's figures, in one
+        message every PROGRESS_INTERVAL_S."""
         for count in itertools.count():
             time.sleep(PROGRESS_INTERVAL_S)
-            jobs = {
+            running = {
                 handle.request.request_id: [handle.started_at, handle.started_wall, handle.progress]
                 for handle in self.batcher.running()
             }
             stats = self.batcher.stats
             status = {
-                "jobs": jobs,
                 "stats": {
                     "batches": stats.batches,
                     "jobs_done": stats.jobs_done,
@@ -128,19 +173,24 @@ class EngineServer:
             }
             if count % GPU_REPORT_EVERY == 0:
                 status["gpu"] = gpu_report(self.synthesizer.model.device)
-            self._send("status", **status)
+            with self._lock:
+                jobs_of = {channel: list(jobs) for channel, jobs in self._jobs_of.items()}
+            for channel, jobs in jobs_of.items():
+                self._send(channel, "status", jobs={job: running[job] for job in jobs if job in running}, **status)
 
-    def _send(self, kind: str, **fields) -> None:
-        self._outbox.put((kind, fields))
+    def _send(self, channel: Channel, kind: str, **fields) -> None:
+        self._outbox.put((channel, kind, fields))
 
     def _send_outbox(self) -> None:
         while True:
-            kind, fields = self._outbox.get()
+            channel, kind, fields = self._outbox.get()
             try:
-                self.channel.send(kind, **fields)
+                channel.send(kind, **fields)
             except OSError:
-                logger.info("the worker's end of the channel has closed: the engine process ends")
-                os._exit(0)
+                if channel is self.channel:
+                    logger.info("the worker's end of the channel has closed: the engine process ends")
+                    os._exit(0)
+                # another Celery process that has gone: its reader thread drops its jobs
 
 
 def gpu_report(device) -> dict | None:

@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from chattts_farm.settings import Settings, SettingsError
+from chattts_farm.settings import CPU_SLOTS, MAX_AUTO_SLOTS, Settings, SettingsError
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.runner import ModelRunner
 from worker.model import LoadedModel
@@ -20,11 +20,9 @@ logger = logging.getLogger(__name__)
 # and the KV cache take, less room for the prefill, the vocoder and the graphs' scratch, and as many
 # slots as that holds with SLOT_SHARE_BLOCKS blocks of cache each (768 positions: a mean segment of
 # the standard workload ends near 550), at most MAX_AUTO_SLOTS.
-CPU_SLOTS = 64
 GPU_MEMORY_SHARE = 0.85
 GPU_WORKSPACE_BYTES = 6 * 2**30
 SLOT_SHARE_BLOCKS = 12
-MAX_AUTO_SLOTS = 2048
 
 
 def max_prompt_tokens(settings: Settings) -> int:

@@ -25,7 +25,7 @@ from redis.retry import Retry
 
 from chattts_farm import audio_store, ops_series, redis_keys
 from chattts_farm.audio_store import AudioStore
-from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE
+from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, queue_of_worker
 from chattts_farm.settings import Settings
 from worker import failover
 from worker.engine_client import EngineClient, Job
@@ -89,7 +89,7 @@ class WorkerRuntime:
     def sample(self, health: dict) -> ops_series.Sample:
         """The jobs finished since the last sample, the GPU now and the depth of this worker's queues."""
         taken = [self.finished.popleft() for _ in range(len(self.finished))]
-        queues = (DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, self.hostname.split("@")[0])
+        queues = (DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, queue_of_worker(self.hostname))
         pipeline = self.redis.pipeline(transaction=False)
         for queue in queues:
             pipeline.llen(queue)
@@ -153,7 +153,7 @@ def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRu
     global _runtime
     client = redis_client(settings)
     _warn_unless_noeviction(client)
-    engine = EngineClient(settings, hostname.split("@")[0], is_revoked=is_revoked)
+    engine = EngineClient(settings, queue_of_worker(hostname), is_revoked=is_revoked)
     engine.start()
     publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
     store = audio_store.from_settings(settings, client)
@@ -173,8 +173,10 @@ def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRu
 
 
 def watch_shutdown() -> None:
-    """The worker was asked to stop: bound how long it waits for an unreachable Redis."""
+    """The worker was asked to stop: bound how long it waits for an unreachable Redis, and for an engine
+    process that another Celery process of its GPU started and that has gone."""
     if _runtime is not None:
+        _runtime.engine.stopping = True
         threading.Thread(target=_runtime.exit_once_redis_stays_away, name="shutdown-watch", daemon=True).start()
 
 

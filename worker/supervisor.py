@@ -1,15 +1,18 @@
-"""``chattts-farm worker``: one Celery worker process per GPU (or N CPU workers), kept alive.
+"""``chattts-farm worker``: Celery worker processes for each GPU (or N CPU workers), kept alive.
 
 The supervisor never imports torch or initialises CUDA (GPUs are counted with nvidia-smi), so every
-child gets a clean process pinned to its GPU with ``CUDA_VISIBLE_DEVICES``. A child that dies is
-started again after a backoff; SIGTERM or SIGINT asks every child for a warm shutdown (it finishes
-its current batch) and waits for them.
+child gets a clean process pinned to its GPU with ``CUDA_VISIBLE_DEVICES``. A GPU has
+``CHATTTS_FARM_CELERY_PROCESSES`` of them (three by default): the first starts the GPU's engine process,
+the others connect to it. A child that dies is started again after a backoff; SIGTERM or SIGINT asks
+every child for a warm shutdown (it finishes its current batch) and waits for them, each engine's
+other Celery processes before the one whose engine it is.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 import shutil
 import signal
@@ -52,10 +55,18 @@ def list_gpus() -> list[int]:
 class WorkerSpec:
     kind: str  # "gpu" | "cpu"
     index: int
+    process: int = 0  # which of its engine's Celery processes: the first (0) starts the engine
+    processes: int = 1  # how many Celery processes its engine has
+    engine_socket: str = ""  # where the engine listens for the others, when there are several
+
+    @property
+    def queue(self) -> str:
+        return worker_queue(self.kind, self.index)
 
     @property
     def name(self) -> str:
-        return worker_queue(self.kind, self.index)
+        """``gpu0``, and ``gpu0.1``, ``gpu0.2``... for the GPU's other Celery processes."""
+        return self.queue if self.process == 0 else f"{self.queue}.{self.process}"
 
     def command(self, settings: Settings, loglevel: str) -> list[str]:
         return [
@@ -70,12 +81,12 @@ class WorkerSpec:
             "--pool",
             "threads",
             "--concurrency",
-            str(settings.max_jobs_in_flight),
+            str(math.ceil(self.jobs_in_flight(settings) / self.processes)),
             # Celery's own default queue too: a plain client's send_task without routing lands there.
             "--hostname",
             f"{self.name}@{settings.node_name or '%h'}",
             "--queues",
-            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.name}",
+            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.queue}",
             "--prefetch-multiplier",
             "1",
             "--task-events",
@@ -83,32 +94,52 @@ class WorkerSpec:
             loglevel,
         ]
 
-    def environment(self) -> dict[str, str]:
+    def jobs_in_flight(self, settings: Settings) -> int:
+        """The jobs its GPU's (or CPU worker's) Celery processes hold at once, all together."""
+        return settings.jobs_in_flight(on_gpu=self.kind == "gpu")
+
+    def environment(self, settings: Settings) -> dict[str, str]:
         environment = dict(os.environ)
+        # The engine process's batcher takes as many.
+        environment["CHATTTS_FARM_MAX_JOBS_IN_FLIGHT"] = str(self.jobs_in_flight(settings))
         if self.kind == "gpu":
             environment["CUDA_VISIBLE_DEVICES"] = str(self.index)
             environment.setdefault("CHATTTS_FARM_DEVICE", "cuda")
         else:
             environment["CUDA_VISIBLE_DEVICES"] = ""
             environment["CHATTTS_FARM_DEVICE"] = "cpu"
+        environment["CHATTTS_FARM_ENGINE_SOCKET"] = self.engine_socket
+        environment["CHATTTS_FARM_ENGINE_STARTER"] = "true" if self.process == 0 else "false"
         configure_allocator(environment)
         return environment
 
 
-def plan_workers(gpus: str | None, cpu: int | None) -> list[WorkerSpec]:
+def plan_workers(
+    gpus: str | None, cpu: int | None, *, celery_processes: int = 0, socket_dir: str = ""
+) -> list[WorkerSpec]:
+    """The Celery processes to run: ``celery_processes`` for each GPU or CPU worker (0: three for a GPU,
+    one for a CPU worker), the engine of each with several listening in ``socket_dir``."""
     if cpu:
-        return [WorkerSpec("cpu", i) for i in range(cpu)]
-    if gpus in (None, "all"):
-        indices = list_gpus()
+        kind, indices = "cpu", list(range(cpu))
+    elif gpus in (None, "all"):
+        kind, indices = "gpu", list_gpus()
         if not indices:
             raise NoGpus("no GPU found (nvidia-smi lists none): use --cpu N to run CPU workers")
     else:
-        indices = [int(part) for part in gpus.split(",") if part.strip()]
-    return [WorkerSpec("gpu", i) for i in indices]
+        kind, indices = "gpu", [int(part) for part in gpus.split(",") if part.strip()]
+    processes = celery_processes or (3 if kind == "gpu" else 1)
+    if processes > 1 and not socket_dir:
+        raise ValueError("several Celery processes for an engine need a directory for its socket")
+    specs = []
+    for index in indices:
+        socket = f"{socket_dir}/{worker_queue(kind, index)}.sock" if processes > 1 else ""
+        specs += [WorkerSpec(kind, index, process, processes, socket) for process in range(processes)]
+    return specs
 
 
 class Supervisor:
     def __init__(self, specs: list[WorkerSpec], settings: Settings, loglevel: str = "INFO"):
+        self.specs = specs
         self.children = [KeptAlive(f"worker {spec.name}", functools.partial(self._spawn, spec)) for spec in specs]
         self.settings = settings
         self.loglevel = loglevel
@@ -132,7 +163,7 @@ class Supervisor:
         # in its place runs the only workers of these names.
         return subprocess.Popen(
             spec.command(self.settings, self.loglevel),
-            env=spec.environment(),
+            env=spec.environment(self.settings),
             start_new_session=True,
             preexec_fn=sigterm_when_this_process_dies(),
         )
@@ -144,9 +175,15 @@ class Supervisor:
         self.stopping = True
 
     def _shut_down(self) -> int:
-        for child in self.children:
-            child.signal_stop()  # Celery's warm shutdown
-        for child in self.children:
-            child.wait()
+        # Each engine's other Celery processes finish first: the engine ends with the one that started it.
+        starters = [spec.process == 0 for spec in self.specs]
+        for stopping_starters in (False, True):
+            group = [
+                child for child, starter in zip(self.children, starters, strict=True) if starter == stopping_starters
+            ]
+            for child in group:
+                child.signal_stop()  # Celery's warm shutdown
+            for child in group:
+                child.wait()
         logger.info("all workers stopped")
         return 0
