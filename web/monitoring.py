@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import func
 
 from chattts_farm import backlog
+from chattts_farm.contract import queue_of_worker
 from web import backends, farm_state
 from web.models import Job, JobStatus, db
 
@@ -157,10 +158,14 @@ class _FarmCollector:
         )
         for report in alive:
             worker = report["worker"]
-            batch.add_metric([worker, "current"], report["current_batch"])
-            batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
             jobs_done.add_metric([worker], report["jobs_done"])
             audio_done.add_metric([worker], report.get("audio_seconds_done", 0.0))
+            # Every Celery process of a GPU reports its engine's batch and GPU: each counted once, from
+            # the first (gpu0@host, not gpu0.1@host).
+            if queue_of_worker(worker) != worker.split("@")[0]:
+                continue
+            batch.add_metric([worker, "current"], report["current_batch"])
+            batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
             if report.get("gpu"):
                 gpu = report["gpu"]
                 labels = [worker, gpu["name"]]

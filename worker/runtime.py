@@ -57,6 +57,7 @@ class WorkerRuntime:
     encoders: Executor | None  # where results in costly formats are encoded (see worker.results)
     # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
     finished: deque = field(default_factory=deque)
+    jobs_done: int = 0  # by this process (the engine's own count is its Celery processes' together)
     audio_seconds_done: float = 0.0
 
     def job_finished(self, handle: Job, duration_s: float) -> None:
@@ -65,6 +66,7 @@ class WorkerRuntime:
         now = time.monotonic()
         first_chunk = None if handle.first_audio_at is None else handle.first_audio_at - handle.submitted_at
         self.finished.append((duration_s, now - handle.submitted_at, first_chunk))
+        self.jobs_done += 1
         self.audio_seconds_done += duration_s
 
     def beat(self) -> None:
@@ -140,6 +142,7 @@ class WorkerRuntime:
             "model_info": engine.model_info,
             "batch_jobs": self.settings.max_jobs_in_flight,  # the health answer keeps its published name
             **engine.stats,
+            "jobs_done": self.jobs_done,
             "audio_seconds_done": round(self.audio_seconds_done, 3),
             "gpu": engine.gpu,
         }

@@ -55,9 +55,11 @@ def exported_families(metrics_text: str) -> set[str]:
 
 
 def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis_url):
-    # A GPU worker's heartbeat, as a worker on a GPU writes it (none runs here), so per-GPU metrics appear.
-    report = {**A_GPU_WORKER, "heartbeat": time.time()}
-    redis.Redis.from_url(redis_url).set(redis_keys.heartbeat(report["worker"]), json.dumps(report), ex=30)
+    # A GPU worker's heartbeats, as its Celery processes write them (none runs here), so per-GPU
+    # metrics appear: the GPU's second Celery process reports the same engine, counted once.
+    for report in (A_GPU_WORKER, {**A_GPU_WORKER, "worker": "gpu0.1@host", "jobs_done": 5}):
+        report = {**report, "heartbeat": time.time()}
+        redis.Redis.from_url(redis_url).set(redis_keys.heartbeat(report["worker"]), json.dumps(report), ex=30)
     metrics = client.get("/metrics").get_data(as_text=True)
     exported = exported_families(metrics)
     samples = {
@@ -69,6 +71,9 @@ def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis
     assert samples["chattts_gpu_utilisation_ratio", gpu] == 0.93
     assert samples["chattts_gpu_reserved_bytes", gpu] == 1200 * 2**20
     assert samples["chattts_worker_audio_seconds_total", (("worker", "gpu0@host"),)] == 120.5
+    assert samples["chattts_worker_jobs_done_total", (("worker", "gpu0.1@host"),)] == 5
+    assert not [key for key in samples if key[0].startswith("chattts_gpu_") and ("worker", "gpu0.1@host") in key[1]]
+    assert ("chattts_worker_batch_size", (("which", "current"), ("worker", "gpu0.1@host"))) not in samples
 
     queried = {
         name
