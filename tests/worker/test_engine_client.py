@@ -164,3 +164,37 @@ def test_the_celery_process_that_started_the_engine_killed_its_jobs_and_the_othe
             assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
     finally:
         workers.stop()
+
+
+def test_another_celery_process_killed_leaves_the_engine_running_and_its_jobs_run_again(
+    own_redis_url, data_dir, tmp_path
+):
+    workers = Workers.start(
+        own_redis_url, data_dir, tmp_path / "worker.log", count=1, CHATTTS_FARM_CELERY_PROCESSES="2", **SETTINGS
+    )
+    try:
+        workers.wait_for_workers(2)
+        client = workers.client
+        jobs = [
+            client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0") for i in range(JOBS)
+        ]
+        wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
+        [engine] = [
+            process
+            for process in psutil.Process(workers.process.pid).children(recursive=True)
+            if process.cmdline()[:1] == ["chattts-farm engine cpu0"]
+        ]
+        [other] = [
+            process for process in psutil.Process(workers.process.pid).children() if process.pid != engine.parent().pid
+        ]
+        other.kill()
+
+        # The engine drops that process's jobs and serves on; they come back through the failover.
+        outputs = [job.get(timeout=240) for job in jobs]
+        assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
+        assert engine.is_running() and health(workers)["engine_restarts"] == 0
+        wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
+        for job in jobs:
+            assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
+    finally:
+        workers.stop()
