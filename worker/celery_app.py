@@ -21,7 +21,10 @@ app.conf.update(
     # until the visibility timeout (half an hour) hands it out again. (The web gives up quickly.)
     result_backend_always_retry=True,
     result_backend_max_sleep_between_retries_ms=1000,
-    # Every job thread of a worker reports progress and stores its result through the backend.
+    # Every job thread of a worker stores its result through the backend: one backend and one pool for
+    # them all, whose connections are as many as are in use at once, not one for each of the threads
+    # (2,048 on a GPU by default: one Redis's 10,000 clients would not serve five GPUs).
+    result_backend_thread_safe=True,
     redis_max_connections=2 * settings.max_jobs_in_flight + 32,
     worker_hijack_root_logger=False,
     # A message on a queue that is no job (garbage pushed by hand, a broken client) goes to a
