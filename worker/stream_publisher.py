@@ -102,7 +102,7 @@ class StreamPublisher:
         if isinstance(item, tuple):
             segment, samples = item
             self._runs[job_id] = (run, seq + 1)
-            return streams.AudioChunk(seq, segment, SAMPLE_RATE, audio.pcm16(samples, SAMPLE_RATE), run)
+            return streams.AudioChunk(seq, segment, SAMPLE_RATE, audio.pcm16(samples), run)
         self._runs.pop(job_id, None)  # the job's last entry
         if isinstance(item, FarmError):
             return streams.StreamFailed.of(seq, item, run)
