@@ -99,102 +99,82 @@ def test_a_job_whose_engine_dies_more_often_than_the_settings_allow_fails_with_e
     assert client.send_task(TASK_NAME, kwargs={"text": "Still here."}, queue="cpu0").get(timeout=120)["job_id"]
 
 
-def test_two_celery_processes_feed_one_engine_and_both_lose_no_job_when_it_dies(own_redis_url, data_dir, tmp_path):
-    workers = Workers.start(
+@pytest.fixture
+def two_celery_processes(own_redis_url, data_dir, tmp_path):
+    """One CPU worker whose engine two Celery processes feed (cpu0 started it, cpu0.1 connects)."""
+    started = Workers.start(
         own_redis_url, data_dir, tmp_path / "worker.log", count=1, CHATTTS_FARM_CELERY_PROCESSES="2", **SETTINGS
     )
-    try:
-        # The second Celery process is named for its GPU (or CPU worker) and takes the same queues.
-        assert sorted(name.split("@")[0] for name in workers.wait_for_workers(2)) == ["cpu0", "cpu0.1"]
-        client, before = workers.client, health(workers)
-        jobs = [
-            client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0") for i in range(JOBS)
-        ]
-        wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
-        engines = [
-            pid
-            for pid in psutil.Process(workers.process.pid).children(recursive=True)
-            if pid.cmdline()[:1] == ["chattts-farm engine cpu0"]
-        ]
-        assert [engine.pid for engine in engines] == [before["engine_pid"]], "one engine, which both processes use"
-        os.kill(before["engine_pid"], signal.SIGKILL)
+    started.wait_for_workers(2)
+    yield started
+    started.stop()  # the second Celery process stops first, while the engine it uses still runs
 
-        outputs = [job.get(timeout=300) for job in jobs]
-        # Both held jobs (each takes half of MAX_JOBS_IN_FLIGHT), and each ran its own again on the new engine.
-        assert {output["worker"].split("@")[0] for output in outputs} == {"cpu0", "cpu0.1"}
-        assert "waiting for the one its first Celery process starts" in workers.log()
-        after = health(workers)
-        assert after["engine_pid"] != before["engine_pid"] and after["engine_restarts"] == 1
-        wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
-        for job in jobs:
-            assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
-    finally:
-        workers.stop()  # the second Celery process stops first, while the engine it uses still runs
+
+def twelve_running_jobs(workers) -> list:
+    jobs = [
+        workers.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0")
+        for i in range(JOBS)
+    ]
+    wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
+    return jobs
+
+
+def engine_processes(workers) -> list[psutil.Process]:
+    return [
+        process
+        for process in psutil.Process(workers.process.pid).children(recursive=True)
+        if process.cmdline()[:1] == ["chattts-farm engine cpu0"]
+    ]
+
+
+def all_succeed_once(workers, jobs) -> list[dict]:
+    outputs = [job.get(timeout=240) for job in jobs]
+    assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
+    wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
+    for job in jobs:
+        assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
+    return outputs
+
+
+def test_two_celery_processes_feed_one_engine_and_both_lose_no_job_when_it_dies(two_celery_processes):
+    workers = two_celery_processes
+    # The second Celery process is named for its GPU (or CPU worker) and takes the same queues.
+    assert sorted(name.split("@")[0] for name in workers.wait_for_workers(2)) == ["cpu0", "cpu0.1"]
+    before = health(workers)
+    jobs = twelve_running_jobs(workers)
+    assert [engine.pid for engine in engine_processes(workers)] == [before["engine_pid"]], "one, which both use"
+    os.kill(before["engine_pid"], signal.SIGKILL)
+
+    outputs = all_succeed_once(workers, jobs)
+    # Both held jobs (each takes half of MAX_JOBS_IN_FLIGHT), and each ran its own again on the new engine.
+    assert {output["worker"].split("@")[0] for output in outputs} == {"cpu0", "cpu0.1"}
+    assert "waiting for the one its first Celery process starts" in workers.log()
+    after = health(workers)
+    assert after["engine_pid"] != before["engine_pid"] and after["engine_restarts"] == 1
 
 
 def test_the_celery_process_that_started_the_engine_killed_its_jobs_and_the_others_all_succeed(
-    own_redis_url, data_dir, tmp_path
+    two_celery_processes,
 ):
-    workers = Workers.start(
-        own_redis_url, data_dir, tmp_path / "worker.log", count=1, CHATTTS_FARM_CELERY_PROCESSES="2", **SETTINGS
-    )
-    try:
-        workers.wait_for_workers(2)
-        client = workers.client
-        jobs = [
-            client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0") for i in range(JOBS)
-        ]
-        wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
-        [engine] = [
-            process
-            for process in psutil.Process(workers.process.pid).children(recursive=True)
-            if process.cmdline()[:1] == ["chattts-farm engine cpu0"]
-        ]
-        starter = engine.parent()
-        starter.kill()  # its engine ends with it
+    workers = two_celery_processes
+    jobs = twelve_running_jobs(workers)
+    [engine] = engine_processes(workers)
+    engine.parent().kill()  # the engine ends with the process that started it
 
-        # Its supervisor starts it again, with a new engine; the other Celery process hands that engine
-        # its own jobs, and the killed one's come back through the failover.
-        outputs = [job.get(timeout=240) for job in jobs]
-        assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
-        assert "waiting for the one its first Celery process starts" in workers.log()
-        assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE  # it ended with its starter
-        wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
-        for job in jobs:
-            assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
-    finally:
-        workers.stop()
+    # Its supervisor starts it again, with a new engine; the other Celery process hands that engine
+    # its own jobs, and the killed one's come back through the failover.
+    all_succeed_once(workers, jobs)
+    assert "waiting for the one its first Celery process starts" in workers.log()
+    assert not engine.is_running() or engine.status() == psutil.STATUS_ZOMBIE
 
 
-def test_another_celery_process_killed_leaves_the_engine_running_and_its_jobs_run_again(
-    own_redis_url, data_dir, tmp_path
-):
-    workers = Workers.start(
-        own_redis_url, data_dir, tmp_path / "worker.log", count=1, CHATTTS_FARM_CELERY_PROCESSES="2", **SETTINGS
-    )
-    try:
-        workers.wait_for_workers(2)
-        client = workers.client
-        jobs = [
-            client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": i}, queue="cpu0") for i in range(JOBS)
-        ]
-        wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
-        [engine] = [
-            process
-            for process in psutil.Process(workers.process.pid).children(recursive=True)
-            if process.cmdline()[:1] == ["chattts-farm engine cpu0"]
-        ]
-        [other] = [
-            process for process in psutil.Process(workers.process.pid).children() if process.pid != engine.parent().pid
-        ]
-        other.kill()
+def test_another_celery_process_killed_leaves_the_engine_running_and_its_jobs_run_again(two_celery_processes):
+    workers = two_celery_processes
+    jobs = twelve_running_jobs(workers)
+    [engine] = engine_processes(workers)
+    [other] = [process for process in psutil.Process(workers.process.pid).children() if process != engine.parent()]
+    other.kill()
 
-        # The engine drops that process's jobs and serves on; they come back through the failover.
-        outputs = [job.get(timeout=240) for job in jobs]
-        assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
-        assert engine.is_running() and health(workers)["engine_restarts"] == 0
-        wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
-        for job in jobs:
-            assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
-    finally:
-        workers.stop()
+    # The engine drops that process's jobs and serves on; they come back through the failover.
+    all_succeed_once(workers, jobs)
+    assert engine.is_running() and health(workers)["engine_restarts"] == 0
