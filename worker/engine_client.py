@@ -7,6 +7,10 @@ audio for streams, results, errors, and every running job's progress. When the e
 receiver sees it at once: it starts a new engine process and hands it every job that was unfinished,
 each with the seed it had (a stream sends only what had not gone out), up to ``engine_retries`` times
 a job; past that the job fails with :class:`EngineLost`.
+
+A GPU's other Celery processes (``CHATTTS_FARM_CELERY_PROCESSES``) start no engine: they connect to the
+socket the first one's engine listens on, and when it dies they wait for the one their first process
+starts again, then hand it their unfinished jobs the same way.
 """
 
 from __future__ import annotations
