@@ -93,7 +93,8 @@ def running_workers(client: Celery, placement: list[str], settings: dict[str, st
     environment = {**os.environ, **settings}
     cpu, gpus = (int(placement[1]), None) if placement[0] == "--cpu" else (None, placement[1])
     celery_processes = Settings.from_env(environment).celery_processes
-    processes = len(plan_workers(gpus, cpu, celery_processes=celery_processes, socket_dir="(not started here)"))
+    # How many Celery processes the supervisor will start (the sockets' directory is its own: any will do here).
+    processes = len(plan_workers(gpus, cpu, celery_processes=celery_processes, socket_dir=str(log.parent)))
     with log.open("w") as handle:
         supervisor = subprocess.Popen(
             [sys.executable, "-m", "cli", "worker", *placement],
