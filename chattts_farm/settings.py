@@ -101,8 +101,8 @@ class Settings:
     )
     slots: int = _setting(
         0,
-        "segments the engine runs at once (a slot each); 0 sizes them from free GPU memory, at most 2048 "
-        "(64 on the CPU)",
+        "segments the engine runs at once (a slot each); 0 sizes them from free GPU memory, at most "
+        f"{MAX_AUTO_SLOTS} ({CPU_SLOTS} on the CPU)",
         minimum=0,
         renamed_from=("MAX_RUNNING_ROWS",),
         role="worker",

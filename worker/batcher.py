@@ -81,13 +81,11 @@ class Batcher:
         self,
         synthesizer: Synthesizer,
         *,
-        max_jobs: int,
         soft_limit_s: float,
         hard_limit_s: float,
         is_revoked: Callable[[str], bool],
     ):
         self.synthesizer = synthesizer
-        self.max_jobs = max_jobs
         self.soft_limit_s = soft_limit_s
         self.hard_limit_s = hard_limit_s
         self.is_revoked = is_revoked

@@ -168,14 +168,14 @@ class EngineClient:
             try:
                 channel = Channel.connect(self.settings.engine_socket)
             except OSError:
-                channel = None
-            if channel is not None:
+                pass  # not listening (yet, or again)
+            else:
                 try:
-                    message = channel.receive()
+                    ready = channel.receive()
                 except EOFError:  # it was ending
                     channel.close()
                 else:
-                    self._adopt(channel, message, process=None)
+                    self._adopt(channel, ready, process=None)
                     return
             if self.stopping or time.monotonic() > deadline:
                 raise RuntimeError(

@@ -49,7 +49,6 @@ class EngineServer:
         self._cancelled: set[str] = set()  # of those, the ones a Celery process has ended
         self.batcher = Batcher(
             synthesizer,
-            max_jobs=settings.max_jobs_in_flight,
             soft_limit_s=settings.task_soft_time_limit_s,
             hard_limit_s=settings.task_time_limit_s,
             is_revoked=self._cancelled.__contains__,
@@ -77,9 +76,9 @@ class EngineServer:
         """Serve each other Celery process of this GPU that connects, on a thread of its own."""
         while True:
             channel = Channel.accept(listener)
+            self._say_ready(channel)  # first in its outbox: the status reporter sees the channel only after
             with self._lock:
                 self._jobs_of[channel] = set()
-            self._say_ready(channel)
             threading.Thread(target=self._serve_other, args=(channel,), name="channel-reader", daemon=True).start()
 
     def _serve_other(self, channel: Channel) -> None:

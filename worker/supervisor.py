@@ -100,7 +100,7 @@ class WorkerSpec:
 
     def environment(self, settings: Settings) -> dict[str, str]:
         environment = dict(os.environ)
-        # The engine process's batcher takes as many.
+        # Resolved here, for the Celery processes to size their thread pools and Redis pools by.
         environment["CHATTTS_FARM_MAX_JOBS_IN_FLIGHT"] = str(self.jobs_in_flight(settings))
         if self.kind == "gpu":
             environment["CUDA_VISIBLE_DEVICES"] = str(self.index)

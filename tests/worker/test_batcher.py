@@ -37,7 +37,7 @@ def failing_engine(core, monkeypatch, fails):
 
 
 def started_batcher(core, is_revoked=lambda job_id: False):
-    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=is_revoked)
+    batcher = Batcher(core, soft_limit_s=60, hard_limit_s=120, is_revoked=is_revoked)
     batcher.start()
     return batcher
 
@@ -62,7 +62,7 @@ def test_a_poison_job_fails_alone_with_a_reason_and_its_batch_mates_complete(cor
     monkeypatch.setattr(
         core, "synthesize", lambda requests, **kw: calls.append(len(requests)) or real_synthesize(requests, **kw)
     )
-    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
+    batcher = Batcher(core, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
     handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
     batcher.start()
     outcomes = outcomes_of(handles)
@@ -119,7 +119,7 @@ def test_an_out_of_memory_step_is_split_until_it_fits_and_every_job_completes(co
             torch.cuda.OutOfMemoryError("CUDA out of memory") if len({s.owner for s in segments}) > 2 else None
         ),
     )
-    batcher = Batcher(core, max_jobs=32, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
+    batcher = Batcher(core, soft_limit_s=60, hard_limit_s=120, is_revoked=lambda job_id: False)
     handles = [batcher.submit(SynthesisRequest(text=text, request_id=f"job-{i}")) for i, text in enumerate(TEXTS)]
     batcher.start()
     assert all(not isinstance(o, Exception) for o in outcomes_of(handles))
