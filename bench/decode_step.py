@@ -24,9 +24,9 @@ calls to a CUDA graph; the copy bandwidth it is set against is measured first, i
 the bytes read and written by ``dst.copy_(src)`` of 2 GiB over its time (as a GPU's copy bandwidth is
 counted).
 
-``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (split, tile, warps,
-stages) and prints the five fastest per cache dtype: how
-``worker.engine.attention._LAUNCH`` was chosen.
+``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (tile, warps, stages;
+products on the CUDA cores or the tensor cores) and prints the three fastest of each per cache dtype:
+how ``worker.engine.attention._LAUNCH`` was chosen.
 
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
 prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
@@ -221,29 +221,33 @@ def read_bytes(arguments: tuple) -> int:
 
 
 def launch_sweep(model: LoadedModel, context: int) -> None:
-    """The five fastest launch settings per cache dtype at 1,024 rows (see the module's doc)."""
+    """The three fastest launch settings per cache dtype and way of multiplying, at 1,024 rows (see the
+    module's doc)."""
     from worker.engine import attention
 
-    chosen = (attention.SPLIT_COLUMNS, dict(attention._LAUNCH))
-    print("\n| kv cache | us/call | GB/s read | split | tile | warps | stages |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    chosen = dict(attention._LAUNCH)
+    print("\n| kv cache | tensor cores | us/call | GB/s read | tile | warps | stages |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         arguments = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
         size = arguments[3].element_size()
-        timings = []
-        for split, tile, warps, stages in itertools.product((256, 512), (64, 128, 256), (4, 8), (2, 3, 4)):
-            if tile > split or (size == 2 and tile == 256):
-                continue
-            attention.SPLIT_COLUMNS = split
-            attention._LAUNCH = {size: {"TILE": tile, "num_warps": warps, "num_stages": stages}}
-            timings.append((time_attention(arguments, calls=10), split, tile, warps, stages))
-        timings.sort()
         name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
-        for seconds, split, tile, warps, stages in timings[:5]:
-            settings = f"{split} | {tile} | {warps} | {stages}"
-            print(f"| {name} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {settings} |", flush=True)
+        for tensor_cores in (False, True):
+            timings = []
+            for tile, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
+                attention._LAUNCH = {
+                    size: {"TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores}
+                }
+                timings.append((time_attention(arguments, calls=10), tile, warps, stages))
+            timings.sort()
+            for seconds, tile, warps, stages in timings[:3]:
+                settings = f"{tile} | {warps} | {stages}"
+                print(
+                    f"| {name} | {tensor_cores} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {settings} |",
+                    flush=True,
+                )
         del arguments
-    attention.SPLIT_COLUMNS, attention._LAUNCH = chosen
+    attention._LAUNCH = chosen
 
 
 def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_dtypes: list[torch.dtype]) -> None:

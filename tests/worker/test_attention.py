@@ -63,7 +63,7 @@ def unpaged(pool, table):
     return pool[table].transpose(1, 2).reshape(rows, kv_heads, width * block_positions, dim)
 
 
-def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns() -> None:
+def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns(device: str = "cpu") -> None:
     from worker.engine.attention import SPLIT_COLUMNS, decode_attention
 
     generator = torch.Generator().manual_seed(0)
@@ -71,7 +71,11 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
     context = 2 * SPLIT_COLUMNS + 128
     # The new position first, within a block, at a block's, a tile's and a split's edges, and last in the cache.
     columns = torch.tensor([0, 6, 15, 64, SPLIT_COLUMNS - 1, SPLIT_COLUMNS, SPLIT_COLUMNS + 1, context - 1])
-    for cache_dtype in (torch.float32, torch.float8_e4m3fn):
+    # 16-bit and float32 caches take the tensor cores' way (bfloat16's weights in bfloat16, as flash
+    # attention's are), fp8 the CUDA cores'. The interpreter has no bfloat16 products: the model's
+    # dtype is checked on a GPU.
+    cache_dtypes = {"cpu": ((torch.float32, 1e-5),), "cuda": ((torch.bfloat16, 2e-2),)}[device]
+    for cache_dtype, tolerance in (*cache_dtypes, (torch.float8_e4m3fn, 1e-5)):
         query = torch.randn(slots, heads, 1, dim, generator=generator)
         # Values the cache's dtype holds exactly: how a value between two fp8 numbers rounds is the
         # GPU's conversion, which Triton's interpreter does not copy (it rounds ties and carries apart).
@@ -86,13 +90,16 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
         table = shuffled_table(slots, context, block_positions, generator)
         key_pool, value_pool = paged(keys, table), paged(values, table)
 
-        attended = decode_attention(query, new_key, new_value, key_pool, value_pool, table, columns, 0.25)
+        on_device = (query, new_key, new_value, key_pool, value_pool, table, columns)
+        on_device = [tensor.to(device) for tensor in on_device]
+        attended = decode_attention(*on_device, 0.25).cpu()
+        key_pool, value_pool = on_device[3].cpu(), on_device[4].cpu()
 
         # Written in the cache's dtype, in the row's block, and attended to as written.
         assert torch.equal(unpaged(key_pool, table).float(), expected_keys.float())
         assert torch.equal(unpaged(value_pool, table).float(), expected_values.float())
         expected = masked_reference(query, expected_keys, expected_values, columns + 1, 0.25)
-        torch.testing.assert_close(attended, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(attended, expected, atol=tolerance, rtol=tolerance)
 
 
 def check_columns_past_a_slots_new_position_are_never_read() -> None:
@@ -121,6 +128,11 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
 
 def test_each_slot_writes_its_new_position_and_attends_over_its_own_columns_in_the_model_dtype_and_fp8():
     in_triton_interpreter("check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_in_the_models_dtype_and_fp8():
+    check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns("cuda")
 
 
 def test_columns_past_a_slots_new_position_and_rows_taking_no_part_are_never_read():

@@ -31,12 +31,17 @@ import functools
 import torch
 
 # Positions a program reads per split, and per iteration (its tile: a divisor of the split, whole
-# blocks of the cache), warps and pipeline stages, by the cache's bytes a value (an fp8 cache reads
-# more positions an iteration). Chosen by a sweep of 2 splits x 3 tiles x 2 warp counts x 3 stage
-# counts on an H200 at 1,024 rows of the standard workload's contexts, their blocks scattered over
-# the pool (docs/performance.md): bf16 337 us a layer (2,855 GB/s), fp8 243 us.
+# blocks of the cache), warps and pipeline stages, and whether its products run on the tensor cores,
+# by the cache's bytes a value. Chosen by a sweep of 3 tiles x 2 warp counts x 3 stage counts, each
+# way of multiplying, on an H200 at 1,024 rows of the standard workload's contexts, their blocks
+# scattered over the pool (docs/performance.md): bf16 on the tensor cores 272 us a layer (3,530 GB/s,
+# 91% of copy; 330 us on the CUDA cores); fp8 on the CUDA cores 243 us (on the tensor cores 328 us:
+# widening fp8 for them costs more than the products save).
 SPLIT_COLUMNS = 512
-_LAUNCH = {2: {"TILE": 128, "num_warps": 4, "num_stages": 4}, 1: {"TILE": 256, "num_warps": 4, "num_stages": 3}}
+_LAUNCH = {
+    2: {"TILE": 64, "num_warps": 4, "num_stages": 2, "TENSOR_CORES": True},
+    1: {"TILE": 256, "num_warps": 4, "num_stages": 3, "TENSOR_CORES": False},
+}
 
 
 @functools.cache
@@ -116,6 +121,7 @@ def decode_attention(
         BLOCK_POSITIONS=block_positions,
         SPLIT=SPLIT_COLUMNS,
         SPLITS=splits,
+        OPERAND=_operand_type(keys.dtype),
         **launch,
     )
     merge[(rows, heads)](
@@ -133,6 +139,16 @@ def decode_attention(
         num_warps=2,
     )
     return out
+
+
+def _operand_type(cache_dtype: torch.dtype):
+    """What the tensor cores multiply a tile in: fp8 widens to float16 (exactly, in one instruction for two
+    values, and float16 keeps more of the weights than bfloat16); other dtypes stay as they are."""
+    import triton.language as tl
+
+    if cache_dtype.itemsize == 1:
+        return tl.float16
+    return {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}[cache_dtype]
 
 
 @functools.cache
@@ -175,6 +191,8 @@ def _kernels():
         TILE: tl.constexpr,
         SPLIT: tl.constexpr,
         SPLITS: tl.constexpr,
+        OPERAND: tl.constexpr,
+        TENSOR_CORES: tl.constexpr,
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)
@@ -192,6 +210,11 @@ def _kernels():
         best = tl.full((), float("-inf"), tl.float32)
         total = tl.full((), 0.0, tl.float32)
         acc = tl.zeros((DIM,), tl.float32)
+        # On the tensor cores a query is a matrix of 16 columns, all zero but the first (a product needs
+        # 16 at least), and so are the weights that multiply the values: what comes out is exact.
+        lanes = tl.arange(0, 16)[None, :] == 0
+        query_lanes = tl.where(lanes, q[:, None], 0.0).to(OPERAND)
+        acc_lanes = tl.zeros((DIM, 16), tl.float32)
         # The row's positions before the new one, in this split, a tile at a time (a tile spans one
         # block or several whole ones).
         end = tl.minimum(start + SPLIT, new_column)
@@ -201,16 +224,25 @@ def _kernels():
             blocks = tl.load(table + offsets // BLOCK_POSITIONS, mask=inside, other=0)
             places = blocks * key_block + (offsets % BLOCK_POSITIONS) * key_column
             k = tl.load(key_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
-            scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
+            if TENSOR_CORES:
+                scores = tl.sum(tl.dot(k.to(OPERAND), query_lanes), axis=1)
+            else:
+                scores = tl.sum(k.to(tl.float32) * q[None, :], axis=1)
             scores = tl.where(inside, scores, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=0))
             weights = tl.exp(scores - new_best)
             rescale = tl.exp(best - new_best)
             places = blocks * value_block + (offsets % BLOCK_POSITIONS) * value_column
             v = tl.load(value_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
-            acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
+            if TENSOR_CORES:
+                weight_lanes = tl.where(lanes, weights[:, None], 0.0).to(OPERAND)
+                acc_lanes = acc_lanes * rescale + tl.dot(tl.trans(v.to(OPERAND)), weight_lanes)
+            else:
+                acc = acc * rescale + tl.sum(weights[:, None] * v.to(tl.float32), axis=0)
             total = total * rescale + tl.sum(weights, axis=0)
             best = new_best
+        if TENSOR_CORES:
+            acc = tl.sum(acc_lanes, axis=1)
         if new_column < start + SPLIT:  # the new position is this split's: write it, and attend to it as written
             k_new = tl.load(new_key + row * new_key_row + kv_head * new_key_head + dims)
             v_new = tl.load(new_value + row * new_value_row + kv_head * new_value_head + dims)
