@@ -184,16 +184,18 @@ class Synthesizer:
                     entry.segments,
                     deliver=deliver,
                     pause_samples=self.pause_samples,
-                    frames_per_second=SAMPLE_RATE / self.vocoder.samples_per_frame,
+                    frames_per_second=self.frames_per_second,
                     context_frames=self.stream_context_frames,
                 )
             added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, RequestInFlight)]
         self.preparer.refine(prepared)
         text_s = time.perf_counter() - started
+        now = time.monotonic()
         for entry in prepared:
             entry.text_s = text_s
             self.in_flight[entry.number] = entry
+            self._set_due(entry, now)
             self.engine.add(entry.segments)
         self._note_sharing()
         return added
@@ -279,6 +281,20 @@ class Synthesizer:
                 memory = memory if memory is not None else self._memory_report()
                 finished.append((entry, self._finish(entry, memory)))
         return finished
+
+    def _set_due(self, entry: RequestInFlight, now: float) -> None:
+        """When each segment's audio is wanted: all of an unstreamed request's now; a stream's segment
+        when the audio before it will have played (its expected length), so that the first segments of
+        streams that arrive later go before it."""
+        starts_after = 0.0
+        for segment in entry.segments:
+            segment.due = now + starts_after
+            if entry.stream is not None:
+                starts_after += segment.expected_tokens / self.frames_per_second + self.settings.segment_pause_s
+
+    @property
+    def frames_per_second(self) -> float:
+        return SAMPLE_RATE / self.vocoder.samples_per_frame
 
     @property
     def pause_samples(self) -> int:

@@ -7,9 +7,9 @@ from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentStatus
 
 
-def segment(owner: int) -> Segment:
+def segment(owner: int, due: float = 0.0) -> Segment:
     return Segment(
-        owner=owner, index=0, text="", request=None, speaker=None, seed=owner, expected_tokens=1, max_tokens=1
+        owner=owner, index=0, text="", request=None, speaker=None, seed=owner, expected_tokens=1, max_tokens=1, due=due
     )
 
 
@@ -44,6 +44,16 @@ def test_segments_are_admitted_while_their_blocks_fit_with_one_to_spare_for_each
     assert [s.owner for s in scheduler.waiting] == [3] and scheduler.pool.free == 3
 
 
+def test_segments_wait_earliest_due_first_then_in_arrival_order():
+    scheduler = Scheduler(slots=2, max_admissions=2, kv_blocks=8)
+    for owner, due in enumerate([5.0, 0.0, 9.0, 0.0, 5.0]):
+        scheduler.add(segment(owner, due))
+    assert [s.owner for s in scheduler.waiting] == [1, 3, 0, 4, 2]
+    assert [s.owner for s in scheduler.waiting.next(3)] == [1, 3, 0]
+    assert [s.owner for s in scheduler.schedule(0, fixed(1)).admitted] == [1, 3]
+    assert [s.owner for s in scheduler.waiting] == [0, 4, 2]
+
+
 def test_a_running_segment_takes_a_block_in_the_round_it_outgrows_its_last():
     scheduler = Scheduler(slots=2, max_admissions=2, kv_blocks=8)
     scheduler.add(segment(0))
@@ -63,16 +73,17 @@ def test_a_running_segment_takes_a_block_in_the_round_it_outgrows_its_last():
 def test_when_the_pool_runs_dry_the_newest_segments_are_preempted_and_wait_first_in_line():
     scheduler = Scheduler(slots=4, max_admissions=4, kv_blocks=8)
     for owner in range(3):
-        scheduler.add(segment(owner))
+        scheduler.add(segment(owner, due=10.0))
     # One block each at first; by clock 4 * 64 each would fill five blocks.
     scheduler.schedule(0, lambda _: (BLOCK_POSITIONS, 5 * BLOCK_POSITIONS))
-    scheduler.add(segment(3))
+    scheduler.add(segment(3, due=0.0))
     # The oldest gets its blocks; the next, short of blocks, preempts the newest, then (still short) itself.
     schedule = scheduler.schedule(4 * BLOCK_POSITIONS, fixed(1))
     assert [(slot, s.owner) for slot, s in schedule.preempted] == [(2, 2), (1, 1)]
     assert [s.owner for s in scheduler.running.values()] == [0] and scheduler.pool.held(0) == 5
     assert {slot for slot, _, _ in schedule.new_blocks} == {0}
-    # No admission in a round that preempted; the preempted wait first, in their old order.
+    # No admission in a round that preempted; the preempted wait first, in their old order, before
+    # a segment due earlier than they were.
     assert schedule.admitted == []
     assert [s.owner for s in scheduler.waiting] == [1, 2, 3]
     assert all(s.slot is None and s.status is SegmentStatus.WAITING for s in scheduler.waiting)

@@ -123,6 +123,37 @@ def test_a_streamed_and_a_plain_request_share_the_engine_and_each_gets_its_own_a
     assert np.abs(outcomes["plain"][0].samples - alone.samples).max() < 1e-4
 
 
+def test_a_later_streams_first_segment_starts_before_the_later_segments_of_streams_that_came_first(
+    tiny_settings, synthesizer, make_request
+):
+    # One slot: the engine admits one segment at a time, in the order their audio is wanted.
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, slots=1))
+    first, later, plain = (
+        SynthesisRequest(**{**make_request(LONG_TEXT, seed=seed).__dict__, "request_id": name})
+        for seed, name in ((1, "first"), (2, "later"), (3, "plain"))
+    )
+    admitted = []
+    schedule = core.engine.scheduler.schedule
+
+    def noting_admissions(*arguments):
+        scheduled = schedule(*arguments)
+        admitted.extend((core.in_flight[s.owner].request.request_id, s.index) for s in scheduled.admitted)
+        return scheduled
+
+    core.engine.scheduler.schedule = noting_admissions
+    core.add([first], [lambda segment, samples: None])
+    core.add([later, plain], [lambda segment, samples: None, None])
+    segments = len(core.in_flight[max(core.in_flight)].segments)
+    while core.in_flight:
+        core.step()
+    assert segments > 1
+    # The streams' first segments, then all of the plain request's (its audio is wanted whole, now),
+    # then the streams' later ones.
+    assert admitted[:2] == [("first", 0), ("later", 0)]
+    assert admitted[2 : 2 + segments] == [("plain", index) for index in range(segments)]
+    assert admitted[2 + segments : 4 + segments] == [("first", 1), ("later", 1)]
+
+
 def segments_of(count):
     return [
         Segment(owner=0, index=i, text="x", request=None, speaker=None, seed=0, expected_tokens=1, max_tokens=1)

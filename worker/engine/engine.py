@@ -11,7 +11,6 @@ its blocks for the next.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterable
 
 import torch
@@ -154,7 +153,7 @@ class Engine:
         for _ in range(SYNC_EVERY):
             self._decode_step()
         # The next admissions' prompts are tokenised while the device runs the steps just queued.
-        for segment in itertools.islice(self.scheduler.waiting, self.scheduler.max_admissions):
+        for segment in self.scheduler.waiting.next(self.scheduler.max_admissions):
             encode_prompt(self.model, segment)
         finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
         retired = [slot for slot in self.scheduler.running if finished[slot]]

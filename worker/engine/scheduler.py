@@ -1,7 +1,9 @@
 """Which segments hold the engine's slots and its KV cache's blocks: torch-free bookkeeping.
 
-Segments wait in arrival order and take the lowest free slots, so the running slots stay packed at
-the front and a decode step runs on as few rows as possible. A running segment's cache grows by one
+Segments wait in the order their audio is wanted (:attr:`Segment.due`, then arrival: a streamed
+request's first segment before the later segments of requests that came first, whose audio is not
+played for seconds yet) and take the lowest free slots, so the running slots stay packed at the front
+and a decode step runs on as few rows as possible. A running segment's cache grows by one
 position a decode step: at the engine's clock ``c`` (the decode steps it will have run at the end of
 this round) it fills ``min(start + c, end)`` positions, ``start`` and ``end`` fixed when it is
 admitted. So the scheduler knows the clock at which each segment outgrows its blocks, and each round
@@ -21,8 +23,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -48,11 +49,49 @@ class Admission(NamedTuple):
     end: int
 
 
+class WaitingQueue:
+    """Segments waiting for a slot: earliest due first, in arrival order among equals; a preempted
+    segment before all of those, in the order the preempted were admitted."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Segment]] = []
+        self._arrivals = itertools.count()
+
+    def add(self, segment: Segment) -> None:
+        heapq.heappush(self._heap, (segment.due, next(self._arrivals), segment))
+
+    def put_back(self, segment: Segment, admission: int) -> None:
+        heapq.heappush(self._heap, (float("-inf"), admission, segment))
+
+    def first(self) -> Segment:
+        return self._heap[0][2]
+
+    def pop(self) -> Segment:
+        return heapq.heappop(self._heap)[2]
+
+    def next(self, count: int) -> list[Segment]:
+        """The ``count`` segments that come up next, in order."""
+        return [entry[2] for entry in heapq.nsmallest(count, self._heap)]
+
+    def drop(self, should_drop: Callable[[Segment], bool]) -> list[Segment]:
+        dropped = [entry[2] for entry in self._heap if should_drop(entry[2])]
+        if dropped:
+            self._heap = [entry for entry in self._heap if not should_drop(entry[2])]
+            heapq.heapify(self._heap)
+        return dropped
+
+    def __iter__(self) -> Iterator[Segment]:
+        return (entry[2] for entry in sorted(self._heap))
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+
 class Scheduler:
     def __init__(self, slots: int, max_admissions: int, kv_blocks: int):
         self.max_admissions = max_admissions
         self.pool = BlockPool(kv_blocks)
-        self.waiting: deque[Segment] = deque()
+        self.waiting = WaitingQueue()
         self.running: dict[int, Segment] = {}
         self._free_slots = list(range(slots))
         self._admissions: dict[int, Admission] = {}  # per running slot
@@ -64,7 +103,7 @@ class Scheduler:
 
     def add(self, segment: Segment) -> None:
         segment.status = SegmentStatus.WAITING
-        self.waiting.append(segment)
+        self.waiting.add(segment)
 
     def schedule(self, clock: int, demand: Demand) -> Schedule:
         """Give the running segments the blocks they fill by ``clock``, preempting the newest when
@@ -87,12 +126,12 @@ class Scheduler:
             schedule.new_blocks = [entry for entry in schedule.new_blocks if entry[0] in self.running]
             return schedule
         while self.waiting and self._free_slots and len(schedule.admitted) < self.max_admissions:
-            segment = self.waiting[0]
+            segment = self.waiting.first()
             start, end = demand(segment)
             needed = min(start + clock, end)
             if blocks_for(needed) + len(self.running) > self.pool.free:
                 break
-            self.waiting.popleft()
+            self.waiting.pop()
             slot = segment.slot = heapq.heappop(self._free_slots)
             segment.status = SegmentStatus.RUNNING
             self.running[slot] = segment
@@ -136,9 +175,10 @@ class Scheduler:
         return moves
 
     def _preempt(self, slot: int) -> tuple[int, Segment]:
+        admission = self._admissions[slot].number
         segment = self._free(slot)
         segment.status = SegmentStatus.WAITING
-        self.waiting.appendleft(segment)
+        self.waiting.put_back(segment, admission)
         return slot, segment
 
     def retire(self, slot: int) -> Segment:
@@ -155,11 +195,9 @@ class Scheduler:
         return segment
 
     def drop_waiting(self, should_drop: Callable[[Segment], bool]) -> list[Segment]:
-        dropped = [segment for segment in self.waiting if should_drop(segment)]
-        if dropped:
-            self.waiting = deque(segment for segment in self.waiting if not should_drop(segment))
-            for segment in dropped:
-                segment.status = SegmentStatus.FINISHED
+        dropped = self.waiting.drop(should_drop)
+        for segment in dropped:
+            segment.status = SegmentStatus.FINISHED
         return dropped
 
     @property

@@ -47,6 +47,8 @@ class Segment:
     samples: np.ndarray | None = None
     quality: SegmentQuality | None = None
     prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
+    # When its audio is wanted (monotonic seconds): waiting segments are admitted earliest due first.
+    due: float = 0.0
 
     @property
     def pinned_tokens(self) -> int | None:
