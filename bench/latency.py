@@ -166,8 +166,12 @@ def running_web(redis_url: str, workdir: Path) -> Iterator[str]:
         web.wait(timeout=30)
 
 
-def run_engine_level(synthesizer, clients: int, seconds: float) -> dict:
-    """A level through the synthesizer in this process: what the engine gives before any transport."""
+def run_engine_level(synthesizer, clients: int, seconds: float, timeline: bool = False) -> dict:
+    """A level through the synthesizer in this process: what the engine gives before any transport.
+
+    With ``timeline``, prints each synthesizer step until every stream has its first chunk: when it
+    began, how long it took, the segments running and waiting after it, and the streams heard by its end.
+    """
     started = time.perf_counter()
     listeners = [Listener(started) for _ in range(clients)]
 
@@ -175,8 +179,26 @@ def run_engine_level(synthesizer, clients: int, seconds: float) -> dict:
         return lambda segment, samples: listener.heard(samples.size * BYTES_PER_SAMPLE)
 
     synthesizer.add(level_requests(clients, seconds), [on_audio(listener) for listener in listeners])
+    steps = []
     while synthesizer.in_flight:
+        began = time.perf_counter()
         synthesizer.step()
+        heard = sum(bool(listener.arrivals) for listener in listeners)
+        if timeline and (not steps or steps[-1][-1] < clients):
+            engine = synthesizer.engine
+            steps.append(
+                (
+                    began - started,
+                    time.perf_counter() - began,
+                    len(engine.running_segments),
+                    len(engine.scheduler.waiting),
+                    heard,
+                )
+            )
+    if timeline:
+        print(f"\nengine, {clients} streams: | step began ms | took ms | running | waiting | streams heard |")
+        for began, took, running, waiting, heard in steps:
+            print(f"| {1000 * began:.1f} | {1000 * took:.1f} | {running} | {waiting} | {heard} |")
     return level_row("engine", clients, listeners, time.perf_counter() - started)
 
 
@@ -224,7 +246,7 @@ def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[
     )
     synthesizer = Synthesizer.load(settings)
     run_engine_level(synthesizer, 4, arguments.seconds)  # warm-up, as the farm's
-    rows = [run_engine_level(synthesizer, clients, arguments.seconds) for clients in levels]
+    rows = [run_engine_level(synthesizer, clients, arguments.seconds, arguments.timeline) for clients in levels]
     del synthesizer
     gc.collect()
     if torch.cuda.is_available():
@@ -252,6 +274,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--engine", action="store_true", help="Also run the levels through the synthesizer in this process first."
+    )
+    parser.add_argument(
+        "--timeline", action="store_true", help="Print the engine's steps of each --engine level until all are heard."
     )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
     parser.add_argument("--workdir", default="var/bench")
