@@ -57,9 +57,9 @@ from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
+from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
-from worker.model import LoadedModel, load_model  # noqa: E402
-from worker.sampling import REPETITION_WINDOW, sample  # noqa: E402
+from worker.model.loading import LoadedModel, load_model  # noqa: E402
 
 TEXT = "The farm reads this sentence aloud, again and again, to time one step of its GPT."
 

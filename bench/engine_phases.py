@@ -41,7 +41,8 @@ from bench.standard import seconds_range  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
-from worker.synthesis import Synthesizer  # noqa: E402
+from worker.engine_process import pipeline  # noqa: E402
+from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
 
 class PhaseTimer:
@@ -201,7 +202,7 @@ def main() -> None:
         # Timed with the device synchronised around it: the GPU time of the vocoder's work, which
         # untimed runs beside the decode steps on its own stream.
         timer.time(synthesizer.vocoder, "launch", "vocoder")
-        timer.time(synthesizer, "_finish", "finish")
+        timer.time(pipeline, "finish", "finish")
         timer.time(synthesizer, "step", "synthesizer step, in all")
         wall, rate = audio_per_wall(synthesizer, arguments.jobs, 2, arguments.seconds)
         print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases timed)")

@@ -1,7 +1,7 @@
 """An engine process that answers every job at once: the worker's Celery side measured without a GPU.
 
 ``CHATTTS_FARM_ENGINE_MODULE=bench.instant_engine`` makes a worker start this instead of
-worker.engine_server. It speaks the same channel (worker.channel): it says ``ready``, and answers
+worker.engine_process.main. It speaks the same channel (worker.channel): it says ``ready``, and answers
 each ``submit`` at once with a result of the speech its text is expected to last (a quiet tone), a
 streaming job's audio first in chunks of CHUNK_S. No model, no torch: what the worker then spends on
 a job (its thread, Redis, the audio store, encoding) is the Celery side's own cost, which

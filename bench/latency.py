@@ -236,7 +236,7 @@ def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[
 
     import torch
 
-    from worker.synthesis import Synthesizer
+    from worker.engine_process.pipeline import Synthesizer
 
     settings = Settings.from_env(
         model=arguments.model,

@@ -66,7 +66,7 @@ from chattts_farm.celery_client import create_celery  # noqa: E402
 from chattts_farm.contract import TASK_NAME, SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import expected_tokens  # noqa: E402
-from worker.synthesis import Synthesizer  # noqa: E402
+from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
 WORKLOAD_SEED = 0
 WARM_UP_SEED = 1

@@ -29,7 +29,7 @@ from bench.workload import stock_infer, text_for_tokens  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import expected_tokens  # noqa: E402
-from worker.synthesis import Synthesizer  # noqa: E402
+from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
 
 @dataclass

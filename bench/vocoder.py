@@ -34,8 +34,8 @@ import torch  # noqa: E402
 
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
-from worker.synthesis import Synthesizer  # noqa: E402
-from worker.vocoder import Vocoder, Window  # noqa: E402
+from worker.engine_process.pipeline import Synthesizer  # noqa: E402
+from worker.vocoder.vocoder import Vocoder, Window  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
 

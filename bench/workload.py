@@ -2,7 +2,7 @@
 through stock ChatTTS.
 
 Import it after :func:`worker.cuda.configure_allocator` has run (it imports torch through
-:mod:`worker.voices`).
+:mod:`worker.engine_process.voices`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import random
 from chattts_farm.contract import SynthesisRequest
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import SAMPLE_RATE
-from worker.voices import embedding_for_seed
+from worker.engine_process.voices import embedding_for_seed
 
 WORDS = ["farm", "batch", "voice", "speech", "queue", "worker", "model", "token", "audio", "sample", "steady", "clear"]
 

@@ -201,7 +201,7 @@ class Settings:
         role="worker",
     )
     engine_module: str = _setting(
-        "worker.engine_server",
+        "worker.engine_process.main",
         "the module a worker's engine process runs (`python -m <module>`); `bench/celery_side.py` swaps in "
         "one that answers at once, to measure what the Celery side costs without a GPU",
         role="worker",

@@ -102,7 +102,7 @@ def say(
     model: str | None,
 ) -> None:
     """Synthesise TEXT into a file, locally, without the farm."""
-    from worker.synthesis import Synthesizer
+    from worker.engine_process.pipeline import Synthesizer
 
     settings = _settings(model=model)
     try:
@@ -145,7 +145,7 @@ def assets() -> None:
 @click.argument("scale", type=click.Choice(["tiny", "full"]))
 def assets_prepare(scale: str) -> None:
     """Build synthetic assets of SCALE in the data dir's cache, unless they are already there."""
-    from worker.synthetic_assets import ensure_synthetic_assets
+    from worker.model.synthetic_assets import ensure_synthetic_assets
 
     progress = _ProgressBar(f"building synthetic-{scale} assets")
     root = ensure_synthetic_assets(_settings().data_dir, scale, progress=progress)
@@ -159,7 +159,7 @@ def assets_prepare(scale: str) -> None:
 @click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
 def assets_build(scale: str, seed: int, directory: Path) -> None:
     """Build synthetic assets of SCALE into DIRECTORY."""
-    from worker.synthetic_assets import build_synthetic_assets
+    from worker.model.synthetic_assets import build_synthetic_assets
 
     progress = _ProgressBar(f"building synthetic-{scale} assets")
     manifest = build_synthetic_assets(directory, scale, seed=seed, progress=progress)

@@ -41,7 +41,7 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_assets(data_dir) -> Path:
     """The synthetic-tiny assets in the shared data dir, built once for the session."""
-    from worker.synthetic_assets import ensure_synthetic_assets
+    from worker.model.synthetic_assets import ensure_synthetic_assets
 
     return ensure_synthetic_assets(data_dir, "tiny")
 

@@ -78,13 +78,40 @@ def test_the_worker_parts_that_manage_processes_load_no_torch():
 
 
 def test_the_engines_bookkeeping_loads_no_torch():
-    # Who holds the slots and the cache's blocks is plain Python, testable and readable without a model.
-    loaded = top_level(loaded_after_importing(["worker.engine.scheduler", "worker.engine.blocks"]))
+    # Who holds the slots and the cache's blocks, and the record of each segment they run, is plain
+    # Python, testable and readable without a model.
+    loaded = top_level(
+        loaded_after_importing(["worker.engine.scheduler", "worker.engine.segment", "worker.engine.blocks"])
+    )
     assert not loaded & {"torch", "numpy", "ChatTTS"}
 
 
-def test_the_celery_side_of_a_worker_loads_no_torch():
-    # The model lives in the engine process (worker.engine_server): the worker's Celery process holds
+# The worker's top level: everything of it but its engine process (worker.engine_process) and what
+# only that process runs (worker.engine, worker.vocoder, worker.model).
+CELERY_SIDE = [
+    "worker.tasks",
+    "worker.runtime",
+    "worker.engine_client",
+    "worker.channel",
+    "worker.celery_app",
+    "worker.supervisor",
+    "worker.stream_publisher",
+    "worker.dead_letters",
+    "worker.failover",
+    "worker.audio",
+    "worker.results",
+]
+
+
+@pytest.mark.parametrize("module", CELERY_SIDE)
+def test_the_celery_side_of_a_worker_loads_no_torch(module):
+    # The model lives in the engine process (worker.engine_process): the worker's Celery process holds
     # job threads, Redis clients and the channel's end, and pays for no torch in memory or start-up.
-    loaded = top_level(loaded_after_importing(["worker.tasks", "worker.runtime", "worker.engine_client"]))
+    loaded = top_level(loaded_after_importing([module]))
     assert not loaded & {"torch", "ChatTTS", "transformers"}
+
+
+def test_the_celery_side_is_every_module_of_the_workers_top_level():
+    # A module added beside them is on the Celery side, or belongs in a room of the engine process.
+    top = {f"worker.{path.stem}" for path in (ROOT / "worker").glob("*.py") if path.stem != "__init__"}
+    assert top == set(CELERY_SIDE) | {"worker.cuda"}

@@ -7,7 +7,7 @@ import os
 
 import pybase16384
 
-# ChatTTS's own preset (Speaker._encode) and the farm's (worker.voices).
+# ChatTTS's own preset (Speaker._encode) and the farm's (worker.engine_process.voices).
 CHATTTS_PRESET = 9 | lzma.PRESET_EXTREME
 FARM_PRESET = 1
 

@@ -44,7 +44,7 @@ _LIKE_ESCAPE = "\\"
 _LIKE_SPECIAL = str.maketrans({"%": "\\%", "_": "\\_", "\\": "\\\\"})
 
 # OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
-# default. A seed draws a speaker embedding from a generator seeded with it (worker/voices.py), so
+# default. A seed draws a speaker embedding from a generator seeded with it (worker/engine_process/voices.py), so
 # distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
 # evenly over the seed range, 390 million apart, clear of the small seeds people type and of the default
 # 2222. A catalog voice of the same name wins (web.openai's _voice): that is how an admin gives a name

@@ -11,7 +11,7 @@ import termios
 from cli.settings_docs import EXAMPLE_PASSWORD
 from tests.support import CLI
 from worker.audio import decode
-from worker.synthetic_assets import MANIFEST_NAME
+from worker.model.synthetic_assets import MANIFEST_NAME
 
 
 def run_cli(*arguments, data_dir):

@@ -6,7 +6,7 @@ from cli.local_services import free_port, start_redis_server
 
 @pytest.fixture(scope="session")
 def synthesizer(tiny_settings):
-    from worker.synthesis import Synthesizer
+    from worker.engine_process.pipeline import Synthesizer
 
     return Synthesizer.load(tiny_settings)
 

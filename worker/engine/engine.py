@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from chattts_farm.contract import InvalidRequest
 from worker.engine.blocks import blocks_for
 from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, bucket_for, row_buckets
+from worker.engine.sampler import RowSampling
 from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
-from worker.model import LoadedModel
-from worker.sampling import RowSampling
+from worker.model.loading import LoadedModel
 
 # Decode steps between two looks of the host at the slots: often enough that a new segment starts
 # and a cancelled one stops within a few milliseconds on a GPU, rare enough to keep its queue full.

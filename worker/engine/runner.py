@@ -32,8 +32,8 @@ import torch.nn.utils.parametrize as parametrize
 from worker.engine.attention import decode_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.layers import after_attention, before_attention, fuse_layers
-from worker.model import LoadedModel
-from worker.sampling import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
+from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
+from worker.model.loading import LoadedModel
 
 # A decode step attends over the cache up to the next multiple of this many columns.
 KV_BUCKET = 256

@@ -1,13 +1,14 @@
-"""One segment of a request's text, as the engine runs it.
+"""One segment of a request's text, as the engine runs it, and the verdict of the quality gate on its audio.
 
 Torch-free at import (its tensors are only named in annotations), so that the scheduler, which
-reads segments, is too.
+reads segments, is too. Every step of the engine process's pipeline takes segments from here: the
+engine writes a segment while it runs, the vocoder's stream and the pipeline after.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from chattts_farm.contract import FarmError, SynthesisRequest
@@ -16,7 +17,9 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
-    from worker.quality import SegmentQuality
+
+# Seeds are 32-bit: the sampler hashes them as such.
+_SEED_MASK = 0xFFFFFFFF
 
 
 class SegmentStatus(enum.Enum):
@@ -70,3 +73,23 @@ class SegmentOutput:
     codes: torch.Tensor  # (tokens, codebooks) the audio tokens drawn at those steps
     tokens: int
     ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
+
+
+@dataclass
+class SegmentQuality:
+    """The quality gate's verdict on a segment's audio (see worker.vocoder.quality)."""
+
+    tokens: int
+    expected_tokens: int
+    ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
+    flags: list[str] = field(default_factory=list)
+    retried: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.flags
+
+
+def segment_seed(audio_seed: int, segment: int, attempt: int = 0) -> int:
+    """The sampling seed of one segment of a request: distinct per segment and per quality retry."""
+    return (audio_seed + segment * 0x9E3779B1 + attempt * 0x85EBCA6B) & _SEED_MASK

@@ -1,0 +1,139 @@
+"""The slot attention kernels (worker.engine.attention) write each slot's new position into its block and attend
+as masked SDPA does, reading only each slot's positions through its block table, split or not.
+
+The kernel is Triton's; here it runs in Triton's interpreter on the CPU (there is no GPU here), which
+executes the same program the GPU compiles. The interpreter is chosen when Triton is imported, so each
+check runs in a fresh interpreter. The CUDA graph test in test_engine.py runs the kernel on a GPU.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def in_triton_interpreter(check: str) -> None:
+    completed = subprocess.run(
+        [sys.executable, "-c", f"from tests.worker.engine.test_attention import {check}; {check}()"],
+        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+
+
+def masked_reference(query, keys, values, lengths, scale):
+    visible = (torch.arange(keys.shape[2]).unsqueeze(0) < lengths.unsqueeze(1))[:, None, None, :]
+    return F.scaled_dot_product_attention(
+        query, keys.float(), values.float(), attn_mask=visible, scale=scale, enable_gqa=True
+    )
+
+
+def shuffled_table(rows, context, block_positions, generator):
+    """Block tables for ``rows`` rows of ``context`` positions over a pool whose blocks lie in random order."""
+    width = context // block_positions
+    return torch.randperm(rows * width, generator=generator).view(rows, width)
+
+
+def paged(cache, table):
+    """A (rows, kv heads, context, dim) cache as a pool of blocks where ``table`` puts them."""
+    rows, kv_heads, context, dim = cache.shape
+    width = table.shape[1]
+    block_positions = context // width
+    pool = torch.empty(rows * width, kv_heads, block_positions, dim, dtype=cache.dtype)
+    blocks = cache.view(rows, kv_heads, width, block_positions, dim).transpose(1, 2)
+    pool[table.flatten()] = blocks.reshape(rows * width, kv_heads, block_positions, dim)
+    return pool
+
+
+def unpaged(pool, table):
+    """The inverse of :func:`paged`."""
+    rows, width = table.shape
+    _, kv_heads, block_positions, dim = pool.shape
+    return pool[table].transpose(1, 2).reshape(rows, kv_heads, width * block_positions, dim)
+
+
+def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns(device: str = "cpu") -> None:
+    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
+
+    generator = torch.Generator().manual_seed(0)
+    slots, heads, kv_heads, block_positions, dim = 8, 4, 2, 16, 16
+    context = 2 * SPLIT_COLUMNS + 128
+    # The new position first, within a block, at a block's, a tile's and a split's edges, and last in the cache.
+    columns = torch.tensor([0, 6, 15, 64, SPLIT_COLUMNS - 1, SPLIT_COLUMNS, SPLIT_COLUMNS + 1, context - 1])
+    # 16-bit and float32 caches take the tensor cores' way (bfloat16's weights in bfloat16, as flash
+    # attention's are), fp8 the CUDA cores'. The interpreter has no bfloat16 products: the model's
+    # dtype is checked on a GPU.
+    cache_dtypes = {"cpu": ((torch.float32, 1e-5),), "cuda": ((torch.bfloat16, 2e-2),)}[device]
+    for cache_dtype, tolerance in (*cache_dtypes, (torch.float8_e4m3fn, 1e-5)):
+        query = torch.randn(slots, heads, 1, dim, generator=generator)
+        # Values the cache's dtype holds exactly: how a value between two fp8 numbers rounds is the
+        # GPU's conversion, which Triton's interpreter does not copy (it rounds ties and carries apart).
+        new_key = torch.randn(slots, kv_heads, 1, dim, generator=generator).to(cache_dtype).float()
+        new_value = torch.randn(slots, kv_heads, 1, dim, generator=generator).to(cache_dtype).float()
+        keys = torch.randn(slots, kv_heads, context, dim, generator=generator).to(cache_dtype)
+        values = torch.randn(slots, kv_heads, context, dim, generator=generator).to(cache_dtype)
+        expected_keys, expected_values = keys.clone(), values.clone()
+        rows = torch.arange(slots)
+        expected_keys[rows, :, columns] = new_key[:, :, 0].to(cache_dtype)
+        expected_values[rows, :, columns] = new_value[:, :, 0].to(cache_dtype)
+        table = shuffled_table(slots, context, block_positions, generator)
+        key_pool, value_pool = paged(keys, table), paged(values, table)
+
+        on_device = (query, new_key, new_value, key_pool, value_pool, table, columns)
+        on_device = [tensor.to(device) for tensor in on_device]
+        attended = decode_attention(*on_device, 0.25).cpu()
+        key_pool, value_pool = on_device[3].cpu(), on_device[4].cpu()
+
+        # Written in the cache's dtype, in the row's block, and attended to as written.
+        assert torch.equal(unpaged(key_pool, table).float(), expected_keys.float())
+        assert torch.equal(unpaged(value_pool, table).float(), expected_values.float())
+        expected = masked_reference(query, expected_keys, expected_values, columns + 1, 0.25)
+        torch.testing.assert_close(attended, expected, atol=tolerance, rtol=tolerance)
+
+
+def check_columns_past_a_slots_new_position_are_never_read() -> None:
+    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
+
+    generator = torch.Generator().manual_seed(1)
+    query = torch.randn(3, 2, 1, 16)
+    new_key, new_value = torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
+    table = shuffled_table(3, 3 * SPLIT_COLUMNS, 64, generator)
+    keys, values = (paged(torch.randn(3, 2, 3 * SPLIT_COLUMNS, 16, generator=generator), table) for _ in range(2))
+    # The third row takes no part.
+    columns = torch.tensor([40, SPLIT_COLUMNS + 100, -1])
+    before = decode_attention(query, new_key, new_value, keys.clone(), values.clone(), table, columns, 0.25)
+    # Every position past a row's new one: the rest of its block, and its later blocks.
+    for row, column in enumerate(columns.tolist()):
+        first = column + 1
+        block, offset = divmod(first, 64)
+        for pool in (keys, values):
+            pool[table[row, block], :, offset:] = float("nan")
+            pool[table[row, block + 1 :]] = float("nan")
+    assert torch.equal(decode_attention(query, new_key, new_value, keys, values, table, columns, 0.25)[:2], before[:2])
+    # A row taking no part reads and writes nothing, and attends to nothing.
+    assert torch.equal(before[2], torch.zeros_like(before[2]))
+    assert keys[table[2]].isnan().all() and values[table[2]].isnan().all()
+
+
+def test_each_slot_writes_its_new_position_and_attends_over_its_own_columns_in_the_model_dtype_and_fp8():
+    in_triton_interpreter("check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_on_a_gpu_in_the_models_dtype_and_fp8():
+    check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns("cuda")
+
+
+def test_columns_past_a_slots_new_position_and_rows_taking_no_part_are_never_read():
+    in_triton_interpreter("check_columns_past_a_slots_new_position_are_never_read")

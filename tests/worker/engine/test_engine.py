@@ -1,0 +1,383 @@
+"""The engine (worker.engine): segments join and leave a running batch, and each draws what it would alone.
+
+``eager_reference`` is the farm's generation loop as it was before the engine: transformers' LlamaModel
+with a DynamicCache, rows leaving the batch as they end, the host looking at every step. The engine
+must draw the same tokens (hence the same lengths and endings) and the same hidden states, whatever
+its batch mates, its slot and the step at which it joined.
+"""
+
+import dataclasses
+import inspect
+
+import pytest
+import torch
+import torch.nn.utils.parametrize as parametrize
+from transformers.cache_utils import DynamicCache
+
+from worker.engine import runner
+from worker.engine.blocks import blocks_for
+from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling
+from worker.engine.sampler import sample
+from worker.engine.segment import Segment, SegmentOutput
+
+
+@torch.inference_mode()
+def eager_reference(model, segments, stop_after=None):
+    """The pre-engine loop; stop_after {row: step} interrupts a row after drawing that step."""
+    chat = model.chat
+    device = model.device
+    num_vq = chat.config.gpt.num_vq
+    eos_token = chat.config.gpt.num_audio_tokens - 1
+    llama = chat.gpt.gpt
+    stop_after = stop_after or {}
+
+    embeddings, attention_mask = embed_prompts(model, segments)
+    sampling = row_sampling(segments, device)
+    min_tokens = torch.tensor([segment.pinned_tokens or 0 for segment in segments], device=device)
+    ends = [min(segment.pinned_tokens or segment.max_tokens, segment.max_tokens) for segment in segments]
+    end_at = torch.tensor(ends, device=device)
+    max_steps = max(ends)
+    history = torch.zeros(len(segments), max_steps, num_vq, dtype=torch.long, device=device)
+    hiddens = torch.zeros(len(segments), max_steps, llama.config.hidden_size, dtype=torch.float32, device=device)
+
+    outputs = [None] * len(segments)
+    active = torch.arange(len(segments), device=device)
+    mask = attention_mask.bool()
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    cache_keyword = "cache" if "cache" in inspect.signature(llama.forward).parameters else "past_key_values"
+    step_input = embeddings.to(llama.dtype)
+    with parametrize.cached():
+        head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
+
+    for step in range(max_steps):
+        hidden = (
+            llama(
+                inputs_embeds=step_input,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{cache_keyword: cache},
+            )
+            .last_hidden_state[:, -1]
+            .float()
+        )
+        hiddens[active, step] = hidden
+        logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)
+        eos_blocked = min_tokens[active] > step
+        tokens = sample(logits, history[active, :step], sampling.select(active), step, eos_token, eos_blocked)
+        history[active, step] = tokens
+
+        ended_eos = tokens.eq(eos_token).any(dim=1)
+        reached_end = end_at[active].eq(step + 1)
+        active_list = active.tolist()
+        stopped = torch.tensor([stop_after.get(i) == step for i in active_list], dtype=torch.bool, device=device)
+        done = ended_eos | reached_end | stopped
+        if bool(done.any()):
+            for position in done.nonzero().flatten().tolist():
+                index = active_list[position]
+                if bool(ended_eos[position]):
+                    count, ended_by = step, "eos"
+                elif bool(stopped[position]):
+                    count, ended_by = step + 1, "interrupted"
+                else:
+                    count = step + 1
+                    ended_by = "length_rule" if count == segments[index].pinned_tokens else "token_limit"
+                outputs[index] = SegmentOutput(
+                    hiddens=hiddens[index, :count].clone(),
+                    codes=history[index, :count].clone(),
+                    tokens=count,
+                    ended_by=ended_by,
+                )
+            keep = (~done).nonzero().flatten()
+            if keep.numel() == 0:
+                break
+            cache.batch_select_indices(keep)
+            active, mask, positions, tokens = active[keep], mask[keep], positions[keep], tokens[keep]
+        step_input = (
+            torch.stack([chat.embed.emb_code[q](tokens[:, q]) for q in range(num_vq)], dim=2)
+            .sum(dim=2)
+            .unsqueeze(1)
+            .to(llama.dtype)
+        )
+        mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+        positions = positions[:, -1:] + 1
+    return outputs
+
+
+TEXTS = [
+    "Hello.",
+    "The farm reads long documents aloud without cutting them off, one segment at a time.",
+    "Short one here.",
+    "A middle sized sentence about queues and workers.",
+    "Speech, batched.",
+    "Tokens, voices and seeds all differ between these rows of one pass.",
+]
+
+
+@pytest.fixture
+def mixed_segments(make_request):
+    """Segments of different prompt lengths, voices, sampling settings, seeds and lengths, pinned or not."""
+
+    def make():
+        segments = []
+        for row, text in enumerate(TEXTS):
+            request = make_request(
+                text,
+                temperature=0.2 + 0.15 * row,
+                top_p=0.5 + 0.08 * row,
+                top_k=5 + 4 * row,
+                repetition_penalty=1.0 + 0.05 * row,
+            )
+            pinned = row % 2 == 0
+            segments.append(
+                Segment(
+                    owner=row,
+                    index=0,
+                    text=text,
+                    request=request,
+                    speaker=torch.randn(64, generator=torch.Generator().manual_seed(100 + row)),
+                    seed=1000 + 7 * row,
+                    expected_tokens=12 + 9 * row,
+                    max_tokens=40 if pinned else 30 + 25 * row,
+                    pinned=pinned,
+                )
+            )
+        return segments
+
+    return make
+
+
+def new_engine(model, slots, **options):
+    return Engine(model, slots=slots, max_admissions=slots, max_prompt_tokens=128, max_new_tokens=160, **options)
+
+
+def run(engine, segments, join_at_step=None, joining=()):
+    """Step the engine until every segment is out; ``joining`` segments are added at step ``join_at_step``."""
+    engine.add([segment for segment in segments if segment not in joining])
+    steps = 0
+    while engine.has_work or steps <= (join_at_step or 0):
+        if steps == join_at_step:
+            engine.add(joining)
+        engine.step()
+        steps += 1
+    return [segment.output for segment in segments]
+
+
+def assert_same_outputs(outputs, expected):
+    for row, (output, reference) in enumerate(zip(outputs, expected, strict=True)):
+        assert (output.tokens, output.ended_by) == (reference.tokens, reference.ended_by), row
+        assert torch.equal(output.codes, reference.codes), row
+        torch.testing.assert_close(output.hiddens, reference.hiddens, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("slots", "kv_bucket"),
+    [(8, runner.KV_BUCKET), (8, 32), (2, runner.KV_BUCKET), (1, 32)],
+    ids=["all-at-once", "small-attention-buckets", "two-slots", "one-at-a-time"],
+)
+def test_each_segment_draws_what_the_eager_loop_drew_whatever_its_batch(
+    synthesizer, mixed_segments, slots, kv_bucket, monkeypatch
+):
+    # Small buckets make the attention's window grow several times while a segment runs.
+    monkeypatch.setattr(runner, "KV_BUCKET", kv_bucket)
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    outputs = run(new_engine(synthesizer.model, slots), mixed_segments())
+    assert_same_outputs(outputs, expected)
+    # The mix covers every way a segment can end.
+    assert {output.ended_by for output in expected} >= {"length_rule", "token_limit", "eos"}
+
+
+def test_segments_that_join_mid_flight_draw_what_they_would_alone(synthesizer, mixed_segments):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    segments = mixed_segments()
+    engine = new_engine(synthesizer.model, 8)
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert_same_outputs(outputs, expected)
+
+
+def test_more_segments_than_slots_wait_their_turn_in_arrival_order(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 2)
+    segments = mixed_segments()
+    engine.add(segments)
+    admitted_order = []
+    while engine.has_work:
+        assert engine.running <= 2
+        before = {id(segment) for segment in engine.scheduler.waiting}
+        engine.step()
+        admitted_order += [s for s in segments if id(s) in before and s not in engine.scheduler.waiting]
+    assert [segment.owner for segment in admitted_order] == [0, 1, 2, 3, 4, 5]
+    assert all(segment.output is not None for segment in segments)
+
+
+def test_a_cancelled_segment_keeps_what_it_drew_and_frees_its_slot(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 8)
+    segments = mixed_segments()
+    engine.add(segments)
+    engine.step()
+    engine.step()
+    engine.cancel(lambda segment: segment.owner == 5)
+    left = engine.step()
+    stopped = next(segment for segment in left if segment.owner == 5)
+    # Stopped between steps: it keeps the 2 * SYNC_EVERY + 1 steps drawn by then (prefill + decode steps).
+    assert stopped.output.ended_by == "interrupted"
+    assert stopped.output.tokens == 2 * SYNC_EVERY + 1
+    expected = eager_reference(synthesizer.model, mixed_segments())[5]
+    assert torch.equal(stopped.output.codes, expected.codes[: stopped.output.tokens])
+    assert 5 not in {segment.owner for segment in engine.scheduler.running.values()}
+
+
+def test_prompts_encoded_one_by_one_and_ahead_are_the_tokenizers_batch(synthesizer, mixed_segments):
+    model = synthesizer.model
+    segments = mixed_segments()
+    expected = model.chat.tokenizer.encode([s.prompt for s in segments], model.chat.config.gpt.num_vq, device="cpu")
+    for got, want in zip(encode_prompts(model, segments), expected, strict=True):
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    # Each segment keeps its encoding, so that the engine tokenises waiting prompts while the device works.
+    assert all(segment.prompt_ids is not None for segment in segments)
+
+
+def test_the_next_admissions_are_tokenised_while_the_steps_run(synthesizer, mixed_segments):
+    engine = Engine(synthesizer.model, slots=2, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
+    segments = mixed_segments()
+    engine.add(segments)
+    engine.step()
+    assert [segment.prompt_ids is not None for segment in segments] == [True] * 4 + [False] * 2
+
+
+def test_prompts_are_padded_to_few_lengths():
+    assert runner.prompt_length_buckets(400) == [32, 64, 96, 128, 192, 256, 320, 384, 400]
+    assert runner.prompt_length_buckets(40) == [32, 40]
+
+
+def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_blocks_and_the_scratch(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 8)
+    state = engine.runner
+    before = {name: getattr(state, name).clone() for name in ("keys", "hiddens", "step", "finished", "tokens")}
+    engine.add(mixed_segments()[:3])  # three prompts: a pass of four rows, one of padding
+    engine._prefill(engine._admit())
+    held = {block for slot in (0, 1, 2) for block in engine.scheduler.pool.tables[slot]}
+    untouched_blocks = torch.tensor([block for block in range(state.kv_blocks) if block not in held])
+    untouched_slots = torch.tensor([3, 4, 5, 6, 7])
+    for name, was in before.items():
+        axis, untouched = (1, untouched_blocks) if name == "keys" else (0, untouched_slots)
+        assert torch.equal(getattr(state, name).index_select(axis, untouched), was.index_select(axis, untouched)), name
+    # The padding row's work went to the scratch slot, past the slots any decode step covers, and its
+    # keys (and the padding after each prompt) to the scratch block, past the pool.
+    assert state.scratch_slot == 8 and state.prefill_slots[:4].tolist() == [0, 1, 2, 8]
+    assert state.prefill_lengths[3] == 1 and bool(state.finished[state.scratch_slot])
+    assert state.scratch_block == state.kv_blocks and set(state.block_table[8].tolist()) == {state.scratch_block}
+
+
+def long_running(segments, *, greedy=False):
+    """The segments drawing up to 150 steps (the pinned ones 90-140), sampled or greedy (top-k 1)."""
+    return [
+        dataclasses.replace(
+            segment,
+            max_tokens=150,
+            expected_tokens=90 + 10 * segment.owner,
+            request=dataclasses.replace(segment.request, top_k=1) if greedy else segment.request,
+        )
+        for segment in segments
+    ]
+
+
+@pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
+def test_segments_preempted_when_the_cache_runs_dry_start_over_and_draw_what_they_would_alone(
+    synthesizer, mixed_segments, greedy
+):
+    expected = eager_reference(synthesizer.model, long_running(mixed_segments(), greedy=greedy))
+    # Eight slots over a pool that holds the longest segment a slot may run: two or three of these at once.
+    engine = new_engine(synthesizer.model, 8, kv_blocks=blocks_for(128 + 160))
+    segments = long_running(mixed_segments(), greedy=greedy)
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert engine.preemptions > 0
+    assert_same_outputs(outputs, expected)
+    # Every block is back in the pool.
+    assert engine.scheduler.pool.free == engine.scheduler.pool.blocks and not engine.scheduler.pool.tables
+    assert set(engine.runner.block_table.flatten().tolist()) == {engine.runner.scratch_block}
+
+
+def test_segments_moved_down_into_freed_slots_draw_what_they_would_alone(synthesizer, mixed_segments, monkeypatch):
+    expected = eager_reference(synthesizer.model, long_running(mixed_segments()))
+    engine = new_engine(synthesizer.model, 8)
+    moves = []
+    compact = engine.scheduler.compact
+
+    def noted():
+        moved = compact()
+        moves.extend(moved)
+        return moved
+
+    monkeypatch.setattr(engine.scheduler, "compact", noted)
+    rows = []
+    segments = long_running(mixed_segments())
+    engine.add(segments)
+    while engine.has_work:
+        engine.step()
+        rows.append((engine.scheduler.rows_in_use, engine.running))
+    assert moves  # the short ones ended first, below longer ones
+    assert_same_outputs([segment.output for segment in segments], expected)
+    # After each step the running slots are packed as far as the step's row buckets tell apart.
+    assert all(engine._bucket(in_use) == engine._bucket(running) for in_use, running in rows)
+
+
+def test_a_cache_that_cannot_hold_one_segment_is_refused_at_start(synthesizer):
+    with pytest.raises(ValueError, match="cannot hold one segment"):
+        new_engine(synthesizer.model, 2, kv_blocks=blocks_for(128 + 160) - 1)
+
+
+def test_a_waiting_segment_that_is_cancelled_never_runs(synthesizer, mixed_segments):
+    engine = new_engine(synthesizer.model, 1)
+    segments = mixed_segments()
+    engine.add(segments)
+    dropped = engine.cancel(lambda segment: segment.owner == 3)
+    assert [segment.owner for segment in dropped] == [3]
+    run(engine, [])
+    assert segments[3].output is None and all(s.output is not None for s in segments if s.owner != 3)
+
+
+def test_a_prompt_longer_than_a_slot_fails_alone_naming_the_text(synthesizer, mixed_segments):
+    engine = Engine(synthesizer.model, slots=4, max_admissions=4, max_prompt_tokens=24, max_new_tokens=160)
+    segments = mixed_segments()[:3]
+    run(engine, segments)
+    assert segments[1].error is not None and segments[1].error.field == "text" and segments[1].output is None
+    assert segments[0].output is not None and segments[2].output is not None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+@pytest.mark.parametrize("cache", ["every slot its longest", "runs dry"])
+def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segments, monkeypatch, cache):
+    from worker.model.loading import load_model
+
+    # fp32, so that the graphs' kernels and the eager loop's agree to the last token.
+    model = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
+    monkeypatch.setattr(runner, "KV_BUCKET", 32)  # several buckets, so several graphs
+    prepare = long_running if cache == "runs dry" else list
+    expected = eager_reference(model, prepare(mixed_segments()))
+    segments = prepare(mixed_segments())
+    engine = new_engine(model, 8, kv_blocks=blocks_for(128 + 160) if cache == "runs dry" else None)
+    # Captured ahead, as a worker does at start, the steps run for free slots and the prefills for the
+    # scratch slot change nothing drawn later.
+    columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
+    prefills = len(engine.runner.prefill_row_buckets) * len(engine.runner.prefill_length_buckets)
+    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns + prefills
+    outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
+    assert_same_outputs(outputs, expected)
+    assert (engine.preemptions > 0) == (cache == "runs dry")
+
+
+def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    engine = new_engine(synthesizer.model, 8, kv_dtype=torch.float8_e4m3fn)
+    assert engine.runner.keys.element_size() == 1
+    outputs = run(engine, mixed_segments())
+    for output, reference in zip(outputs, expected, strict=True):
+        # Rounding the cache to 8 bits moves the hidden states a little; once that flips a token the
+        # two continue differently, as any change to sampling would make them.
+        same = (output.codes[: reference.tokens] == reference.codes[: output.tokens]).all(dim=1)
+        first_difference = int(same.long().argmin()) if not same.all() else len(same)
+        assert first_difference >= 2
+        torch.testing.assert_close(
+            output.hiddens[: first_difference + 1], reference.hiddens[: first_difference + 1], atol=2e-2, rtol=0
+        )

@@ -1,0 +1,104 @@
+"""The GPT's layers as two functions over fused weights (worker.engine.layers): they compute what
+transformers' modules compute, hold no second copy of the weights, and compile to the same numbers.
+
+That the engine built on them draws what transformers' LlamaModel draws is test_engine.py's matter.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+from worker.engine.layers import after_attention, before_attention, fuse_layers
+from worker.model.loading import load_model
+
+
+@pytest.fixture
+def llama(tiny_settings):
+    """A fresh model's GPT in fp32: fusing rebinds its modules' weights."""
+    return load_model(tiny_settings).chat.gpt.gpt
+
+
+def modules_layer(layer, hidden, cos, sin):
+    """One layer, module by module, causal over its positions (as the runner computed it before)."""
+    attention = layer.self_attn
+    rows, length, _ = hidden.shape
+    normed = layer.input_layernorm(hidden)
+    heads = (rows, length, -1, attention.head_dim)
+    query = attention.q_proj(normed).view(heads).transpose(1, 2)
+    key = attention.k_proj(normed).view(heads).transpose(1, 2)
+    value = attention.v_proj(normed).view(heads).transpose(1, 2)
+    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    attended = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=attention.scaling)
+    hidden = hidden + attention.o_proj(attended.transpose(1, 2).reshape(rows, length, -1))
+    return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+
+
+def fused_layer(weights, shape, hidden, cos, sin, *, parts=(before_attention, after_attention), scale):
+    before, after = parts
+    query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, shape)
+    attended = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+    return after(
+        hidden, attended, weights.output, weights.post_attention_norm, weights.gate_up, weights.down, shape.norm_eps
+    )
+
+
+def inputs(llama, rows=3, length=5):
+    """Hidden states of ``rows`` rows at positions that differ from row to row, and their rotary."""
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(rows, length, llama.config.hidden_size, generator=generator).to(llama.device)
+    positions = torch.arange(length) + 7 * torch.arange(rows).unsqueeze(1)
+    cos, sin = llama.rotary_emb(hidden, positions.to(llama.device))
+    return hidden, cos, sin
+
+
+@torch.inference_mode()
+def test_each_layers_two_parts_compute_what_its_modules_compute(llama):
+    hidden, cos, sin = inputs(llama)
+    expected = [modules_layer(layer, hidden, cos, sin) for layer in llama.layers]
+    fused, shape = fuse_layers(llama)
+    scale = llama.layers[0].self_attn.scaling
+    for weights, layer_expected in zip(fused, expected, strict=True):
+        torch.testing.assert_close(fused_layer(weights, shape, hidden, cos, sin, scale=scale), layer_expected)
+
+
+@torch.inference_mode()
+def test_the_modules_weights_become_views_of_the_fused_ones_and_compute_as_before(llama):
+    hidden, cos, sin = inputs(llama)
+    before = [modules_layer(layer, hidden, cos, sin) for layer in llama.layers]
+    fused, _ = fuse_layers(llama)
+    for layer, weights in zip(llama.layers, fused, strict=True):
+        attention, mlp = layer.self_attn, layer.mlp
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            assert projection.weight.untyped_storage().data_ptr() == weights.qkv.untyped_storage().data_ptr()
+        for projection in (mlp.gate_proj, mlp.up_proj):
+            assert projection.weight.untyped_storage().data_ptr() == weights.gate_up.untyped_storage().data_ptr()
+    after = [modules_layer(layer, hidden, cos, sin) for layer in llama.layers]
+    for was, now in zip(before, after, strict=True):
+        assert torch.equal(was, now)
+
+
+def test_a_gpt_the_fused_layers_do_not_compute_is_refused(llama):
+    llama.config.hidden_act = "gelu"
+    with pytest.raises(ValueError, match="SiLU"):
+        fuse_layers(llama)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the step is compiled on a GPU only")
+@torch.inference_mode()
+def test_the_compiled_parts_compute_what_the_plain_ones_do(tiny_settings):
+    llama = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32")).chat.gpt.gpt
+    fused, shape = fuse_layers(llama)
+    scale = llama.layers[0].self_attn.scaling
+    compiled = (torch.compile(before_attention), torch.compile(after_attention))
+    for rows in (1, 2, 5):  # one row is compiled apart from the others, whose count is symbolic
+        hidden, cos, sin = inputs(llama, rows=rows, length=1)
+        for weights in fused:
+            torch.testing.assert_close(
+                fused_layer(weights, shape, hidden, cos, sin, parts=compiled, scale=scale),
+                fused_layer(weights, shape, hidden, cos, sin, scale=scale),
+                atol=1e-5,
+                rtol=1e-5,
+            )

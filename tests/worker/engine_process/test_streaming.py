@@ -1,0 +1,217 @@
+"""Streaming: a request's audio goes out in order while the engine draws it, and joined it is the audio
+the request has unstreamed."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from chattts_farm.contract import SynthesisRequest
+from worker.engine.blocks import blocks_for
+from worker.engine.runner import ModelRunner
+from worker.engine.segment import Segment
+from worker.engine.sizing import max_prompt_tokens
+from worker.engine_process.pipeline import Synthesizer
+from worker.engine_process.streaming import RequestStream
+
+LONG_TEXT = (
+    "The farm streams its audio while it speaks. Every segment starts as soon as the engine has it. "
+    "A later segment waits for the ones before it, then follows a short pause. "
+    "Joined, the chunks are the audio the job has when it is not streamed."
+)
+
+
+@pytest.fixture
+def core(tiny_settings, synthesizer):
+    return Synthesizer(synthesizer.model, tiny_settings)
+
+
+@pytest.fixture(params=["measured", "receptive field"])
+def any_context_core(request, tiny_settings, synthesizer):
+    """A synthesizer whose streamed chunks take the context measured at load, or the whole receptive field."""
+    frames = 0 if request.param == "measured" else synthesizer.vocoder.context_frames
+    return Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, stream_context_frames=frames))
+
+
+def run(core, requests, on_audio):
+    """Drive the synthesizer as the batcher does; returns the outcomes by request id and, for each
+    delivery, (request id, how many steps had run, samples)."""
+    steps = 0
+    outcomes = {}
+    added = core.add(requests, on_audio)
+    assert all(not isinstance(entry, Exception) for entry in added)
+    while core.in_flight:
+        for entry, outcome in core.step():
+            outcomes[entry.request.request_id] = (outcome, steps)
+        steps += 1
+    return outcomes
+
+
+def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context_core, make_request):
+    core = any_context_core
+    request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=7).__dict__, "request_id": "streamed"})
+    chunks = []
+    (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append(samples)])["streamed"]
+    assert streamed.segments > 1
+    joined = np.concatenate(chunks)
+    # The result holds exactly the audio that went out...
+    assert np.array_equal(joined, streamed.samples)
+    # ...which is the audio of the same request unstreamed, up to float rounding.
+    plain = core.synthesize([make_request(LONG_TEXT, seed=7)])[0]
+    assert joined.shape == plain.samples.shape
+    assert np.abs(joined - plain.samples).max() < 1e-4
+
+
+def test_streams_whose_segments_are_preempted_mid_stream_still_send_the_unstreamed_audio(
+    tiny_settings, synthesizer, make_request
+):
+    # A KV cache that holds one longest segment (a few blocks more than one of these segments) runs
+    # dry with three requests of three segments each: the newest running ones are preempted and start
+    # over, after some of their audio has gone out.
+    settings = dataclasses.replace(tiny_settings, max_new_tokens=300)
+    longest = blocks_for(max_prompt_tokens(settings) + settings.max_new_tokens)
+    per_block = ModelRunner.bytes_per_block(synthesizer.model, kv_bytes=4)
+    small = Synthesizer(
+        synthesizer.model, dataclasses.replace(settings, kv_cache_gib=(longest + 0.5) * per_block / 2**30)
+    )
+    assert small.engine.scheduler.pool.blocks == longest
+    requests = [
+        SynthesisRequest(**{**make_request(LONG_TEXT, seed=7 + row).__dict__, "request_id": f"streamed-{row}"})
+        for row in range(3)
+    ]
+    chunks = [[] for _ in requests]
+    run(small, requests, [lambda segment, samples, row=row: chunks[row].append(samples) for row in range(3)])
+    assert small.engine.preemptions > 0
+    plain = Synthesizer(synthesizer.model, settings).synthesize(
+        [make_request(LONG_TEXT, seed=7 + row) for row in range(3)]
+    )
+    for streamed, unstreamed in zip(chunks, plain, strict=True):
+        joined = np.concatenate(streamed)
+        assert joined.shape == unstreamed.samples.shape
+        assert np.abs(joined - unstreamed.samples).max() < 1e-4
+
+
+def test_the_first_chunk_is_small_and_goes_out_long_before_the_request_ends(core, make_request):
+    request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=3).__dict__, "request_id": "streamed"})
+    deliveries = []
+    steps = {"now": 0}
+    real_step = core.step
+
+    def counted_step():
+        steps["now"] += 1
+        return real_step()
+
+    core.step = counted_step
+    (result, _) = run(core, [request], [lambda segment, samples: deliveries.append((steps["now"], samples.size))])[
+        "streamed"
+    ]
+    first_at, first_size = deliveries[0]
+    assert first_at < steps["now"] / 3
+    assert first_size <= 0.5 * result.sample_rate
+    assert max(size for _, size in deliveries) > first_size  # later chunks are larger
+
+
+def test_a_streamed_and_a_plain_request_share_the_engine_and_each_gets_its_own_audio(core, make_request):
+    streamed = SynthesisRequest(**{**make_request(LONG_TEXT, seed=1).__dict__, "request_id": "streamed"})
+    plain = SynthesisRequest(**{**make_request("Only the result, please.", seed=2).__dict__, "request_id": "plain"})
+    chunks = []
+    outcomes = run(core, [streamed, plain], [lambda segment, samples: chunks.append(samples), None])
+    assert np.array_equal(np.concatenate(chunks), outcomes["streamed"][0].samples)
+    alone = core.synthesize([make_request("Only the result, please.", seed=2)])[0]
+    assert outcomes["plain"][0].samples.shape == alone.samples.shape
+    assert np.abs(outcomes["plain"][0].samples - alone.samples).max() < 1e-4
+
+
+def test_a_later_streams_first_segment_starts_before_the_later_segments_of_streams_that_came_first(
+    tiny_settings, synthesizer, make_request
+):
+    # One slot: the engine admits one segment at a time, in the order their audio is wanted.
+    core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, slots=1))
+    first, later, plain = (
+        SynthesisRequest(**{**make_request(LONG_TEXT, seed=seed).__dict__, "request_id": name})
+        for seed, name in ((1, "first"), (2, "later"), (3, "plain"))
+    )
+    admitted = []
+    schedule = core.engine.scheduler.schedule
+
+    def noting_admissions(*arguments):
+        scheduled = schedule(*arguments)
+        admitted.extend((core.in_flight[s.owner].request.request_id, s.index) for s in scheduled.admitted)
+        return scheduled
+
+    core.engine.scheduler.schedule = noting_admissions
+    core.add([first], [lambda segment, samples: None])
+    core.add([later, plain], [lambda segment, samples: None, None])
+    segments = len(core.in_flight[max(core.in_flight)].segments)
+    while core.in_flight:
+        core.step()
+    assert segments > 1
+    # The streams' first segments, then all of the plain request's (its audio is wanted whole, now),
+    # then the streams' later ones.
+    assert admitted[:2] == [("first", 0), ("later", 0)]
+    assert admitted[2 : 2 + segments] == [("plain", index) for index in range(segments)]
+    assert admitted[2 + segments : 4 + segments] == [("first", 1), ("later", 1)]
+
+
+def segments_of(count):
+    return [
+        Segment(owner=0, index=i, text="x", request=None, speaker=None, seed=0, expected_tokens=1, max_tokens=1)
+        for i in range(count)
+    ]
+
+
+class PieceOf:
+    def __init__(self, segment, last):
+        self.segment, self.last = segment, last
+
+
+def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
+    delivered = []
+    segments = segments_of(3)
+    stream = RequestStream(
+        segments,
+        deliver=lambda segment, samples: delivered.append((segment, samples)),
+        pause_samples=2,
+        frames_per_second=50.0,
+        context_frames=4,
+    )
+    audio = {name: np.full(3, value, dtype=np.float32) for value, name in enumerate("abcdef", start=1)}
+    stream.take(PieceOf(segments[1], last=False), audio["c"])  # segment 1 is drawn first: held back
+    stream.take(PieceOf(segments[2], last=True), audio["e"])
+    assert delivered == []
+    stream.take(PieceOf(segments[0], last=False), audio["a"])
+    stream.take(PieceOf(segments[0], last=True), audio["b"])
+    stream.take(PieceOf(segments[1], last=True), audio["d"])
+    pause = np.zeros(2, dtype=np.float32)
+    expected = [
+        (0, audio["a"]),
+        (0, audio["b"]),
+        (1, pause),
+        (1, audio["c"]),
+        (1, audio["d"]),
+        (2, pause),
+        (2, audio["e"]),
+    ]
+    assert [segment for segment, _ in delivered] == [segment for segment, _ in expected]
+    assert all(np.array_equal(got, want) for (_, got), (_, want) in zip(delivered, expected, strict=True))
+    assert np.array_equal(stream.samples(segments[1]), np.concatenate([audio["c"], audio["d"]]))
+
+
+def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
+    segment = segments_of(1)[0]
+    stream = RequestStream(
+        [segment], deliver=lambda segment, samples: None, pause_samples=0, frames_per_second=40.0, context_frames=5
+    )
+    assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
+    cuts = []
+    for drawn in range(1, 400, 8):  # the engine looks every 8 steps
+        for piece in stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1)):
+            assert piece.keep_to <= drawn - 5  # the newest 5 frames may still change
+            # Context on either side, so a piece's length is set by its size alone.
+            assert piece.start == max(0, piece.keep_from - 5)
+            assert piece.hiddens.shape[0] == piece.keep_to + 5 - piece.start
+            cuts.append((piece.keep_from, piece.keep_to))
+    assert [stop - start for start, stop in cuts] == [10, 20, 40, 80, 80, 80]  # 310 of the 388 stable frames
+    assert all(earlier[1] == later[0] for earlier, later in zip(cuts, cuts[1:], strict=False))
+    assert cuts[0][0] == 0

@@ -1,0 +1,87 @@
+"""Decoding speaker embeddings on the worker: real ones exactly as ChatTTS does, and nothing that
+expands past the model's width, whatever the contract let through."""
+
+import time
+import tracemalloc
+
+import numpy as np
+import pybase16384
+import pytest
+import torch
+from ChatTTS.model.speaker import Speaker
+
+from chattts_farm.contract import InvalidRequest, SynthesisRequest
+from tests.voice_bombs import CHATTTS_PRESET, FARM_PRESET, compress, incompressible_embedding, voice_bomb
+from worker.engine_process.voices import embedding_for_seed, embedding_tensor
+
+
+@pytest.fixture(scope="module")
+def speaker(synthesizer):
+    return synthesizer.model.chat.speaker
+
+
+def refusal(speaker, embedding: str) -> InvalidRequest:
+    with pytest.raises(InvalidRequest) as caught:
+        embedding_tensor(speaker, embedding)
+    assert caught.value.field == "voice"
+    return caught.value
+
+
+def test_real_embeddings_decode_exactly_as_chattts_decodes_them(speaker):
+    chattts_own = [Speaker._encode(speaker._sample_random()) for _ in range(5)]
+    the_farms = [embedding_for_seed(speaker, seed) for seed in range(5)]
+    widest = [incompressible_embedding(speaker.dim, preset) for preset in (FARM_PRESET, CHATTTS_PRESET)]
+    for embedding in chattts_own + the_farms:
+        expected = torch.from_numpy(Speaker._decode(embedding)).float()
+        assert torch.equal(embedding_tensor(speaker, embedding), expected)
+    for embedding in widest:  # random bytes: some are not finite, which is refused either way
+        values = Speaker._decode(embedding)
+        if np.isfinite(values).all():
+            assert torch.equal(embedding_tensor(speaker, embedding), torch.from_numpy(values).float())
+        else:
+            assert "not finite" in refusal(speaker, embedding).message
+
+
+def test_a_bomb_short_enough_for_the_contract_is_refused_without_expanding(speaker):
+    bomb = voice_bomb(8)  # 8 MiB of zeros in a few hundred characters: the length bound lets it in
+    tracemalloc.start()
+    try:
+        started = time.perf_counter()
+        error = refusal(speaker, bomb)
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert f"more than {speaker.dim} values" in error.message
+    assert elapsed < 0.05 and peak < 256 * 1024
+
+
+ZEROS = bytes(2 * 64)  # 64 float16 zeros: synthetic-tiny's width
+
+
+@pytest.mark.parametrize(
+    ("data", "fault"),
+    [
+        (compress(ZEROS)[:-2], "ends early"),
+        (compress(ZEROS) + compress(ZEROS), "data after its end"),
+        (compress(ZEROS[:-2]), "has 63 values"),
+        (compress(ZEROS[:-1]), "odd number of bytes"),
+        (b"not lzma at all", "not a valid ChatTTS speaker embedding"),
+    ],
+    ids=["truncated", "trailing data", "too narrow", "half a value", "not lzma"],
+)
+def test_broken_embeddings_are_refused_naming_voice(speaker, data, fault):
+    assert speaker.dim == 64
+    assert fault in refusal(speaker, pybase16384.encode_to_string(data)).message
+
+
+def test_the_synthesizer_refuses_a_bomb_alone_and_its_batch_mates_are_spoken(synthesizer, make_request):
+    requests = [
+        make_request("Before the bomb."),
+        SynthesisRequest("Boom.", voice=voice_bomb(50)),  # unvalidated: the core refuses it on its own
+        SynthesisRequest("Boom.", voice=voice_bomb(8)),
+        make_request("After the bomb."),
+    ]
+    outcomes = synthesizer.synthesize(requests)
+    assert [getattr(outcome, "field", None) for outcome in outcomes] == [None, "voice", "voice", None]
+    assert outcomes[0].duration_s > 0 and outcomes[3].duration_s > 0

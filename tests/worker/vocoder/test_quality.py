@@ -1,0 +1,26 @@
+"""The quality gate flags what makes a segment suspect."""
+
+import numpy as np
+
+from worker.vocoder.quality import assess
+
+SPEECH_LIKE = (0.2 * np.sin(np.arange(24_000) / 7)).astype(np.float32)
+
+
+def test_plausible_audio_passes():
+    assert assess(SPEECH_LIKE, 50, 50, "eos").ok
+
+
+def test_hitting_the_token_limit_is_flagged():
+    assert "token_limit" in assess(SPEECH_LIKE, 2048, 50, "token_limit").flags
+
+
+def test_far_too_long_or_short_is_flagged():
+    assert "too_long" in assess(SPEECH_LIKE, 400, 50, "eos").flags
+    assert "too_short" in assess(SPEECH_LIKE, 5, 50, "eos").flags
+
+
+def test_nan_silence_and_clipping_are_flagged():
+    assert "nan" in assess(np.array([np.nan, 0.1], dtype=np.float32), 50, 50, "eos").flags
+    assert "silence" in assess(np.zeros(24_000, dtype=np.float32), 50, 50, "eos").flags
+    assert "clipping" in assess(np.ones(24_000, dtype=np.float32), 50, 50, "eos").flags

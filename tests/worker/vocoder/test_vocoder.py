@@ -1,0 +1,206 @@
+"""The vocoder decodes rows of any lengths in shared batches of windows, each row exactly as ChatTTS does alone
+(in float32 on the CPU; in bf16, near it)."""
+
+import copy
+import math
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from worker.model.loading import LoadedModel
+from worker.model.synthetic_assets import synthetic_config
+from worker.vocoder.vocoder import WINDOW_STEP_FRAMES, Vocoder, batch_bucket, plan_windows
+
+
+@pytest.fixture(scope="module")
+def vocoder(synthesizer):
+    return synthesizer.vocoder
+
+
+def decoded_alone(chat, states):
+    """The row as stock ChatTTS decodes it: ``Chat._decode_to_wavs`` of a batch of one."""
+    return chat._decode_to_wavs([states.clone()], True)[0]
+
+
+def random_hidden_states(chat, frames, seed):
+    # The tiny GPT's hidden states come out of a norm layer: unit scale, as these.
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(frames, chat.config.gpt.hidden_size, generator=generator)
+
+
+def test_the_plan_covers_every_frame_once_and_keeps_only_frames_that_see_no_window_edge():
+    for context, step, most in ((1, 4, 8), (4, 8, 36), (13, 32, 208), (52, 32, 832)):
+        for frames in [*range(0, 3 * most + 2), 10 * most + 7]:
+            windows = plan_windows(frames, context, step, most)
+            kept = [frame for window in windows for frame in range(window.keep_start, window.keep_stop)]
+            assert kept == list(range(frames)), (frames, context, step, most)
+            (size,) = {window.stop - window.start for window in windows} or {0}
+            if len(windows) > 1:
+                assert size % step == 0 and size <= most and size < frames, (frames, size)
+            else:
+                assert size == frames
+            for window in windows:
+                assert 0 <= window.start <= window.keep_start < window.keep_stop <= window.stop <= frames
+                assert window.start == 0 or window.keep_start - window.start >= context
+                assert window.stop == frames or window.stop - window.keep_stop >= context
+
+
+def test_a_row_decodes_its_frames_once_but_for_the_overlaps_and_the_rounding_of_its_windows():
+    context, step, most = 52, 32, 832
+    for frames in range(3 * step, 3000, 7):
+        windows = plan_windows(frames, context, step, most)
+        decoded = sum(window.stop - window.start for window in windows)
+        overlaps = (len(windows) - 1) * (2 * context + 1)
+        assert decoded < frames + overlaps + len(windows) * step, frames
+        # As few windows as fit: one fewer would need windows longer than the longest.
+        fewer = len(windows) - 1
+        assert fewer < 2 or math.ceil((frames + (fewer - 1) * (2 * context + 1)) / fewer) > most, frames
+
+
+def test_a_window_without_room_between_its_contexts_is_refused():
+    with pytest.raises(ValueError, match="keeps nothing"):
+        plan_windows(100, 13, 32, 26)
+
+
+@pytest.mark.parametrize(
+    ("count", "bucket"), [(1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 8), (9, 12), (13, 16), (17, 24)]
+)
+def test_a_graph_s_batch_is_the_next_bucket(count, bucket):
+    assert batch_bucket(count, 256) == bucket
+    assert batch_bucket(count, count) == count
+
+
+def test_on_the_cpu_the_networks_are_float32_copies_run_op_by_op(synthesizer, vocoder):
+    chat = synthesizer.model.chat
+    assert vocoder.graphs is None
+    assert {parameter.dtype for parameter in vocoder.network.parameters()} == {torch.float32}
+    stock = {id(tensor) for tensor in [*chat.decoder.parameters(), *chat.vocos.parameters()]}
+    assert not stock & {id(tensor) for tensor in vocoder.network.parameters()}
+
+
+def test_the_istft_that_reads_nothing_back_is_torch_s(vocoder):
+    network = vocoder.network
+    generator = torch.Generator().manual_seed(3)
+    shape = (3, network.n_fft // 2 + 1, 40)
+    spectrum = torch.complex(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    expected = torch.istft(spectrum, network.n_fft, network.hop_length, network.n_fft, network.window, center=True)
+    torch.testing.assert_close(network.istft_without_check(spectrum), expected, atol=1e-6, rtol=0)
+
+
+def test_in_bf16_the_audio_stays_near_float32_s_and_the_istft_head_stays_float32(synthesizer, vocoder):
+    chat = synthesizer.model.chat
+    half = Vocoder(synthesizer.model, max_windows_per_batch=8, dtype=torch.bfloat16)
+    assert half.network.backbone.embed.weight.dtype == torch.bfloat16
+    assert half.network.spectrum.weight.dtype == torch.float32
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate([5, 3 * vocoder.context_frames])]
+    for exact, rounded in zip(vocoder.decode(rows), half.decode(rows), strict=True):
+        assert rounded.dtype == np.float32 and rounded.shape == exact.shape
+        assert 0 < np.abs(rounded - exact).max() < 0.05 * np.abs(exact).max()
+
+
+def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, vocoder):
+    chat = synthesizer.model.chat
+    longest, context = vocoder.max_window_frames, vocoder.context_frames
+    # Decoded whole (short), two windows, two of the longest, three; empty; a twin of a short one.
+    lengths = [1, 7, 2 * context + 3, 3 * WINDOW_STEP_FRAMES, 2 * longest - 2 * context - 1, 2 * longest, 0, 7]
+    assert [len(vocoder.plan(frames)) for frames in lengths] == [1, 1, 1, 2, 2, 3, 0, 1]
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
+    decoded = vocoder.decode(rows)
+    assert len(decoded) == len(rows)
+    for states, samples in zip(rows, decoded, strict=True):
+        expected = decoded_alone(chat, states) if len(states) else np.zeros(0, dtype=np.float32)
+        assert samples.dtype == np.float32 and samples.shape == expected.shape, len(states)
+        if len(states):
+            assert np.abs(samples - expected).max() < 1e-4, len(states)
+
+
+def test_windows_of_different_rows_share_batches_of_one_shape(synthesizer):
+    chat = synthesizer.model.chat
+    vocoder, per_batch = Vocoder(synthesizer.model, max_windows_per_batch=3), 3
+    context = vocoder.context_frames
+    # Rows of different lengths whose two windows have one size; two rows too short for windows, of one length.
+    long_lengths, short_lengths = [2 * WINDOW_STEP_FRAMES + extra for extra in (3, 13, 23)], [context, context]
+    (size,) = {window.stop - window.start for frames in long_lengths for window in vocoder.plan(frames)}
+    assert all(len(vocoder.plan(frames)) == 2 for frames in long_lengths)
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate([*long_lengths, *short_lengths, 0])]
+
+    shapes = []
+    hook = vocoder.network.decoder.register_forward_pre_hook(
+        lambda module, inputs: shapes.append(tuple(inputs[0].shape))
+    )
+    try:
+        vocoder.decode(rows)
+    finally:
+        hook.remove()
+    width = chat.config.gpt.hidden_size
+    assert shapes == [(per_batch, width, size), (per_batch, width, size), (2, width, context)]
+
+
+def test_an_empty_call_and_empty_rows_give_empty_audio(vocoder, synthesizer):
+    assert vocoder.decode([]) == []
+    empty = torch.zeros(0, synthesizer.model.chat.config.gpt.hidden_size)
+    (samples,) = vocoder.decode([empty])
+    assert samples.dtype == np.float32 and samples.shape == (0,)
+
+
+def test_the_context_is_the_furthest_a_frame_reaches_through_decoder_and_vocos(synthesizer, vocoder):
+    """Measured in float64, where the tiny model's far reach (its layer scales are 1e-6) is not lost in rounding."""
+    chat = synthesizer.model.chat
+    decoder, vocos = copy.deepcopy(chat.decoder).double(), copy.deepcopy(chat.vocos).double()
+    frames, changed_frame = 6 * vocoder.context_frames, 3 * vocoder.context_frames
+    states = random_hidden_states(chat, frames, seed=0).double()
+    nudged = states.clone()
+    nudged[changed_frame] += 1.0
+    with torch.inference_mode():
+        before, after = (vocos.decode(decoder(row.T[None].contiguous()))[0] for row in (states, nudged))
+    changed = torch.nonzero(before != after).squeeze(1)
+    first, last = (int(sample) // vocoder.samples_per_frame for sample in (changed[0], changed[-1]))
+    assert changed_frame - first == vocoder.context_frames
+    assert last - changed_frame <= vocoder.context_frames
+
+
+@pytest.mark.parametrize(("scale", "context_frames"), [("tiny", 13), ("full", 52)])
+def test_the_context_follows_the_scale_s_layers(scale, context_frames):
+    """In mel frames: conv_in 1 + 1, ConvNeXt 6 a layer and out_conv 1 (Decoder); embed 3 and 3 a layer
+    (Vocos); 2 for the ISTFT (1024 over a 256 hop). Two mel frames a hidden state."""
+    from ChatTTS.model.dvae import DVAE
+    from vocos.pretrained import instantiate_class
+
+    config = synthetic_config(scale)
+    with torch.device("meta"):  # the layers' shapes without their weights (the full scale's are large)
+        chat = SimpleNamespace(
+            config=config,
+            decoder=DVAE(decoder_config=asdict(config.decoder), dim=config.decoder.idim),
+            vocos=SimpleNamespace(
+                backbone=instantiate_class(args=(), init=asdict(config.vocos.backbone)),
+                head=instantiate_class(args=(), init=asdict(config.vocos.head)),
+            ),
+        )
+    vocoder = Vocoder(LoadedModel(chat=chat, info=None, device=torch.device("meta")), max_windows_per_batch=1)
+    assert vocoder.context_frames == context_frames
+    assert vocoder.samples_per_frame == 512
+
+
+def test_a_streamed_piece_needs_only_the_context_its_audio_reads_above_rounding(synthesizer, vocoder):
+    """The tiny model's layer scales are 1e-6: its frames read far less than the receptive field allows."""
+    context = vocoder.measure_stream_context()
+    assert 0 < context < vocoder.context_frames
+    row = random_hidden_states(synthesizer.model.chat, 5 * vocoder.context_frames, seed=42)
+    (whole,) = vocoder.decode([row])
+    per_frame = vocoder.samples_per_frame
+
+    def kept_audio(keep_from, keep_to, context):
+        start = max(0, keep_from - context)
+        (samples,) = vocoder.decode([row[start : keep_to + context]])
+        return samples[(keep_from - start) * per_frame : (keep_to - start) * per_frame]
+
+    for keep_from, keep_to in [(0, 12), (20, 30), (31, 55)]:
+        expected = whole[keep_from * per_frame : keep_to * per_frame]
+        assert np.abs(kept_audio(keep_from, keep_to, context) - expected).max() < 1e-4
+        # The measured context is needed: with none, the audio near the piece's edges is another
+        # (and a hop short: the ISTFT's last frame lacks its right neighbour).
+        bare = kept_audio(keep_from, keep_to, 0)
+        assert np.abs(bare - expected[: bare.size]).max() > 1e-3

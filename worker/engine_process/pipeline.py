@@ -1,0 +1,337 @@
+"""The engine process's pipeline: load ChatTTS once, then turn requests into audio as they come.
+
+Plain Python: no Celery, no Flask. The engine process (worker.engine_process.main, through its
+batcher), the CLI and the benchmarks are thin adapters around :class:`Synthesizer`, which takes each
+request one way, calling each step in turn:
+
+1. prepare (worker.engine_process.prepare): each request's text split into segments, normalised,
+   refined: a :class:`~worker.engine_process.synthesis.Synthesis`;
+2. generate (worker.engine): the segments of every request in flight share the engine's running
+   batch (every sampling setting is per row, so any requests can share it), and a request added
+   while others run joins it at the next step; streaming requests are cut as they are drawn
+   (worker.engine_process.streaming);
+3. vocode (worker.vocoder): segments that come out become audio beside the next steps, and the
+   quality gate sends a flagged one back with another seed;
+4. finish (worker.engine_process.finish): a request whose segments are all done is a result; whoever
+   reads its audio (the worker's Celery side) joins and encodes it.
+
+A bad request gets its own error; the others go on.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+
+from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
+from chattts_farm.settings import Settings
+from worker.audio import SAMPLE_RATE
+from worker.engine.engine import Engine
+from worker.engine.segment import Segment, segment_seed
+from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens
+from worker.engine_process.finish import finish, memory_report, reset_memory_stats
+from worker.engine_process.prepare import Preparer
+from worker.engine_process.streaming import Deliver, RequestStream
+from worker.engine_process.synthesis import Synthesis
+from worker.model.loading import LoadedModel, load_model
+from worker.results import SynthesisResult
+from worker.vocoder.piece import Piece
+from worker.vocoder.stream import Decoded, Decoder, assess
+from worker.vocoder.vocoder import Vocoder
+
+logger = logging.getLogger(__name__)
+
+# Progress callbacks fire at most this often, however fast the steps are.
+PROGRESS_INTERVAL_S = 0.5
+# on_progress(request index, fraction 0..1, segments done, segments in all)
+ProgressCallback = Callable[[int, float, int, int], None]
+# cancelled() -> indices of the requests to stop now
+CancelledCheck = Callable[[], Collection[int]]
+
+
+class Synthesizer:
+    """Requests in, results out, on one model: ``add`` requests, call ``step`` until they come out.
+
+    Each step runs the engine one step (segments of any request join and leave its running batch)
+    and hands the segments that came out to the vocoder's stream (:mod:`worker.vocoder.stream`); of those
+    it has decoded, it sends the ones the quality gate flags back with another seed, and finishes
+    every request whose segments are all done. ``synthesize`` does all of it for a
+    list of requests.
+    """
+
+    def __init__(self, model: LoadedModel, settings: Settings):
+        self.model = model
+        self.settings = settings
+        self.engine = Engine(
+            model,
+            **engine_capacity(model, settings),
+            max_admissions=settings.max_segments_per_pass,
+            max_prompt_tokens=max_prompt_tokens(settings),
+            max_new_tokens=settings.max_new_tokens,
+            kv_dtype=kv_dtype(settings),
+        )
+        self.vocoder = Vocoder(model, settings.max_segments_per_pass)
+        self.decoder = Decoder(self.vocoder, model.device)
+        self.preparer = Preparer(model, settings)
+        self.stream_context_frames = (
+            min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
+        )
+        logger.info(
+            "streamed chunks decode with %d frames of context each side (receptive field: %d)",
+            self.stream_context_frames,
+            self.vocoder.context_frames,
+        )
+        self.in_flight: dict[int, Synthesis] = {}
+        self._numbers = itertools.count()
+
+    @classmethod
+    def load(cls, settings: Settings, *, progress: Callable[[str, int, int], None] | None = None) -> Synthesizer:
+        """Load the configured model and warm it up, ready for the first real request."""
+        synthesizer = cls(load_model(settings, progress=progress), settings)
+        synthesizer.warm_up()
+        return synthesizer
+
+    def warm_up(self) -> None:
+        """Pay one-time costs (first calls of torch's kernels, compilation, the decode step's and the
+        prefill's CUDA graphs) up front."""
+        started = time.perf_counter()
+        warm_up = SynthesisRequest(text="Warm up! [uv_break] 你好。", seed=0, request_id="warm-up")
+        outcome = self.synthesize([warm_up])[0]
+        if isinstance(outcome, Exception):
+            raise outcome
+        graphs = self.engine.runner.capture_every_bucket()
+        if graphs:
+            logger.info("captured the decode step and the prefill of %d buckets", graphs)
+        logger.info("warmed up in %.2f s", time.perf_counter() - started)
+
+    def synthesize(
+        self,
+        requests: Sequence[SynthesisRequest],
+        *,
+        on_progress: ProgressCallback | None = None,
+        cancelled: CancelledCheck | None = None,
+        on_audio: Sequence[Deliver | None] | None = None,
+    ) -> list[SynthesisResult | FarmError]:
+        """Synthesise all requests together; each gets a result or its own error, in order (streaming
+        to its ``on_audio`` callback, as ``add`` does).
+
+        The requests are added a prefill pass's worth (``max_segments_per_pass``) at a time, one batch a
+        step: the engine admits no more a step, and it starts on the first while the host prepares
+        the rest (preparing 1,536 requests at once kept an H200 idle for 0.65 s).
+        """
+        reset_memory_stats(self.model.device)
+        outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
+        deliveries = list(on_audio) if on_audio is not None else [None] * len(requests)
+        index_of: dict[int, int] = {}  # request number -> its index in ``requests``
+        added_up_to = 0
+        last_report = 0.0
+        while added_up_to < len(requests) or any(number in self.in_flight for number in index_of):
+            stopping = set(cancelled()) if cancelled is not None else set()
+            if added_up_to < len(requests):
+                batch = range(added_up_to, min(added_up_to + self.settings.max_segments_per_pass, len(requests)))
+                added_up_to = batch.stop
+                for index in batch:
+                    if index in stopping:
+                        outcomes[index] = _cancelled(requests[index])
+                batch = [index for index in batch if index not in stopping]
+                added = self.add([requests[i] for i in batch], [deliveries[i] for i in batch]) if batch else []
+                for index, entry in zip(batch, added, strict=True):
+                    if isinstance(entry, Synthesis):
+                        index_of[entry.number] = index
+                    else:
+                        outcomes[index] = entry
+            for number, index in index_of.items():
+                if index in stopping and number in self.in_flight:
+                    self.cancel(number)
+                    outcomes[index] = _cancelled(requests[index])
+            for entry, outcome in self.step():
+                outcomes[index_of[entry.number]] = outcome
+                if on_progress is not None and not isinstance(outcome, Exception):
+                    on_progress(index_of[entry.number], 1.0, len(entry.segments), len(entry.segments))
+            if on_progress is not None and time.monotonic() - last_report >= PROGRESS_INTERVAL_S:
+                last_report = time.monotonic()
+                for number, index in index_of.items():
+                    if number in self.in_flight:
+                        on_progress(index, *self.progress(self.in_flight[number]))
+        return outcomes
+
+    def add(
+        self, requests: Sequence[SynthesisRequest], on_audio: Sequence[Deliver | None] | None = None
+    ) -> list[Synthesis | FarmError]:
+        """Prepare requests (split, normalise, refine) and queue their segments in the engine.
+
+        A request given an ``on_audio`` callback streams: the callback gets its audio, in order, as
+        the engine draws it (see :mod:`worker.engine_process.streaming`); the result holds the same audio whole.
+        """
+        started = time.perf_counter()
+        added: list[Synthesis | FarmError] = []
+        for request, deliver in zip(requests, on_audio or [None] * len(requests), strict=True):
+            try:
+                entry = self.preparer.prepare(next(self._numbers), request)
+            except InvalidRequest as error:
+                logger.info("request %s refused: %s", request.request_id, error)
+                added.append(error)
+                continue
+            if deliver is not None:
+                entry.stream = RequestStream(
+                    entry.segments,
+                    deliver=deliver,
+                    pause_samples=self.pause_samples,
+                    frames_per_second=self.frames_per_second,
+                    context_frames=self.stream_context_frames,
+                )
+            added.append(entry)
+        prepared = [entry for entry in added if isinstance(entry, Synthesis)]
+        self.preparer.refine(prepared)
+        text_s = time.perf_counter() - started
+        now = time.monotonic()
+        for entry in prepared:
+            entry.text_s = text_s
+            self.in_flight[entry.number] = entry
+            self._set_due(entry, now)
+            self.engine.add(entry.segments)
+        self._note_sharing()
+        return added
+
+    def step(self) -> list[tuple[Synthesis, SynthesisResult | FarmError]]:
+        """Run the engine one step and take back what the vocoder decoded meanwhile; returns the
+        requests that finished, with their outcomes.
+
+        With nothing left for the engine, waits for the vocoder's oldest launch instead of spinning.
+        """
+        finished: list[tuple[Synthesis, SynthesisResult | FarmError]] = []
+        if self.engine.has_work:
+            finished.extend(self._run_engine())
+        for decoded in self.decoder.collect(wait=not self.engine.has_work):
+            finished.extend(self._take_decoded(decoded))
+        return finished
+
+    def _run_engine(self) -> list[tuple[Synthesis, FarmError]]:
+        failed, pieces = [], []
+        for segment in self.engine.step():
+            entry = self.in_flight.get(segment.owner)
+            if entry is None:  # cancelled meanwhile
+                continue
+            if segment.error is not None:
+                self.cancel(entry.number)
+                failed.append((entry, segment.error))
+            else:
+                pieces.append(entry.stream.last_piece(segment) if entry.stream else Piece.whole(segment))
+        if any(entry.stream for entry in self.in_flight.values()):
+            pieces.extend(self._cut_streams())
+        if pieces:
+            self.decoder.submit(pieces)
+        return failed
+
+    def _cut_streams(self) -> list[Piece]:
+        """The next pieces of the running segments of streaming requests."""
+        pieces = []
+        for segment in self.engine.running_segments:
+            entry = self.in_flight.get(segment.owner)
+            if entry is None or entry.stream is None:
+                continue
+            pieces.extend(
+                entry.stream.cut(
+                    segment,
+                    self.engine.tokens_drawn(segment),
+                    lambda start, stop, segment=segment: self.engine.hidden_states(segment, start, stop),
+                )
+            )
+        return pieces
+
+    def _take_decoded(self, decoded: Decoded) -> list[tuple[Synthesis, SynthesisResult]]:
+        """Give the decoded pieces to their segments (and streams); regenerate the segments the quality
+        gate flags, finish complete requests."""
+        owners = {piece.segment.owner for piece in decoded.pieces} & self.in_flight.keys()
+        if decoded.error is not None:
+            if owners:  # else every request it served has gone (cancelled or abandoned)
+                raise decoded.error
+            return []
+        finished = []
+        now = time.perf_counter()
+        memory = None  # one report for every request this batch finishes
+        for piece, samples, assessed in zip(decoded.pieces, decoded.samples, decoded.qualities, strict=True):
+            segment = piece.segment
+            entry = self.in_flight.get(segment.owner)
+            if entry is None:
+                continue
+            entry.decode_s += decoded.seconds / len(decoded.pieces)
+            if entry.stream is not None:
+                entry.stream.take(piece, samples)
+                if not piece.last:
+                    continue
+                samples = entry.stream.samples(segment)
+                assessed = assess(segment, samples)
+            segment.samples, segment.quality = samples, assessed
+            segment.quality.retried = segment.attempt > 0
+            segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
+            # A streamed segment is never generated again: its audio has gone out.
+            if not segment.quality.ok and segment.attempt < self.settings.quality_retries and entry.stream is None:
+                self._regenerate(entry, segment)
+            elif entry.segments_done == len(entry.segments):
+                entry.generated_at = now
+                del self.in_flight[entry.number]
+                memory = memory if memory is not None else memory_report(self.model.device)
+                model = self.model.info.as_dict()
+                finished.append((entry, finish(entry, pause_samples=self.pause_samples, model=model, memory=memory)))
+        return finished
+
+    def _set_due(self, entry: RequestInFlight, now: float) -> None:
+        """When each segment's audio is wanted: all of an unstreamed request's now; a stream's segment
+        when the audio before it will have played (its expected length), so that the first segments of
+        streams that arrive later go before it."""
+        starts_after = 0.0
+        for segment in entry.segments:
+            segment.due = now + starts_after
+            if entry.stream is not None:
+                starts_after += segment.expected_tokens / self.frames_per_second + self.settings.segment_pause_s
+
+    @property
+    def frames_per_second(self) -> float:
+        return SAMPLE_RATE / self.vocoder.samples_per_frame
+
+    @property
+    def pause_samples(self) -> int:
+        """The silence between two segments of a request, streamed or joined."""
+        return int(self.settings.segment_pause_s * SAMPLE_RATE)
+
+    def cancel(self, number: int) -> None:
+        """Stop a request in flight: its waiting segments leave the engine, its running ones end."""
+        self.in_flight.pop(number, None)
+        self.engine.cancel(lambda segment: segment.owner == number)
+
+    def abandon(self) -> list[SynthesisRequest]:
+        """Drop everything in flight (after a failed step); returns the requests dropped."""
+        self.engine.reset()
+        requests = [entry.request for entry in self.in_flight.values()]
+        self.in_flight.clear()
+        return requests
+
+    def progress(self, entry: Synthesis) -> tuple[float, int, int]:
+        """(fraction 0..1, segments done, segments in all) of a request in flight."""
+        expected = sum(segment.expected_tokens for segment in entry.segments)
+        drawn = sum(
+            segment.expected_tokens if segment.output is not None else self.engine.tokens_drawn(segment)
+            for segment in entry.segments
+        )
+        # Generation is most of the work; decoding and encoding take the last 5%.
+        fraction = min(0.95, 0.95 * min(drawn, expected) / expected)
+        return fraction, entry.segments_done, len(entry.segments)
+
+    def _regenerate(self, entry: Synthesis, segment: Segment) -> None:
+        """Send a segment the quality gate flagged back to the engine with another seed."""
+        segment.attempt += 1
+        segment.seed = segment_seed(entry.seed, segment.index, segment.attempt)
+        segment.output = segment.samples = segment.quality = None
+        logger.info("quality gate: generating segment %d of %s again", segment.index, entry.request.request_id)
+        self.engine.add([segment])
+
+    def _note_sharing(self) -> None:
+        for entry in self.in_flight.values():
+            entry.shared_with = max(entry.shared_with, len(self.in_flight))
+
+
+def _cancelled(request: SynthesisRequest) -> JobCancelled:
+    return JobCancelled(f"request {request.request_id} was cancelled")

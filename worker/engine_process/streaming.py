@@ -1,0 +1,112 @@
+"""Streaming: a request's audio leaves the worker while the engine still draws it.
+
+After every engine step the pipeline (worker.engine_process.pipeline) cuts each running segment of a
+streaming request: once enough of its newest frames are *stable* (the context they need to their right
+has been drawn, so more frames no longer change their audio), those frames go to the vocoder as a
+:class:`~worker.vocoder.piece.Piece` with the context on either side. Decoded pieces come back in the
+order they were cut and are delivered in the text's order: a later segment's audio waits for the
+segments before it, then follows the pause between them. Joined, a request's delivered audio is the
+audio it would have had unstreamed: each piece decodes the frames its kept ones read. How many that is,
+the vocoder measures at load (:meth:`~worker.vocoder.vocoder.Vocoder.measure_stream_context`): its
+receptive field bounds it (52 frames, 1.1 s, at full scale), but what a frame's audio reads above float
+rounding is far less (7 frames for the synthetic weights), and that is what the first chunk waits for.
+
+The first piece of a segment is small, so the first sound comes early; each later one is twice the
+size of the one before, up to a bound, so that a long text is decoded in few, large passes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from worker.engine.segment import Segment
+from worker.vocoder.piece import Piece
+
+FIRST_CHUNK_S = 0.25
+LARGEST_CHUNK_S = 2.0
+
+# deliver(segment index, samples): the next float32 samples of a request's audio, in order, and the
+# segment of its text they belong to (the pause before a segment belongs to it)
+Deliver = Callable[[int, np.ndarray], None]
+
+
+class RequestStream:
+    """One streaming request's audio on its way out."""
+
+    def __init__(
+        self,
+        segments: list[Segment],
+        *,
+        deliver: Deliver,
+        pause_samples: int,
+        frames_per_second: float,
+        context_frames: int,
+    ):
+        self.segments = segments
+        self.deliver = deliver
+        self.pause_samples = pause_samples
+        self.context_frames = context_frames
+        self.first_chunk_frames = math.ceil(FIRST_CHUNK_S * frames_per_second)
+        self.largest_chunk_frames = math.ceil(LARGEST_CHUNK_S * frames_per_second)
+        self._cut_to = [0] * len(segments)  # per segment: the frames whose audio has been cut off
+        self._cuts = [0] * len(segments)
+        self._audio: list[list[np.ndarray]] = [[] for _ in segments]  # decoded pieces, in order
+        self._complete = [False] * len(segments)
+        self._next_segment = 0  # the segment whose audio goes out now
+        self._delivered = 0  # of its pieces
+
+    def cut(self, segment: Segment, drawn: int, hidden_states: Callable[[int, int], torch.Tensor]) -> list[Piece]:
+        """The next pieces of a running segment that has drawn ``drawn`` frames: as many as its stable
+        frames fill. A piece's size is set by its place in the row, so the pieces of many streams have
+        few lengths between them and share the vocoder's batches.
+
+        ``hidden_states(start, stop)`` copies the segment's hidden states of frames [start, stop).
+        """
+        index = segment.index
+        stable = drawn - self.context_frames
+        pieces = []
+        while True:
+            keep_from = self._cut_to[index]
+            keep_to = keep_from + min(self.first_chunk_frames << self._cuts[index], self.largest_chunk_frames)
+            if keep_to > stable:
+                return pieces
+            start = max(0, keep_from - self.context_frames)
+            stop = keep_to + self.context_frames
+            pieces.append(
+                Piece(segment, hidden_states(start, stop), start, keep_from, keep_to, last=False, assess=False)
+            )
+            self._cut_to[index] = keep_to
+            self._cuts[index] += 1
+
+    def last_piece(self, segment: Segment) -> Piece:
+        """What is left of a segment the engine finished: the frames not yet cut, to its end."""
+        hiddens = segment.output.hiddens
+        keep_from = min(self._cut_to[segment.index], hiddens.shape[0])
+        start = max(0, keep_from - self.context_frames)
+        return Piece(segment, hiddens[start:], start, keep_from, hiddens.shape[0], last=True, assess=False)
+
+    def take(self, piece: Piece, samples: np.ndarray) -> None:
+        """A decoded piece: deliver every piece that is next in the text's order."""
+        index = piece.segment.index
+        self._audio[index].append(samples)
+        self._complete[index] = piece.last
+        while self._next_segment < len(self.segments):
+            pieces = self._audio[self._next_segment]
+            for ready in pieces[self._delivered :]:
+                if ready.size:
+                    self.deliver(self._next_segment, ready)
+            self._delivered = len(pieces)
+            if not self._complete[self._next_segment]:
+                return
+            self._next_segment += 1
+            self._delivered = 0
+            if self._next_segment < len(self.segments) and self.pause_samples:
+                self.deliver(self._next_segment, np.zeros(self.pause_samples, dtype=np.float32))
+
+    def samples(self, segment: Segment) -> np.ndarray:
+        """A complete segment's audio: its pieces joined."""
+        return np.concatenate(self._audio[segment.index])

@@ -1,0 +1,364 @@
+"""GPT hidden states to 24 kHz audio: rows of any lengths share batches, each decoded as alone.
+
+ChatTTS's Decoder (a DVAE decoder that reads each hidden state as two mel frames) and Vocos are
+convolutional and pad every layer with zeros, so zero-padding a short row to a long one's length
+changes the short row's end. Instead each row (its hidden states, one frame per GPT step) is cut into
+a few windows of one size that overlap by at least twice the receptive field of both networks: of a
+window's output only the frames that do not see its edges are kept, except at the row's own start
+and end, where the windows are aligned to the row so that the padding there is the padding the row
+sees alone. Window sizes are multiples of ``WINDOW_STEP_FRAMES``, so windows of rows of different
+lengths share a size and a batch. A row is as few windows as fit ``MAX_WINDOW_CONTEXTS`` (two for
+every segment of up to ~33 s at full scale): a row of N frames decodes about N + 2 x context frames,
+not every frame twice. A row too short for two windows is decoded whole, with the rows of exactly
+its length.
+
+The networks run as :class:`VocoderNetwork`: copies of ChatTTS's modules, in bf16 on CUDA (the ISTFT
+head in fp32), with an ISTFT that never waits for the host. On CUDA a batch of windows replays a CUDA
+graph captured the first time its (window size, batch bucket) is met.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional
+
+from worker.model.loading import LoadedModel
+
+# A streamed piece's audio may differ from the whole row's by this much (issue 12 holds joined chunks to
+# the unstreamed audio within 1e-4; the margin covers hidden states unlike the probe's, and rounding).
+STREAM_CONTEXT_TOLERANCE = 1e-5
+# Frames of the probe's row kept by its pieces, at its start and in its middle.
+_PROBE_KEEP_FRAMES = 12
+
+# Window sizes are multiples of this many frames: finer steps waste fewer frames, coarser ones let more
+# rows share a batch (and a graph).
+WINDOW_STEP_FRAMES = 32
+# The longest window, in receptive fields: a longer one wastes less on long rows but needs more memory
+# per window.
+MAX_WINDOW_CONTEXTS = 16
+# A batch holds at most this many frames (at full scale ~80 KB of working memory each in bf16).
+MAX_FRAMES_PER_BATCH = 32768
+
+
+@dataclass(frozen=True)
+class Window:
+    """Frames [start, stop) of a row are decoded together; the output of frames [keep_start, keep_stop) is kept."""
+
+    start: int
+    stop: int
+    keep_start: int
+    keep_stop: int
+
+
+def plan_windows(frames: int, context: int, step: int, max_size: int) -> list[Window]:
+    """The windows of a row of ``frames`` frames, in order; their kept ranges cover every frame once.
+
+    The row's windows are all one size, a multiple of ``step`` of at most ``max_size`` frames, as few as
+    fit, spread evenly from the row's start to its end; a row no longer than two of them would be is one
+    window of its own. A kept frame is at least ``context`` frames from each edge of its window that is not an edge
+    of the row.
+    """
+    if max_size // step * step <= 2 * context + 1:
+        raise ValueError(f"a window of {max_size} frames keeps nothing with {context} frames of context each side")
+    if not frames:
+        return []
+    for count in itertools.count(2):
+        # Neighbours overlap by 2 x context and a frame more, the most their starts' rounding takes.
+        size = _round_up(math.ceil((frames + (count - 1) * (2 * context + 1)) / count), step)
+        if size >= frames:
+            return [Window(0, frames, 0, frames)]
+        if size <= max_size:
+            break
+    starts = [(frames - size) * index // (count - 1) for index in range(count)]
+    # Each overlap is kept from its middle on by the later window: both halves are >= context.
+    bounds = [0, *((start + previous + size) // 2 for previous, start in itertools.pairwise(starts)), frames]
+    return [
+        Window(start, start + size, keep_start, keep_stop)
+        for start, keep_start, keep_stop in zip(starts, bounds[:-1], bounds[1:], strict=True)
+    ]
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+def network_dtype(model: LoadedModel) -> torch.dtype:
+    """bf16 on CUDA, unless the GPT runs in fp32 there; fp32 elsewhere.
+
+    An fp16 GPT gets a bf16 vocoder too: the convolutions' activations are not normalised, and fp16's
+    range is narrower.
+    """
+    if model.device.type != "cuda" or model.info.dtype == "fp32":
+        return torch.float32
+    return torch.bfloat16
+
+
+class VocoderNetwork(nn.Module):
+    """ChatTTS's Decoder and Vocos as one network: (windows, width, frames) hidden states to (windows,
+    samples) audio in float32, in ``dtype`` up to the ISTFT head, which runs in float32.
+
+    The modules are copies (ChatTTS's own stay in float32); neither the DVAE decoder nor Vocos's ConvNeXt
+    backbone is weight-normalised, so their weights are plain already. On CUDA the ISTFT is
+    ``torch.istft``'s centred one without its check of the window's overlap, which waits for the host
+    (stalling the thread that launches it) and so cannot be captured in a graph.
+    """
+
+    def __init__(self, decoder: nn.Module, vocos: nn.Module, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+        self.decoder = copy.deepcopy(decoder).to(dtype)
+        self.backbone = copy.deepcopy(vocos.backbone).to(dtype)
+        # The head's exponential turns bf16's relative rounding of log magnitudes into the audio's.
+        self.spectrum = copy.deepcopy(vocos.head.out).float()
+        istft = vocos.head.istft
+        assert istft.padding == "center", f"{istft.padding} ISTFT padding"
+        self.n_fft, self.hop_length = istft.n_fft, istft.hop_length
+        self.register_buffer("window", istft.window.detach().clone().float())
+
+    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+        features = self.backbone(self.decoder(windows.to(self.dtype)))  # (windows, mel frames, dim)
+        log_magnitude, phase = self.spectrum(features.float()).transpose(1, 2).chunk(2, dim=1)
+        # As Vocos's ISTFTHead writes it, so that the CPU's samples are its own to the bit.
+        spectrum = log_magnitude.exp().clip(max=1e2) * (phase.cos() + 1j * phase.sin())
+        if spectrum.is_cuda:
+            return self.istft_without_check(spectrum)
+        return torch.istft(spectrum, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
+
+    def istft_without_check(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """``torch.istft(spectrum, center=True)`` with this window, as an overlap-add that reads nothing back."""
+        stft_frames = spectrum.shape[-1]
+        length = self.n_fft + self.hop_length * (stft_frames - 1)
+
+        def overlap_add(pieces: torch.Tensor) -> torch.Tensor:
+            return functional.fold(
+                pieces, output_size=(1, length), kernel_size=(1, self.n_fft), stride=(1, self.hop_length)
+            )[:, 0, 0]
+
+        pieces = torch.fft.irfft(spectrum, self.n_fft, dim=1) * self.window[:, None]
+        envelope = overlap_add(self.window.square()[None, :, None].expand(1, -1, stft_frames))
+        trim = self.n_fft // 2
+        return (overlap_add(pieces) / envelope)[:, trim : length - trim]
+
+
+class WindowGraphs:
+    """The network as a CUDA graph per (window frames, batch bucket), captured the first time one is met.
+
+    The graphs share one memory pool: they replay one after another on the vocoder's stream, and each
+    keeps its own input and output.
+    """
+
+    def __init__(self, network: VocoderNetwork, width: int, device: torch.device):
+        self.network = network
+        self.width = width
+        self.device = device
+        self._pool = torch.cuda.graph_pool_handle()
+        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def __call__(self, windows: torch.Tensor, most: int) -> torch.Tensor:
+        """(windows, width, frames) as (windows, samples), the batch padded to a bucket of at most ``most``."""
+        count, _, frames = windows.shape
+        key = (frames, batch_bucket(count, most))
+        if key not in self._graphs:
+            self._graphs[key] = self._capture(*key)
+        graph, inputs, audio = self._graphs[key]
+        inputs[:count].copy_(windows)
+        graph.replay()
+        return audio[:count]
+
+    def _capture(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        inputs = torch.zeros(bucket, self.width, frames, dtype=self.network.dtype, device=self.device)
+        # One call first, off the capture: cuFFT's plan and cuBLAS's workspace for these shapes.
+        stream = torch.cuda.current_stream(self.device)
+        warm_up = torch.cuda.Stream(self.device)
+        warm_up.wait_stream(stream)
+        with torch.cuda.stream(warm_up):
+            self.network(inputs)
+        stream.wait_stream(warm_up)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            audio = self.network(inputs)
+        return graph, inputs, audio
+
+
+def batch_bucket(count: int, most: int) -> int:
+    """The batch a graph of ``count`` windows runs: the next of 1, 2, 3, 4, 6, 8, 12, ... (padding wastes at
+    most a third), or ``most``."""
+    power = 1 << max(0, count - 1).bit_length()
+    return min(most, 3 * power // 4 if 3 * power // 4 >= count else power)
+
+
+class Vocoder:
+    """Decodes rows of hidden states in batches of at most ``max_windows_per_batch`` windows of one size."""
+
+    def __init__(
+        self,
+        model: LoadedModel,
+        max_windows_per_batch: int,
+        *,
+        dtype: torch.dtype | None = None,
+        graphs: bool | None = None,
+    ):
+        chat = model.chat
+        self.width = chat.config.gpt.hidden_size
+        self.max_windows_per_batch = max_windows_per_batch
+        istft = chat.vocos.head.istft
+        # DVAE.forward splits each hidden state's channels into two halves, two mel frames in a row.
+        mel_frames_per_frame = chat.config.gpt.hidden_size // chat.config.decoder.idim
+        self.samples_per_frame = mel_frames_per_frame * istft.hop_length
+        # A sample overlaps the windows of the STFT frames within half a window of it.
+        istft_reach = math.ceil(istft.win_length / 2 / istft.hop_length)
+        mel_reach = _conv_reach([chat.decoder.decoder, chat.decoder.out_conv, chat.vocos.backbone]) + istft_reach
+        self.context_frames = math.ceil(mel_reach / mel_frames_per_frame)
+        self.max_window_frames = MAX_WINDOW_CONTEXTS * self.context_frames // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES
+        self.network = VocoderNetwork(chat.decoder, chat.vocos, dtype or network_dtype(model))
+        use_graphs = model.device.type == "cuda" if graphs is None else graphs
+        self.graphs = WindowGraphs(self.network, self.width, model.device) if use_graphs else None
+
+    @torch.inference_mode()
+    def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
+        """The fewest frames of context either side of a streamed piece that keep its audio within
+        ``tolerance`` of the whole row's.
+
+        The receptive field (``context_frames``) bounds what a frame's audio can read; what it does read
+        depends on the weights (layer scales, learned filters), so it is measured on this model's own
+        networks with a random row of hidden states, on the CPU in float32: its rounding is near 1e-6,
+        where a GPU's bf16 or TF32 rounds near 1e-3 and would hide the weights' reach. The error shrinks
+        as the context grows, so a binary search takes a handful of decodes.
+        """
+        network = copy.deepcopy(self.network).to("cpu", torch.float32)
+        network.dtype = torch.float32
+
+        def audio(states: torch.Tensor) -> torch.Tensor:
+            return network(states.T[None].contiguous())[0]
+
+        full = self.context_frames
+        generator = torch.Generator().manual_seed(0)
+        row = torch.randn(3 * full + 3 * _PROBE_KEEP_FRAMES, self.width, generator=generator)
+        whole = audio(row)
+        per_frame = self.samples_per_frame
+        # A piece at the row's start (where the row's own edge is its left context) and one in its middle.
+        keeps = [(0, _PROBE_KEEP_FRAMES), (full + _PROBE_KEEP_FRAMES, full + 2 * _PROBE_KEEP_FRAMES)]
+
+        def error(context: int) -> float:
+            worst = 0.0
+            for keep_from, keep_to in keeps:
+                start = max(0, keep_from - context)
+                samples = audio(row[start : keep_to + context])
+                kept = samples[(keep_from - start) * per_frame : (keep_to - start) * per_frame]
+                expected = whole[keep_from * per_frame : keep_to * per_frame]
+                if kept.shape != expected.shape:  # the ISTFT's last frame lacked its right neighbour
+                    return float("inf")
+                worst = max(worst, float((kept - expected).abs().max()))
+            return worst
+
+        fewest, enough = 0, full
+        while fewest < enough:
+            middle = (fewest + enough) // 2
+            if error(middle) <= tolerance:
+                enough = middle
+            else:
+                fewest = middle + 1
+        return enough
+
+    def plan(self, frames: int) -> list[Window]:
+        return plan_windows(frames, self.context_frames, WINDOW_STEP_FRAMES, self.max_window_frames)
+
+    def windows_per_batch(self, frames: int) -> int:
+        """The most windows of ``frames`` frames one batch holds."""
+        return max(1, min(self.max_windows_per_batch, MAX_FRAMES_PER_BATCH // max(frames, 1)))
+
+    def decode(self, hidden_states: list[torch.Tensor]) -> list[np.ndarray]:
+        """Each row's (frames, width) hidden states as float32 samples, equal to ChatTTS decoding the row alone."""
+        return self.launch(hidden_states).result()
+
+    @torch.inference_mode()
+    def launch(self, hidden_states: list[torch.Tensor]) -> LaunchedDecode:
+        """Start decoding rows on the current CUDA stream without waiting for them (on the CPU: decode them);
+        the samples are the launch's ``result()``."""
+        plans = [self.plan(states.shape[0]) for states in hidden_states]
+        by_length: dict[int, list[tuple[int, int, Window]]] = {}  # window length -> (row, place in its plan, window)
+        for row, plan in enumerate(plans):
+            for index, window in enumerate(plan):
+                by_length.setdefault(window.stop - window.start, []).append((row, index, window))
+        batches = []
+        for frames, windows in by_length.items():
+            most = self.windows_per_batch(frames)
+            for first in range(0, len(windows), most):
+                batch = windows[first : first + most]
+                stacked = torch.stack([hidden_states[row][window.start : window.stop] for row, _, window in batch])
+                batches.append((batch, _to_host(self._decode_windows(stacked.transpose(1, 2), most))))
+        done = None
+        if any(audio.is_pinned() for _, audio in batches):
+            done = torch.cuda.Event()
+            done.record()
+        return LaunchedDecode(self.samples_per_frame, [len(plan) for plan in plans], batches, done)
+
+    def _decode_windows(self, windows: torch.Tensor, most: int) -> torch.Tensor:
+        """(windows, width, frames) as (windows, samples): a planned window size replays its graph (on CUDA),
+        a short row decoded whole runs op by op."""
+        frames = windows.shape[-1]
+        if self.graphs is not None and frames % WINDOW_STEP_FRAMES == 0 and frames <= self.max_window_frames:
+            return self.graphs(windows, most)
+        return self.network(windows.contiguous())
+
+
+@dataclass
+class LaunchedDecode:
+    """Rows whose decoding has been launched: their windows' audio lands in host memory by ``done``."""
+
+    samples_per_frame: int
+    windows_per_row: list[int]
+    batches: list[tuple[list[tuple[int, int, Window]], torch.Tensor]]  # (row, place, window) each; their audio
+    done: torch.cuda.Event | None  # None: the audio is there already
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
+
+    def result(self) -> list[np.ndarray]:
+        if self.done is not None:
+            self.done.synchronize()
+        pieces: list[list[np.ndarray | None]] = [[None] * count for count in self.windows_per_row]
+        for batch, audio in self.batches:
+            for (row, index, window), samples in zip(batch, audio.numpy(), strict=True):
+                # The ISTFT may give a row fewer samples than its frames' share (ChatTTS's centred one
+                # gives a hop fewer); so does the row's last window, and the slice stops at its end.
+                keep_from = (window.keep_start - window.start) * self.samples_per_frame
+                keep_to = (window.keep_stop - window.start) * self.samples_per_frame
+                pieces[row][index] = samples[keep_from:keep_to]
+        return [np.concatenate(row_pieces) if row_pieces else np.zeros(0, dtype=np.float32) for row_pieces in pieces]
+
+
+def _to_host(audio: torch.Tensor) -> torch.Tensor:
+    """The audio copied to (pinned) host memory without waiting: the copy lands when the stream gets there."""
+    if audio.device.type != "cuda":
+        return audio
+    host = torch.empty(audio.shape, dtype=audio.dtype, pin_memory=True)
+    host.copy_(audio, non_blocking=True)
+    return host
+
+
+def _conv_reach(modules: Iterable[nn.Module]) -> int:
+    """How many frames to each side one output frame reads, through every stride-1 Conv1d of the modules.
+
+    Summing is exact for convolutions applied one after the other, as in these ConvNeXt stacks (a
+    residual branch holds one convolution), and an upper bound otherwise.
+    """
+    reach = 0
+    for module in modules:
+        for conv in module.modules():
+            if isinstance(conv, nn.Conv1d):
+                assert conv.stride == (1,), f"{conv} changes the frame rate"
+                (kernel,), (dilation,), (padding,) = conv.kernel_size, conv.dilation, conv.padding
+                reach += max(padding, dilation * (kernel - 1) - padding)
+    return reach
