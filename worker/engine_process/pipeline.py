@@ -278,7 +278,7 @@ class Synthesizer:
                 finished.append((entry, finish(entry, pause_samples=self.pause_samples, model=model, memory=memory)))
         return finished
 
-    def _set_due(self, entry: RequestInFlight, now: float) -> None:
+    def _set_due(self, entry: Synthesis, now: float) -> None:
         """When each segment's audio is wanted: all of an unstreamed request's now; a stream's segment
         when the audio before it will have played (its expected length), so that the first segments of
         streams that arrive later go before it."""
