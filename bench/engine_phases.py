@@ -28,6 +28,7 @@ import gc
 import logging
 import pstats
 import time
+import types
 from collections.abc import Callable
 
 from worker.cuda import configure_allocator
@@ -74,12 +75,15 @@ class PhaseTimer:
                 self.calls[name] += 1
 
         setattr(owner, method, timed)
-        self._wrapped.append((owner, method))
+        self._wrapped.append((owner, method, real))
 
     def remove(self) -> None:
-        """Unwrap every method this timer wrapped."""
-        for owner, method in self._wrapped:
-            delattr(owner, method)
+        """Unwrap every method this timer wrapped (an object's own method falls back to its class's)."""
+        for owner, method, real in self._wrapped:
+            if isinstance(owner, types.ModuleType):
+                setattr(owner, method, real)
+            else:
+                delattr(owner, method)
         self._wrapped.clear()
 
 
@@ -205,6 +209,9 @@ def main() -> None:
         timer.time(pipeline, "finish", "finish")
         timer.time(synthesizer, "step", "synthesizer step, in all")
         wall, rate = audio_per_wall(synthesizer, arguments.jobs, 2, arguments.seconds)
+        # Unwrapped at once: the module function it wraps would hold this synthesizer (and its cache) past
+        # this dtype's pass, and the next dtype's would find no memory for its own.
+        timer.remove()
         print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases timed)")
         print("  | phase | s | calls | ms per call |\n  |---|---:|---:|---:|")
         for phase, seconds in timer.seconds.most_common():
