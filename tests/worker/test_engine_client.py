@@ -82,7 +82,11 @@ def test_an_engine_killed_with_12_jobs_in_flight_is_started_again_and_every_job_
     assert len({chunk.run for chunk in chunks}) == 1
     pcm = np.frombuffer(b"".join(chunk.pcm for chunk in chunks), dtype="<i2")
     stored, _ = decode(fetch_audio(outputs[0]))
-    assert np.array_equal(pcm, np.round(stored * 32768).astype(np.int16))
+    # The first run decoded its pieces in other batches than the second, and a batch of another size
+    # rounds floats apart: a sample may be one step off. A piece sent twice or missing shifts the rest.
+    expected = np.round(stored * 32768).astype(np.int16)
+    assert pcm.shape == expected.shape
+    assert np.abs(pcm.astype(np.int32) - expected).max() <= 1
 
 
 def test_a_job_whose_engine_dies_more_often_than_the_settings_allow_fails_with_engine_lost(worker):
