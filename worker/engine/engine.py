@@ -11,6 +11,7 @@ its blocks for the next.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -127,8 +128,8 @@ class Engine:
 
     def _admit(self) -> list[Segment]:
         """Give the running segments the blocks of this round's decode steps and admit waiting ones;
-        returns those admitted (their prefill is still to run)."""
-        schedule = self.scheduler.schedule(self.decode_steps + SYNC_EVERY, self._demand)
+        returns those admitted (their prefill is still to run, a pass of ``max_admissions`` at a time)."""
+        schedule = self.scheduler.schedule(self.decode_steps + SYNC_EVERY, self._demand, time.monotonic())
         if schedule.preempted:
             # Their slots stop now; the scheduler has put the segments back in the queue.
             slots = [slot for slot, _ in schedule.preempted]
@@ -146,8 +147,9 @@ class Engine:
         """
         left = []
         admitted = self._admit()
-        if admitted:
-            left.extend(self._prefill(admitted))
+        per_pass = self.scheduler.max_admissions
+        for first in range(0, len(admitted), per_pass):
+            left.extend(self._prefill(admitted[first : first + per_pass]))
         if not self.scheduler.running:
             return left
         for _ in range(SYNC_EVERY):

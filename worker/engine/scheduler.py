@@ -30,6 +30,12 @@ from typing import NamedTuple
 from worker.engine.blocks import BLOCK_POSITIONS, BlockPool, blocks_for
 from worker.engine.segment import Segment, SegmentStatus
 
+# Segments whose audio is wanted already (due by the round's ``now``) are admitted up to this many
+# prefill passes a round; others one pass's worth. A burst of streams then hears its first chunks a
+# round or two after it arrives, not one pass's worth of streams a round (256 streams at 64 a pass:
+# the last heard 4 rounds after the first).
+PASSES_FOR_DUE = 4
+
 # demand(segment) -> (start, end): the positions a segment just admitted fills at clock c are min(start + c, end)
 Demand = Callable[[Segment], tuple[int, int]]
 
@@ -105,10 +111,11 @@ class Scheduler:
         segment.status = SegmentStatus.WAITING
         self.waiting.add(segment)
 
-    def schedule(self, clock: int, demand: Demand) -> Schedule:
+    def schedule(self, clock: int, demand: Demand, now: float = float("-inf")) -> Schedule:
         """Give the running segments the blocks they fill by ``clock``, preempting the newest when
         the pool runs out; then admit waiting segments into free slots, lowest slots first, each with
-        the blocks it fills by ``clock`` (its ``demand``)."""
+        the blocks it fills by ``clock`` (its ``demand``): ``max_admissions`` of them, or up to
+        PASSES_FOR_DUE times that while the next is due by ``now``."""
         schedule = Schedule()
         while self._due and self._due[0][0] <= clock:
             _, number = heapq.heappop(self._due)
@@ -125,8 +132,11 @@ class Scheduler:
             # A segment grown earlier in the round may have been preempted after.
             schedule.new_blocks = [entry for entry in schedule.new_blocks if entry[0] in self.running]
             return schedule
-        while self.waiting and self._free_slots and len(schedule.admitted) < self.max_admissions:
+        while self.waiting and self._free_slots:
             segment = self.waiting.first()
+            passes = PASSES_FOR_DUE if segment.due <= now else 1
+            if len(schedule.admitted) >= passes * self.max_admissions:
+                break
             start, end = demand(segment)
             needed = min(start + clock, end)
             if blocks_for(needed) + len(self.running) > self.pool.free:

@@ -54,6 +54,20 @@ def test_segments_wait_earliest_due_first_then_in_arrival_order():
     assert [s.owner for s in scheduler.waiting] == [0, 4, 2]
 
 
+def test_segments_due_already_take_up_to_four_passes_a_round_and_the_others_one():
+    scheduler = Scheduler(slots=32, max_admissions=2, kv_blocks=64)
+    for owner in range(10):
+        scheduler.add(segment(owner, due=1.0))
+    for owner in range(10, 14):
+        scheduler.add(segment(owner, due=5.0))
+    # Due by now (3.0): four passes of two; the rest of the due and then the later ones: one pass.
+    assert [s.owner for s in scheduler.schedule(0, fixed(1), now=3.0).admitted] == list(range(8))
+    assert [s.owner for s in scheduler.schedule(8, fixed(1), now=3.0).admitted] == [8, 9]
+    assert [s.owner for s in scheduler.schedule(16, fixed(1), now=3.0).admitted] == [10, 11]
+    # Once they are due too, four passes again.
+    assert [s.owner for s in scheduler.schedule(24, fixed(1), now=6.0).admitted] == [12, 13]
+
+
 def test_a_running_segment_takes_a_block_in_the_round_it_outgrows_its_last():
     scheduler = Scheduler(slots=2, max_admissions=2, kv_blocks=8)
     scheduler.add(segment(0))
