@@ -60,8 +60,14 @@ def wav(samples: np.ndarray, sample_rate: int) -> bytes:
 
 
 def _clipped(samples: np.ndarray) -> np.ndarray:
-    """A float32 copy of ``samples`` in [-1, 1], NaN as silence."""
-    return np.clip(np.nan_to_num(samples.astype(np.float32)), -1.0, 1.0)
+    """A float32 copy of ``samples`` in [-1, 1] (infinities at the ends), NaN as silence.
+
+    Not ``np.nan_to_num``: it looks for each kind of non-finite value in a pass of its own and took
+    nine tenths of the conversion's time (py-spy on an H200 host's Celery processes)."""
+    clipped = samples.astype(np.float32)
+    np.clip(clipped, -1.0, 1.0, out=clipped)
+    np.copyto(clipped, 0.0, where=np.isnan(clipped))
+    return clipped
 
 
 def decode(data: bytes) -> tuple[np.ndarray, int]:
