@@ -96,6 +96,7 @@ CELERY_SIDE = [
     "worker.celery_app",
     "worker.supervisor",
     "worker.stream_publisher",
+    "worker.encoders",
     "worker.dead_letters",
     "worker.failover",
     "worker.audio",

@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import os
 import socket
 import threading
 import time
 from collections import deque
-from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import redis
@@ -28,6 +27,7 @@ from chattts_farm.audio_store import AudioStore
 from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, queue_of_worker
 from chattts_farm.settings import Settings
 from worker import failover
+from worker.encoders import encoder_pool
 from worker.engine_client import EngineClient, Job
 from worker.failover import HeldMessages
 from worker.stream_publisher import StreamPublisher
@@ -162,11 +162,7 @@ def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRu
     store = audio_store.from_settings(settings, client)
     instance = failover.instance_name()
     held_messages = HeldMessages(client, hostname, instance, ttl_s=settings.visibility_timeout_s)
-    encoders = (
-        ProcessPoolExecutor(settings.encoder_processes, mp_context=multiprocessing.get_context("spawn"))
-        if settings.encoder_processes
-        else None
-    )
+    encoders = encoder_pool(settings)
     _runtime = WorkerRuntime(
         settings, hostname, engine, client, publisher, store, celery_app, instance, held_messages, encoders
     )
