@@ -54,6 +54,27 @@ RESULT_FIELDS = (
 DEFAULT_VOICE_SEED = 2222
 MAX_SEED = 2**32 - 1
 
+# OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice: every
+# entry point takes them wherever it takes a voice (parse_voice). A seed draws a speaker embedding from a
+# generator seeded with it (worker/engine_process/voices.py), so distinct seeds are unrelated voices
+# whichever they are; nobody has listened to these. They are spread evenly over the seed range, 390
+# million apart, clear of the small seeds people type and of the default 2222. The web speaks a catalog
+# voice of the same name instead (web.voices.resolve): that is how an admin gives a name another voice
+# there; a Celery caller, which has no catalog, always gets the seed.
+OPENAI_VOICE_SEEDS = {
+    "alloy": 390_000_000,
+    "ash": 780_000_000,
+    "ballad": 1_170_000_000,
+    "coral": 1_560_000_000,
+    "echo": 1_950_000_000,
+    "fable": 2_340_000_000,
+    "nova": 2_730_000_000,
+    "onyx": 3_120_000_000,
+    "sage": 3_510_000_000,
+    "shimmer": 3_900_000_000,
+    "verse": 4_290_000_000,
+}
+
 MIME_TYPES = {
     "wav": "audio/wav",
     "flac": "audio/flac",
@@ -234,7 +255,8 @@ class SynthesisRequest:
 
 
 def parse_voice(value: Any, field: str = "voice") -> int | str:
-    """A voice is a seed (an integer, or a string of digits) or a ChatTTS speaker-embedding string.
+    """A voice is a seed (an integer, or a string of digits), one of OpenAI's voice names (its seed in
+    :data:`OPENAI_VOICE_SEEDS`) or a ChatTTS speaker-embedding string.
 
     :class:`InvalidRequest` names ``field``: the argument that held the value.
     """
@@ -248,6 +270,8 @@ def parse_voice(value: Any, field: str = "voice") -> int | str:
         return value
     if isinstance(value, str):
         stripped = value.strip()
+        if stripped in OPENAI_VOICE_SEEDS:
+            return OPENAI_VOICE_SEEDS[stripped]
         if _SEED_DIGITS.fullmatch(stripped):
             # int() refuses very long digit strings; any longer than the largest seed is out of range anyway.
             digits = stripped.lstrip("0") or "0"
@@ -259,7 +283,11 @@ def parse_voice(value: Any, field: str = "voice") -> int | str:
                     f"a speaker embedding is at most {MAX_EMBEDDING_CHARS} characters; this one has {len(stripped)}",
                 )
             return stripped
-        raise InvalidRequest(field, "must be an integer seed or a ChatTTS speaker-embedding string")
+        raise InvalidRequest(
+            field,
+            f"must be an integer seed, an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)})"
+            " or a ChatTTS speaker-embedding string",
+        )
     raise InvalidRequest(field, f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
 
 

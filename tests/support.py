@@ -17,6 +17,8 @@ WEB_START_TIMEOUT_S = 120
 # The bucket of the tests' S3 server (the s3_endpoint fixture).
 S3_BUCKET = "farm-audio"
 CLI = str(Path(sys.executable).parent / "chattts-farm")
+# The voices OpenAI's API reference lists for /v1/audio/speech, lower-case as its SDK's examples send them.
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 
 
 WORKER_ENVIRONMENT = {

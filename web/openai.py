@@ -4,7 +4,8 @@ It records and enqueues an ordinary job that streams, and holds the request whil
 :mod:`web.waiting`: a bounded number of waits per key, and a client that hangs up leaves its job to
 run on as any other): the audio is sent as it is made, encoded by the web (see :mod:`web.streaming`;
 flac whole at the end). ``stream_format: "sse"`` sends the same bytes as OpenAI's
-``speech.audio.delta`` events (base64), then ``speech.audio.done``.
+``speech.audio.delta`` events (base64), then ``speech.audio.done``. ``GET /v1/audio/voices`` lists
+the voice names it takes.
 """
 
 from __future__ import annotations
@@ -16,12 +17,11 @@ from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app
 
-from chattts_farm.contract import InvalidRequest, SynthesisRequest
+from chattts_farm.contract import OPENAI_VOICE_SEEDS, InvalidRequest, SynthesisRequest
 from web import audio_formats, jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
 from web.models import Voice
-from web.voices import OPENAI_VOICE_SEEDS
 from web.waiting import WaitSlot
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -65,7 +65,7 @@ def speech():
         synthesis = SynthesisRequest.from_arguments(
             {
                 "text": text,
-                "voice": voice.spk_emb if isinstance(voice, Voice) else voice,
+                "voice": voices.argument(voice),
                 # The job's stored audio: in the format sent (raw samples are stored as a WAV).
                 "format": "wav" if sent_format == "pcm" else sent_format,
                 "speed": chattts_speed(speed),
@@ -99,6 +99,15 @@ def speech():
     )
 
 
+@bp.get("/audio/voices")
+def voice_list():
+    """Every voice name /v1/audio/speech takes, as Kokoro-FastAPI lists its voices (``id`` is what to send
+    as ``voice``; Open WebUI reads it): OpenAI's names, then the catalog's voices (each name once)."""
+    names = list(OPENAI_VOICE_SEEDS)
+    names += [voice.name for voice in voices.find([], None) if voice.name not in OPENAI_VOICE_SEEDS]
+    return {"voices": [{"id": name, "name": name} for name in names]}
+
+
 def _sse(chunks: Iterator[bytes], text: str, audio: streaming.JobAudio) -> Iterator[str]:
     """OpenAI's speech events: one ``speech.audio.delta`` per chunk (base64), then ``speech.audio.done``;
     or, when the audio stops short (the job failed, was cancelled or restarted), an ``error`` event in
@@ -122,20 +131,7 @@ def _event(payload: dict) -> str:
 
 
 def _voice(value: object) -> Voice | int | str:
-    """A catalog voice name, a seed or an embedding string, else one of OpenAI's voice names (so a catalog
-    voice named like one is spoken instead of its default seed)."""
+    """An OpenAI voice name, a catalog voice name, a seed or an embedding string, as every job takes."""
     if value is None:
         raise ApiError(400, "voice is required: an OpenAI voice name, a catalog voice name or a seed", "voice")
-    voice = voices.resolve(value)
-    if voice is None:
-        # resolve answers None only for text that names no catalog voice.
-        voice = OPENAI_VOICE_SEEDS.get(value)
-    if voice is None:
-        # A 422, as /api/jobs answers a name the catalog lacks: the request is well formed, the name unknown.
-        raise ApiError(
-            422,
-            f"voice {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
-            " a catalog voice name nor a seed",
-            "voice",
-        )
-    return voice
+    return voices.to_speak(value)

@@ -16,6 +16,7 @@ from sqlalchemy import or_
 from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     MAX_SEED,
+    OPENAI_VOICE_SEEDS,
     InvalidRequest,
     SynthesisRequest,
     as_integer,
@@ -42,26 +43,6 @@ _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
 # The search text is matched literally: LIKE's wildcards and its escape character are escaped.
 _LIKE_ESCAPE = "\\"
 _LIKE_SPECIAL = str.maketrans({"%": "\\%", "_": "\\_", "\\": "\\\\"})
-
-# OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice by
-# default. A seed draws a speaker embedding from a generator seeded with it (worker/engine_process/voices.py), so
-# distinct seeds are unrelated voices whichever they are; nobody has listened to these. They are spread
-# evenly over the seed range, 390 million apart, clear of the small seeds people type and of the default
-# 2222. A catalog voice of the same name wins (web.openai's _voice): that is how an admin gives a name
-# another voice, and why only an admin may (see _name).
-OPENAI_VOICE_SEEDS = {
-    "alloy": 390_000_000,
-    "ash": 780_000_000,
-    "ballad": 1_170_000_000,
-    "coral": 1_560_000_000,
-    "echo": 1_950_000_000,
-    "fable": 2_340_000_000,
-    "nova": 2_730_000_000,
-    "onyx": 3_120_000_000,
-    "sage": 3_510_000_000,
-    "shimmer": 3_900_000_000,
-    "verse": 4_290_000_000,
-}
 
 
 def find(tags: list[str], query: str | None) -> list[Voice]:
@@ -113,16 +94,42 @@ def get_to_change(voice_id: int) -> Voice:
     raise ApiError(403, f"voice {voice.id} ({voice.name!r}) {why} may change or delete it", "voice_id")
 
 
-def resolve(value: Any) -> Voice | int | str | None:
-    """A job's voice: a seed or an embedding string, else the catalog voice the text names (None when
-    it names none). :class:`InvalidRequest` for a value that is neither a seed, an embedding nor a name."""
+def resolve(value: Any, field: str = "voice") -> Voice | int | str | None:
+    """A job's voice: a seed, an OpenAI voice name's seed or an embedding string, else the catalog voice
+    the text names (None when it names none). A catalog voice named like an OpenAI voice is spoken instead
+    of its seed: that is how an admin gives the name another voice (see :func:`_name`).
+    :class:`InvalidRequest` naming ``field`` for a value that is neither a seed, an embedding nor a name."""
+    if isinstance(value, str) and value.strip() in OPENAI_VOICE_SEEDS:
+        return named(value) or OPENAI_VOICE_SEEDS[value.strip()]
     try:
-        return parse_voice(value)
+        return parse_voice(value, field)
     except InvalidRequest:
         # Text written as an embedding is one (too long, say), not a name: it keeps the contract's refusal.
         if not isinstance(value, str) or not value.strip() or looks_like_embedding(value):
             raise
     return named(value)
+
+
+def to_speak(value: Any, field: str = "voice") -> Voice | int | str:
+    """A voice a job may speak in (as :func:`resolve` reads it); a 422 naming ``field`` for a name that is
+    neither an OpenAI voice name nor a catalog voice's (:class:`InvalidRequest`, a 400, for a value that
+    is no voice at all)."""
+    voice = resolve(value, field)
+    if voice is None:
+        # A 422: the request is well formed, the name unknown.
+        raise ApiError(
+            422,
+            f"{field}: {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
+            " a catalog voice's name, a seed nor an embedding",
+            field,
+        )
+    return voice
+
+
+def argument(voice: Voice | int | str) -> int | str:
+    """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding, else the seed or
+    embedding itself."""
+    return voice.spk_emb if isinstance(voice, Voice) else voice
 
 
 def create(fields: dict[str, Any]) -> Voice:
@@ -205,23 +212,35 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
 
 
 def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
-    """One sentence (``text``) in ``count`` new voices, each of a fresh random seed, submitted together:
-    all or none pass the queue's caps and the key's quota, and a worker runs them in one batch."""
+    """One sentence (``text``) in the ``voices`` named (any voice a job takes: OpenAI names, catalog names,
+    seeds, embeddings; none by default), then in ``count`` new voices, each of a fresh random seed (6 by
+    default, none when voices are named), submitted together in that order: all or none pass the queue's
+    caps and the key's quota, and a worker runs them in one batch."""
     from web import jobs
 
-    count = as_integer(fields.get("count", WORKSHOP_VOICES_DEFAULT))
-    if count is None or not 1 <= count <= WORKSHOP_VOICES_MAX:
-        raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
-    unknown = sorted(set(fields) - {"text", "count"})
+    unknown = sorted(set(fields) - {"text", "voices", "count"})
     if unknown:
-        raise ApiError(400, f"the workshop takes text and count only, not {unknown[0]}", unknown[0])
+        raise ApiError(400, f"the workshop takes text, voices and count only, not {unknown[0]}", unknown[0])
+    named_voices = fields.get("voices", [])
+    if not isinstance(named_voices, list) or len(named_voices) > WORKSHOP_VOICES_MAX:
+        raise ApiError(400, f"voices must be a list of at most {WORKSHOP_VOICES_MAX} voices", "voices")
+    chosen = [to_speak(value, "voices") for value in named_voices]
+    count = as_integer(fields.get("count", 0 if chosen else WORKSHOP_VOICES_DEFAULT))
+    if "count" in fields and (count is None or not 1 <= count <= WORKSHOP_VOICES_MAX):
+        raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
     seeds: set[int] = set()
     while len(seeds) < count:
         seeds.add(secrets.randbelow(MAX_SEED + 1))
     text = fields.get("text", WORKSHOP_TEXT)
     requests = [
-        (SynthesisRequest.from_arguments({"text": text, "voice": seed}, max_text_chars=max_text_chars), None)
-        for seed in sorted(seeds)
+        (
+            SynthesisRequest.from_arguments(
+                {"text": text, "voice": argument(voice)},
+                max_text_chars=max_text_chars,
+            ),
+            voice if isinstance(voice, Voice) else None,
+        )
+        for voice in [*chosen, *sorted(seeds)]
     ]
     return jobs.submit_together(requests)
 
@@ -340,12 +359,12 @@ def _name(value: Any) -> str:
         raise ApiError(
             400, f"name is required: text of at most {MAX_NAME_CHARS} characters, some of them visible", "name"
         )
-    # A catalog voice named like an OpenAI voice is what /v1/audio/speech gives everyone asking for it.
+    # A catalog voice named like an OpenAI voice is what every job asking for the name is spoken in.
     if name in OPENAI_VOICE_SEEDS and not _caller_is_admin():
         raise ApiError(
             403,
             f"{name!r} is an OpenAI voice name, which only an admin key may give a catalog voice: every "
-            "/v1/audio/speech call asking for it would be spoken in that voice",
+            "job asking for it (on /api/jobs, /v1/audio/speech, the pages) would be spoken in that voice",
             "name",
         )
     return name

@@ -12,12 +12,14 @@ from chattts_farm.contract import (
     DEFAULT_VOICE_SEED,
     MAX_EMBEDDING_CHARS,
     MAX_SPEAKER_DIM,
+    OPENAI_VOICE_SEEDS,
     InvalidRequest,
     SynthesisRequest,
     parse_voice,
 )
 from chattts_farm.text import is_speakable
 from tests.edge_texts import EDGE_TEXTS
+from tests.support import OPENAI_VOICES
 from tests.voice_bombs import CHATTTS_PRESET, FARM_PRESET, incompressible_embedding, voice_bomb
 
 EMBEDDING = "蘁淰敕欀" * 8
@@ -38,6 +40,21 @@ def test_a_voice_is_a_seed_or_an_embedding_string():
     assert parse_voice(42) == 42
     assert parse_voice(" 42 ") == 42
     assert parse_voice(EMBEDDING) == EMBEDDING
+
+
+def test_every_openai_voice_name_is_a_fixed_seed_of_its_own_for_every_caller_of_the_contract():
+    seeds = {name: build(voice=name).voice for name in OPENAI_VOICES}
+    assert all(isinstance(seed, int) for seed in seeds.values()) and len(set(seeds.values())) == len(OPENAI_VOICES)
+    assert seeds["alloy"] == 390_000_000 and seeds["verse"] == 4_290_000_000  # the README's table
+    assert set(OPENAI_VOICE_SEEDS) == set(OPENAI_VOICES)  # the one table: exactly OpenAI's names
+    assert parse_voice(" nova ") == seeds["nova"]
+
+
+@pytest.mark.parametrize("voice", ["Alloy", "ALLOY", "allo", "alloy2"])
+def test_openai_voice_names_are_taken_as_openai_writes_them_only(voice):
+    with pytest.raises(InvalidRequest, match="an OpenAI voice name \\(alloy, ash, ") as caught:
+        build(voice=voice)
+    assert caught.value.field == "voice"
 
 
 @pytest.mark.parametrize("voice", [True, -1, 2**32, "alice", "", 4.5, None, [1]])

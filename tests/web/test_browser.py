@@ -18,6 +18,16 @@ PAINTED_PIXELS = """canvas => {
 }"""
 
 
+def playable_workshop_cards(page, count: int):
+    """The workshop's cards, once ``count`` of them are there, each done (its Keep button enabled)."""
+    cards = page.locator("#workshop-voices .voice-card")
+    deadline = time.monotonic() + 120
+    while cards.count() < count or page.locator(".card-keep-button:enabled").count() < count:
+        assert time.monotonic() < deadline, f"the voices never became playable: {cards.all_inner_texts()}"
+        time.sleep(0.25)
+    return cards
+
+
 def test_fill_the_form_watch_progress_then_see_the_jobs_details_waveform_and_audio(watched_page, web_server):
     page, problems = watched_page(web_server + "/")
     page.fill("#text", LONG_TEXT)
@@ -118,11 +128,8 @@ def test_the_workshop_makes_new_voices_together_and_keeps_one_in_the_catalog(wat
     page.fill("#workshop-count", "3")
     page.click("#workshop-submit")
 
-    cards = page.locator("#workshop-voices .voice-card")
+    cards = playable_workshop_cards(page, 3)
     deadline = time.monotonic() + 120
-    while cards.count() < 3 or page.locator(".card-keep-button:enabled").count() < 3:
-        assert time.monotonic() < deadline, f"the voices never became playable: {cards.all_inner_texts()}"
-        time.sleep(0.25)
     while not all(
         ready >= 1 for ready in page.eval_on_selector_all(".card-audio", "all => all.map(a => a.readyState)")
     ):
@@ -154,6 +161,34 @@ def test_the_workshop_makes_new_voices_together_and_keeps_one_in_the_catalog(wat
         "found" in tags for tags in page.eval_on_selector_all(".voice-tags", "all => all.map(input => input.value)")
     )
     assert page.get_attribute(".chips a:text-is('found')", "aria-current") == "true"
+
+
+def test_the_form_speaks_in_an_openai_voice_chosen_by_name(watched_page, web_server):
+    page, problems = watched_page(web_server + "/")
+    page.fill("#voice-filter", "openai")  # the names carry the tag openai, so the filter finds them
+    assert page.locator("#catalog-voice option:not([hidden])").all_inner_texts()[1:3] == ["alloy", "ash"]
+    page.select_option("#catalog-voice", "alloy")
+    page.fill("#text", "Spoken by the name OpenAI clients send.")
+    page.click("#submit")
+    page.wait_for_url("**/jobs/*")
+    job = requests.get(f"{web_server}/api/jobs/{page.url.rsplit('/', 1)[1]}", timeout=10).json()
+    assert job["voice"]["seed"] == 390_000_000  # alloy's, in the README's table
+    page.wait_for_selector("#job-result", state="visible", timeout=120_000)
+    assert problems == []
+
+
+def test_the_workshop_speaks_openai_voices_by_name_beside_no_new_ones(watched_page, web_server):
+    page, problems = watched_page(web_server + "/voices")
+    page.fill("#workshop-text", "Which of these two?")
+    page.fill("#workshop-named", "alloy, nova")
+    page.fill("#workshop-count", "0")
+    page.click("#workshop-submit")
+
+    cards = playable_workshop_cards(page, 2)
+    assert cards.count() == 2
+    assert cards.locator(".card-named").all_inner_texts() == ["alloy:", "nova:"]
+    assert cards.locator(".card-seed").all_inner_texts() == ["390000000", "2730000000"]
+    assert problems == []
 
 
 def test_a_voice_named_like_markup_shows_as_text_and_runs_nothing(browser, web_server):

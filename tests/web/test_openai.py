@@ -6,15 +6,14 @@ import time
 import numpy as np
 import pytest
 
+from chattts_farm.contract import OPENAI_VOICE_SEEDS
+from tests.support import OPENAI_VOICES
 from tests.web.access.support import bearer
+from tests.web.api.test_jobs import wait_for
 from web.access import api_keys
 from web.openai import chattts_speed
-from web.voices import OPENAI_VOICE_SEEDS
 from web.waiting import WaitSlot
 from worker.audio import decode
-
-# The voices OpenAI's API reference lists for /v1/audio/speech, as its SDK's examples send them.
-OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 
 
 @pytest.mark.parametrize(
@@ -53,20 +52,64 @@ def test_each_openai_voice_name_speaks_its_own_fixed_seed(client, workers, name)
     assert job["voice"] == {"catalog_id": None, "name": None, "seed": OPENAI_VOICE_SEEDS[name]}
 
 
-def test_the_openai_voices_are_distinct_seeds():
-    assert len(set(OPENAI_VOICE_SEEDS.values())) == len(OPENAI_VOICE_SEEDS)
-
-
-def test_a_catalog_voice_named_like_an_openai_voice_is_spoken_instead_of_its_seed(client, workers):
+def test_a_catalog_voice_named_like_an_openai_voice_is_spoken_instead_of_its_seed_on_every_endpoint(client, workers):
     nova = client.post("/api/voices", json={"name": "nova", "seed": 7}).get_json()
     with client.post("/v1/audio/speech", json={"input": "Hello.", "voice": "nova", "response_format": "wav"}) as answer:
         assert answer.status_code == 200
-    assert client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()["voice"]["catalog_id"] == nova["id"]
+    job = client.post("/api/jobs", json={"text": "Hello.", "voice": "nova"}).get_json()
+    (workshop_job,) = client.post("/api/voices/workshop", json={"voices": ["nova"]}).get_json()["jobs"]
+    spoken = [answer.headers["X-Job-Id"], job["id"], workshop_job["id"]]
+    assert [client.get(f"/api/jobs/{job_id}").get_json()["voice"]["catalog_id"] for job_id in spoken] == [
+        nova["id"]
+    ] * 3
 
 
-def test_openai_voice_names_are_no_voices_to_the_job_api(client):
-    answer = client.post("/api/jobs", json={"text": "Hi.", "voice": "alloy"})
-    assert answer.status_code == 422 and answer.get_json()["field"] == "voice"
+def test_alloy_on_the_job_api_speaks_as_alloy_on_the_speech_endpoint(client, workers):
+    text = "Hello, alloy, from both endpoints."
+    with client.post("/v1/audio/speech", json={"input": text, "voice": "alloy", "response_format": "wav"}) as answer:
+        assert answer.status_code == 200
+    spoken = wait_for(client, answer.headers["X-Job-Id"], {"done"})
+    # The speech endpoint draws a random audio seed and streams its job: the job asks for the same of both.
+    seed = spoken["result"]["seed"]
+    submitted = client.post("/api/jobs", json={"text": text, "voice": "alloy", "seed": seed, "stream": True})
+    assert submitted.status_code == 202
+    job = wait_for(client, submitted.get_json()["id"], {"done"})
+    other = client.post("/api/jobs", json={"text": text, "voice": "nova", "seed": seed, "stream": True})
+    other_voice = wait_for(client, other.get_json()["id"], {"done"})
+
+    assert job["voice"] == spoken["voice"] == {"catalog_id": None, "name": None, "seed": 390_000_000}
+    samples = [decode(client.get(done["audio_url"]).data)[0] for done in (spoken, job, other_voice)]
+    # Equal up to the float rounding batch mates bring (as tests/worker/engine_process/test_pipeline.py allows).
+    np.testing.assert_allclose(samples[1], samples[0], atol=2e-3)
+    assert samples[2].shape != samples[0].shape or not np.allclose(samples[2], samples[0], atol=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/api/jobs", {"text": "Hi.", "voice": "Alloy"}, "voice"),
+        ("/v1/audio/speech", {"input": "Hi.", "voice": "Alloy"}, "voice"),
+        ("/api/voices/workshop", {"voices": ["alloy", "Alloy"]}, "voices"),
+    ],
+)
+def test_a_name_neither_openai_nor_the_catalog_knows_is_refused_naming_the_voice_on_every_endpoint(
+    client, path, body, field
+):
+    answer = client.post(path, json=body)
+    assert answer.status_code == 422 and answer.get_json()["field"] == field
+    assert "OpenAI voice name (alloy, ash," in answer.get_json()["error"]
+    assert client.get("/api/jobs").get_json()["jobs"] == []  # nothing was submitted
+
+
+def test_the_voice_list_has_openai_names_then_the_catalogs_each_once(client):
+    client.post("/api/voices", json={"name": "Night reader", "spk_emb": "蘁淰敕欀" * 8})
+    client.post("/api/voices", json={"name": "echo", "spk_emb": "蘁淰敕欀" * 8})  # keys off: anyone may
+
+    answer = client.get("/v1/audio/voices")
+
+    assert answer.status_code == 200
+    # Kokoro-FastAPI's shape, which Open WebUI reads: id is what to send as voice.
+    assert answer.get_json()["voices"] == [{"id": name, "name": name} for name in (*OPENAI_VOICES, "Night reader")]
 
 
 def test_speed_maps_onto_chattts_levels():

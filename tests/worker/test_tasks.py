@@ -111,6 +111,23 @@ def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(workers):
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
+def test_an_openai_voice_name_from_a_plain_caller_speaks_as_its_fixed_seed_does(workers):
+    client = workers.client
+    # The same voice and audio seed give the same audio: the name is its seed in the README's table.
+    by_name = client.send_task(TASK_NAME, kwargs={"text": "Hello, alloy.", "voice": "alloy", "seed": 5})
+    by_seed = client.send_task(TASK_NAME, kwargs={"text": "Hello, alloy.", "voice": 390_000_000, "seed": 5})
+    other = client.send_task(TASK_NAME, kwargs={"text": "Hello, alloy.", "voice": "nova", "seed": 5})
+    named, seeded, nova = (decode(fetch_audio(sent.get(timeout=60)))[0] for sent in (by_name, by_seed, other))
+    assert by_name.state == "SUCCESS"
+    # Equal up to the float rounding batch mates bring (as tests/worker/engine_process/test_pipeline.py allows).
+    np.testing.assert_allclose(named, seeded, atol=2e-3)
+    assert named.shape != nova.shape or not np.allclose(named, nova, atol=1e-3)
+    capitalised = client.send_task(TASK_NAME, kwargs={"text": "Hello.", "voice": "Alloy"})
+    with pytest.raises(InvalidRequest) as caught:
+        capitalised.get(timeout=60)
+    assert caught.value.field == "voice" and "OpenAI voice name" in caught.value.message
+
+
 def test_a_voice_bomb_from_a_plain_caller_fails_naming_voice_and_the_worker_keeps_serving(workers):
     client = workers.client
     # Too long for the contract, and short enough for it but expanding to 8 MiB: both refused.

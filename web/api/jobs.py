@@ -18,8 +18,8 @@ MAX_LIST_LIMIT = 500
 
 
 def _catalog_voice(arguments: dict) -> Voice | None:
-    """The catalog voice a job asks for: ``voice_id``, or ``voice`` holding a catalog name (seeds and
-    embedding strings are not catalog voices)."""
+    """The catalog voice a job asks for: ``voice_id``, or ``voice`` holding a catalog name (seeds, OpenAI
+    voice names without a catalog voice of their name and embedding strings are not catalog voices)."""
     if "voice_id" in arguments:
         if "voice" in arguments:
             raise ApiError(400, "give voice or voice_id, not both", "voice_id")
@@ -30,12 +30,7 @@ def _catalog_voice(arguments: dict) -> Voice | None:
         if voice is None:
             raise ApiError(422, f"no voice with id {voice_id} in the catalog", "voice_id")
         return voice
-    value = arguments.get("voice", DEFAULT_VOICE_SEED)
-    voice = voices.resolve(value)
-    if voice is None:
-        raise ApiError(
-            422, f"no voice named {value.strip()!r} in the catalog, and it is not a seed or an embedding", "voice"
-        )
+    voice = voices.to_speak(arguments.get("voice", DEFAULT_VOICE_SEED))
     return voice if isinstance(voice, Voice) else None
 
 

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from flask import current_app
 
-from chattts_farm.contract import EMBEDDING_PATTERN, FORMATS, MAX_EMBEDDING_CHARS, MAX_SEED
+from chattts_farm.contract import EMBEDDING_PATTERN, FORMATS, MAX_EMBEDDING_CHARS, MAX_SEED, OPENAI_VOICE_SEEDS
 from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
 from web.models import JobStatus
-from web.voices import OPENAI_VOICE_SEEDS
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
@@ -30,7 +29,7 @@ _ERROR_MEANINGS = {
     412: "If-Match names another version of the audio than the one stored",
     416: "the Range asked for starts past the audio's end, or is an empty suffix (bytes=-0); Content-Range "
     "gives its length",
-    422: "the catalog has no voice of that name or id",
+    422: "no voice of that name (neither an OpenAI voice name nor a catalog voice's) or id",
     429: "over one of the key's limits (rate, daily audio quota, jobs waiting): Retry-After says when to try again",
     502: "the job failed or was cancelled",
     503: "Redis or the workers could not be reached: try again shortly",
@@ -66,15 +65,11 @@ _EMBEDDING = {
     "description": "A ChatTTS speaker-embedding string.",
 }
 _VOICE_ARG = {
-    "description": "A catalog voice name, an integer seed, or a ChatTTS speaker-embedding string.",
-    "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
-}
-_SPEECH_VOICE = {
-    **_VOICE_ARG,
     "description": (
         f"An OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}: each a fixed seed, unless an admin key gave a "
         "catalog voice its name), a catalog voice name, an integer seed, or a ChatTTS speaker-embedding string."
     ),
+    "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
 }
 
 
@@ -342,18 +337,21 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             },
             "/api/voices/workshop": {
                 "post": {
-                    "summary": "Speak one sentence in new random voices, all submitted together (one GPU batch)",
+                    "summary": "Speak one sentence in new random voices and in voices named, all submitted together "
+                    "(one GPU batch)",
                     "description": (
-                        "Each job speaks text (default: a sample sentence) in a voice of a fresh random seed;"
-                        " keep the ones you like with POST /api/voices/from-job/{job_id}. All or none are"
-                        " accepted: the queue's caps and the key's quota count every one."
+                        "The jobs speak text (default: a sample sentence) in each of voices, in order, then each in"
+                        " a voice of a fresh random seed (count of them: 6 by default, none by default when voices"
+                        " are named); keep the ones you like with POST /api/voices/from-job/{job_id}. All or none"
+                        " are accepted: the queue's caps and the key's quota count every one."
                     ),
                     "requestBody": _json_body(
                         {
                             "type": "object",
                             "properties": {
                                 "text": text,
-                                "count": {"type": "integer", "minimum": 1, "maximum": 16, "default": 6},
+                                "voices": {"type": "array", "maxItems": 16, "items": _VOICE_ARG},
+                                "count": {"type": "integer", "minimum": 1, "maximum": 16},
                             },
                             "additionalProperties": False,
                         }
@@ -363,7 +361,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             {"type": "object", "properties": {"jobs": {"type": "array", "items": job}}},
                             "the jobs, on their way",
                         ),
-                        **_errors(400, 413),
+                        **_errors(400, 413, 422),
                         "503": _error(503, _QUEUE_FULL),
                     },
                 },
@@ -451,6 +449,33 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "responses": {"200": _json({"type": "object"}), **_errors(400, 413), **name_reserved},
                 }
             },
+            "/v1/audio/voices": {
+                "get": {
+                    "summary": "The voice names /v1/audio/speech takes: OpenAI's, then the catalog's (Kokoro-FastAPI's "
+                    "shape)",
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "required": ["voices"],
+                                "properties": {
+                                    "voices": {
+                                        "type": "array",
+                                        "items": {
+                                            "type": "object",
+                                            "required": ["id", "name"],
+                                            "properties": {
+                                                "id": {"type": "string", "description": "what to send as voice"},
+                                                "name": {"type": "string"},
+                                            },
+                                        },
+                                    }
+                                },
+                            }
+                        )
+                    },
+                }
+            },
             "/v1/audio/speech": {
                 "post": {
                     "summary": "OpenAI-compatible speech",
@@ -461,7 +486,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "properties": {
                                 "model": {"type": "string"},
                                 "input": text,
-                                "voice": _SPEECH_VOICE,
+                                "voice": _VOICE_ARG,
                                 "response_format": {
                                     "type": "string",
                                     "enum": ["mp3", "opus", "flac", "wav", "pcm"],

@@ -4,6 +4,7 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, redirect, render_template, request, send_from_directory, url_for
 
+from chattts_farm.contract import OPENAI_VOICE_SEEDS
 from web import jobs, voices
 from web.access import api_keys, sessions
 from web.models import Job, JobStatus, db
@@ -28,7 +29,7 @@ def model_banner() -> dict:
 
 @bp.get("/")
 def index():
-    return render_template("index.html", voices=voices.find([], None))
+    return render_template("index.html", voices=voices.find([], None), openai_voices=list(OPENAI_VOICE_SEEDS))
 
 
 @bp.get("/jobs/<job_id>")
@@ -66,6 +67,7 @@ def voice_catalog():
         workshop_text=voices.WORKSHOP_TEXT,
         workshop_default=voices.WORKSHOP_VOICES_DEFAULT,
         workshop_max=voices.WORKSHOP_VOICES_MAX,
+        openai_voices=list(OPENAI_VOICE_SEEDS),
     )
 
 

@@ -236,10 +236,12 @@ def api(request, tiny_settings, redis_url, tmp_path_factory):
 
 def meaningful(name: str | None, catalog: Catalog):
     """Values the schema cannot describe: they must name something present, be unique, or be speakable."""
+    voice = st.integers(0, MAX_SEED) | st.sampled_from([EMBEDDING, catalog.voice["name"], "alloy"])
     return {
         "text": SPEAKABLE_TEXT,
         "input": SPEAKABLE_TEXT,
-        "voice": st.integers(0, MAX_SEED) | st.sampled_from([EMBEDDING, catalog.voice["name"]]),
+        "voice": voice,
+        "voices": st.lists(voice, max_size=4),
         "voice_id": st.just(catalog.voice["id"]),
         "spk_emb": st.just(EMBEDDING),
         "name": st.text(max_size=60).map(unique_name),

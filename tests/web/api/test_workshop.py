@@ -27,6 +27,23 @@ def test_the_workshop_speaks_one_sentence_in_as_many_new_voices_as_asked_all_in_
     assert set(queued_messages(app)[:3]) == {job["id"] for job in chosen.get_json()["jobs"]}
 
 
+def test_the_workshop_speaks_the_voices_named_first_then_as_many_new_ones_as_asked(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url)
+    client = app.test_client()
+
+    named_only = client.post("/api/voices/workshop", json={"voices": ["alloy", "nova", 42]})
+    beside_new = client.post("/api/voices/workshop", json={"text": "Pick me.", "voices": ["verse"], "count": 2})
+
+    assert named_only.status_code == 202 and beside_new.status_code == 202
+    seeds = [job["voice"]["seed"] for job in named_only.get_json()["jobs"]]
+    assert seeds == [390_000_000, 2_730_000_000, 42]  # the README's table; no new voices unless asked
+    made = beside_new.get_json()["jobs"]
+    assert [job["text"] for job in made] == ["Pick me."] * 3 and made[0]["voice"]["seed"] == 4_290_000_000
+    assert set(queued_messages(app)[:3]) == {job["id"] for job in made}
+
+
 @pytest.mark.parametrize(
     ("body", "field"),
     [
@@ -38,6 +55,10 @@ def test_the_workshop_speaks_one_sentence_in_as_many_new_voices_as_asked_all_in_
         ({"text": "   "}, "text"),
         ({"text": 42}, "text"),
         ({"voice": 7}, "voice"),
+        ({"voices": "alloy"}, "voices"),
+        ({"voices": ["alloy"] * (WORKSHOP_VOICES_MAX + 1)}, "voices"),
+        ({"voices": [True]}, "voices"),
+        ({"voices": ["alloy"], "count": 0}, "count"),
         ([], "body"),
     ],
 )

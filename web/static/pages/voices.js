@@ -51,10 +51,12 @@ function setUpWorkshop(section) {
   const template = section.querySelector("#workshop-card");
   const message = section.querySelector("#workshop-message");
 
-  function showCard(job) {
+  // named: the voice as the form named it (the workshop's jobs come in the order asked), or undefined for a new one.
+  function showCard(job, named) {
     const card = template.content.firstElementChild.cloneNode(true);
     card.dataset.jobId = job.id;
-    card.querySelector(".card-seed").textContent = String(job.voice.seed);
+    card.querySelector(".card-named").textContent = named === undefined ? "" : `${named}:`;
+    card.querySelector(".card-seed").textContent = job.voice.seed === null ? "(embedding)" : String(job.voice.seed);
     const state = card.querySelector(".card-state");
     const keep = card.querySelector(".card-keep");
     list.append(card);
@@ -87,13 +89,17 @@ function setUpWorkshop(section) {
     button.disabled = true;
     message.textContent = "";
     try {
+      const named = splitTags(form.querySelector("#workshop-named").value);
+      const count = Number(form.querySelector("#workshop-count").value);
+      // No new voices beside named ones is the API's default; without named ones, 0 is refused, naming count.
       const made = await sendJson("POST", section.dataset.url, {
         text: form.querySelector("#workshop-text").value,
-        count: Number(form.querySelector("#workshop-count").value),
+        voices: named,
+        ...(count === 0 && named.length > 0 ? {} : {count}),
       });
       list.replaceChildren();
-      made.jobs.forEach(showCard);
-      message.textContent = `${made.jobs.length} new voices on their way.`;
+      made.jobs.forEach((job, index) => showCard(job, named[index]));
+      message.textContent = `${made.jobs.length} voices on their way.`;
     } catch (failure) {
       message.textContent = failure.message;
     } finally {
