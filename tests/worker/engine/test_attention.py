@@ -23,7 +23,11 @@ ROOT = Path(__file__).resolve().parents[3]
 def in_triton_interpreter(check: str) -> None:
     completed = subprocess.run(
         [sys.executable, "-c", f"from tests.worker.engine.test_attention import {check}; {check}()"],
-        env={**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)},
+        env={
+            **os.environ,
+            "TRITON_INTERPRET": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        },
         cwd=ROOT,
         capture_output=True,
         text=True,
