@@ -348,7 +348,7 @@ def embedding_from_worker(voice: int | Blend, field: str) -> str:
     except Exception as error:  # noqa: BLE001 - any failure here means no worker could answer
         raise ApiError(
             503,
-            f"no worker answered for the embedding of {field} {voice_argument(voice)} ({error});"
+            f"no worker answered for the embedding of {f'seed {voice}' if field == 'seed' else 'the blend'} ({error});"
             " start workers or give spk_emb instead",
             field,
         ) from None

@@ -168,6 +168,13 @@ def test_a_blend_with_an_embedding_of_another_width_fails_naming_voice_and_the_w
     assert workers.client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
+@pytest.mark.parametrize("arguments", [{}, {"seed": 1, "voice": 1}])
+def test_voice_embedding_takes_a_seed_or_a_voice_and_not_both(workers, arguments):
+    with pytest.raises(InvalidRequest, match="give exactly one of seed or voice") as caught:
+        workers.client.send_task(EMBEDDING_TASK_NAME, kwargs=arguments).get(timeout=30)
+    assert caught.value.field == "voice"
+
+
 @pytest.mark.parametrize("seed", [-1, 2**32, "not a seed", True, voice_bomb(8)])
 def test_voice_embedding_refuses_a_bad_seed_naming_seed(workers, seed):
     with pytest.raises(InvalidRequest) as caught:

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from chattts_farm.contract import MAX_MIX_PARTS
+from tests.voice_bombs import embedding_text
 from tests.web.api.test_jobs import wait_for
 from worker.audio import decode
 
@@ -73,3 +74,12 @@ def test_a_blend_that_mixes_no_voices_is_refused_naming_the_voice_and_records_no
     ]
     assert all(why in answer.get_json()["error"] for answer in refusals)
     assert client.get("/api/jobs").get_json()["jobs"] == [] and client.get("/api/voices").get_json()["voices"] == []
+
+
+def test_a_blend_the_worker_cannot_mix_is_not_kept_and_is_refused_naming_the_mix(client, workers):
+    # Embedding text of 32 values: the contract takes it, the model (64 wide) does not.
+    narrow = embedding_text(np.random.default_rng(0).standard_normal(32).astype(np.float16).tobytes())
+    answer = client.post("/api/voices", json={"name": "too narrow", "mix": [{"voice": 1}, {"voice": narrow}]})
+    assert answer.status_code == 400 and answer.get_json()["field"] == "mix"
+    assert "the speaker embedding has 32 values" in answer.get_json()["error"]
+    assert client.get("/api/voices").get_json()["voices"] == []
