@@ -15,7 +15,8 @@ from chattts_farm.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, i
 
 TASK_NAME = "chattts.synthesize"
 HEALTH_TASK_NAME = "chattts.health"
-# voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model.
+# voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model;
+# voice_embedding(voice=...) -> that of any voice parse_voice reads (a blend's is its mix).
 EMBEDDING_TASK_NAME = "chattts.voice_embedding"
 DEFAULT_QUEUE = "tts"
 # Workers consume Celery's own default queue too, so a plain send_task without routing reaches them.
@@ -100,6 +101,9 @@ MAX_EMBEDDING_CHARS = math.ceil(_LONGEST_EMBEDDING_BYTES * 8 / 14 * 1.25)
 # code point of its own: text that no UTF-8 encoder, database or model takes.
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 _SEED_DIGITS = re.compile(r"[0-9]+")
+# A blend mixes at most this many voices, each weighted from 0 to MAX_MIX_WEIGHT (not all 0).
+MAX_MIX_PARTS = 8
+MAX_MIX_WEIGHT = 1000.0
 
 
 def worker_queue(kind: str, index: int) -> str:
@@ -167,11 +171,31 @@ class RefineText:
 
 
 @dataclass(frozen=True)
+class MixPart:
+    """One voice of a blend: a seed or an embedding string, and its weight (0..MAX_MIX_WEIGHT)."""
+
+    voice: int | str
+    weight: float
+
+
+@dataclass(frozen=True)
+class Blend:
+    """A weighted mix of voices that are speaker embeddings (seeds, embedding strings), as parse_voice reads
+    ``{"mix": [{"voice": ..., "weight": ...}, ...]}`` (:func:`voice_argument` writes it so again). Plain
+    data: the worker mixes the embeddings (worker/engine_process/voices.py)."""
+
+    mix: tuple[MixPart, ...]
+
+
+Voice = int | str | Blend
+
+
+@dataclass(frozen=True)
 class SynthesisRequest:
     """One validated request. Build it with :meth:`from_arguments`; everything past that trusts it."""
 
     text: str
-    voice: int | str = DEFAULT_VOICE_SEED
+    voice: Voice = DEFAULT_VOICE_SEED
     format: str = "wav"
     speed: int = 5
     temperature: float = 0.3
@@ -245,7 +269,7 @@ class SynthesisRequest:
 
     def as_arguments(self) -> dict[str, Any]:
         """The plain keyword arguments that rebuild this request (the task's, without the job's id)."""
-        arguments = asdict(self)
+        arguments = {**asdict(self), "voice": voice_argument(self.voice)}
         del arguments["request_id"]
         refine = arguments.pop("refine_text")
         arguments["refine_text"] = refine is not None
@@ -254,12 +278,17 @@ class SynthesisRequest:
         return arguments
 
 
-def parse_voice(value: Any, field: str = "voice") -> int | str:
+def parse_voice(value: Any, field: str = "voice") -> Voice:
     """A voice is a seed (an integer, or a string of digits), one of OpenAI's voice names (its seed in
-    :data:`OPENAI_VOICE_SEEDS`) or a ChatTTS speaker-embedding string.
+    :data:`OPENAI_VOICE_SEEDS`), a ChatTTS speaker-embedding string, or a blend of such voices
+    (``{"mix": [{"voice": ..., "weight": ...}, ...]}``, read by :func:`mix_parts`).
 
     :class:`InvalidRequest` names ``field``: the argument that held the value.
     """
+    if isinstance(value, Blend):
+        return value
+    if isinstance(value, dict):
+        return _blend(value, field)
     if isinstance(value, bool):
         raise InvalidRequest(field, "must be an integer seed or a speaker-embedding string, not a boolean")
     if isinstance(value, float) and (integer := as_integer(value)) is not None:
@@ -289,6 +318,45 @@ def parse_voice(value: Any, field: str = "voice") -> int | str:
             " or a ChatTTS speaker-embedding string",
         )
     raise InvalidRequest(field, f"must be an integer seed or a speaker-embedding string, not {type(value).__name__}")
+
+
+def voice_argument(voice: Voice) -> int | str | dict:
+    """The plain (JSON, msgpack) value :func:`parse_voice` reads back as this voice."""
+    return {"mix": [asdict(part) for part in voice.mix]} if isinstance(voice, Blend) else voice
+
+
+def mix_parts(value: dict, field: str = "voice") -> list[dict]:
+    """The parts of a blend as given, each an object with a ``voice`` and an optional ``weight`` (1 when
+    left out), their number checked: :class:`InvalidRequest` naming ``field`` for any other shape."""
+    parts = value.get("mix")
+    if set(value) != {"mix"} or not isinstance(parts, list) or not 1 <= len(parts) <= MAX_MIX_PARTS:
+        raise InvalidRequest(
+            field, f'a blend is {{"mix": [{{"voice": ..., "weight": ...}}, ...]}} with 1 to {MAX_MIX_PARTS} voices'
+        )
+    for number, part in enumerate(parts, 1):
+        if not isinstance(part, dict) or "voice" not in part or set(part) - {"voice", "weight"}:
+            raise InvalidRequest(field, f"part {number} of the blend must be an object with a voice and a weight")
+    return parts
+
+
+def _blend(value: dict, field: str) -> Blend:
+    mix = []
+    for number, part in enumerate(mix_parts(value, field), 1):
+        # Only speaker embeddings mix: a seed or an embedding string is one, a blend (or any voice that is
+        # not written as one value) is not. Refused before it is read: blends in blends would nest without end.
+        if isinstance(part["voice"], dict | list | Blend):
+            raise InvalidRequest(
+                field, f"part {number} of the blend must be one seed or embedding voice (a blend mixes into none)"
+            )
+        try:
+            voice = parse_voice(part["voice"], "voice")
+            weight = _number(part.get("weight", 1.0), "weight", 0.0, MAX_MIX_WEIGHT)
+        except InvalidRequest as error:
+            raise InvalidRequest(field, f"part {number} of the blend: {error}") from None
+        mix.append(MixPart(voice, weight))
+    if not any(part.weight for part in mix):
+        raise InvalidRequest(field, "a blend needs a weight above 0 on at least one of its voices")
+    return Blend(tuple(mix))
 
 
 def looks_like_embedding(text: str) -> bool:

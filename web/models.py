@@ -144,6 +144,9 @@ class Job(db.Model):
     voice_id: Mapped[int | None] = mapped_column(ForeignKey("voices.id", ondelete="SET NULL"), index=True)
     voice_seed: Mapped[int | None] = mapped_column(BigInteger)
     voice_embedding: Mapped[str | None] = mapped_column(Text)
+    # A blend's parts as sent ({"mix": [...]}, seeds and embeddings); its embedding, once a worker has
+    # mixed it, is voice_embedding.
+    voice_mix: Mapped[dict | None] = mapped_column(JSON)
     parameters: Mapped[dict] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
     progress: Mapped[float] = mapped_column(Float, default=0.0)

@@ -5,7 +5,8 @@ It records and enqueues an ordinary job that streams, and holds the request whil
 run on as any other): the audio is sent as it is made, encoded by the web (see :mod:`web.streaming`;
 flac whole at the end). ``stream_format: "sse"`` sends the same bytes as OpenAI's
 ``speech.audio.delta`` events (base64), then ``speech.audio.done``. ``GET /v1/audio/voices`` lists
-the voice names it takes.
+the voice names it takes. A blend of voices may be written as Kokoro-FastAPI writes one,
+``alloy(2)+nova(1)``.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app
 
-from chattts_farm.contract import OPENAI_VOICE_SEEDS, InvalidRequest, SynthesisRequest
+from chattts_farm.contract import OPENAI_VOICE_SEEDS, Blend, InvalidRequest, SynthesisRequest
 from web import audio_formats, jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
@@ -30,6 +32,8 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 FORMATS = {"mp3": "mp3", "opus": "ogg", "flac": "flac", "wav": "wav", "pcm": "pcm"}
 UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available to the farm; use mp3 or opus"}
 STREAM_FORMATS = ("audio", "sse")
+# Kokoro-FastAPI's blend: voices joined by +, each with an optional weight in brackets (1 when left out).
+_BLEND_PART = re.compile(r"\s*([^+()]*?)\s*(?:\(\s*(-?[0-9]+(?:\.[0-9]*)?|-?\.[0-9]+)\s*\))?\s*")
 
 
 def chattts_speed(openai_speed: float) -> int:
@@ -130,8 +134,20 @@ def _event(payload: dict) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-def _voice(value: object) -> Voice | int | str:
-    """An OpenAI voice name, a catalog voice name, a seed or an embedding string, as every job takes."""
+def _voice(value: object) -> Voice | int | str | Blend:
+    """An OpenAI voice name, a catalog voice name, a seed, an embedding string or a blend, as every job
+    takes; a blend also in Kokoro-FastAPI's form (:func:`kokoro_blend`) unless a catalog voice has that name."""
     if value is None:
         raise ApiError(400, "voice is required: an OpenAI voice name, a catalog voice name or a seed", "voice")
+    if isinstance(value, str) and (blend := kokoro_blend(value)) is not None and voices.named(value) is None:
+        value = blend
     return voices.to_speak(value)
+
+
+def kokoro_blend(text: str) -> dict | None:
+    """``alloy(2)+nova(1)`` as a blend's parts (``a+b``: equal parts); None for text not written so (no +
+    and no weight, or a part without a voice)."""
+    matches = [_BLEND_PART.fullmatch(part) for part in text.split("+")]
+    if not all(match and match[1] for match in matches) or ("+" not in text and not matches[0][2]):
+        return None
+    return {"mix": [{"voice": match[1], "weight": float(match[2] or 1)} for match in matches]}

@@ -17,11 +17,14 @@ from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     MAX_SEED,
     OPENAI_VOICE_SEEDS,
+    Blend,
     InvalidRequest,
     SynthesisRequest,
     as_integer,
     looks_like_embedding,
+    mix_parts,
     parse_voice,
+    voice_argument,
 )
 from chattts_farm.text import drop_invisible
 from web import access, backends
@@ -94,11 +97,14 @@ def get_to_change(voice_id: int) -> Voice:
     raise ApiError(403, f"voice {voice.id} ({voice.name!r}) {why} may change or delete it", "voice_id")
 
 
-def resolve(value: Any, field: str = "voice") -> Voice | int | str | None:
-    """A job's voice: a seed, an OpenAI voice name's seed or an embedding string, else the catalog voice
-    the text names (None when it names none). A catalog voice named like an OpenAI voice is spoken instead
-    of its seed: that is how an admin gives the name another voice (see :func:`_name`).
-    :class:`InvalidRequest` naming ``field`` for a value that is neither a seed, an embedding nor a name."""
+def resolve(value: Any, field: str = "voice") -> Voice | int | str | Blend | None:
+    """A job's voice: a seed, an OpenAI voice name's seed, an embedding string or a blend (whose parts may
+    be any of these and catalog voices, :func:`blend`), else the catalog voice the text names (None when it
+    names none). A catalog voice named like an OpenAI voice is spoken instead of its seed: that is how an
+    admin gives the name another voice (see :func:`_name`). :class:`InvalidRequest` naming ``field`` for a
+    value that is neither a seed, an embedding, a blend nor a name."""
+    if isinstance(value, dict):
+        return blend(value, field)
     if isinstance(value, str) and value.strip() in OPENAI_VOICE_SEEDS:
         return named(value) or OPENAI_VOICE_SEEDS[value.strip()]
     try:
@@ -110,7 +116,17 @@ def resolve(value: Any, field: str = "voice") -> Voice | int | str | None:
     return named(value)
 
 
-def to_speak(value: Any, field: str = "voice") -> Voice | int | str:
+def blend(value: dict, field: str = "voice") -> Blend:
+    """A blend whose parts name voices as jobs do, catalog voices among them (each mixed as its embedding);
+    a 422 naming ``field`` for a part naming no voice, :class:`InvalidRequest` for any other fault."""
+    parts = [
+        {**part, "voice": argument(to_speak(part["voice"], field))} if isinstance(part["voice"], str) else part
+        for part in mix_parts(value, field)
+    ]
+    return parse_voice({"mix": parts}, field)
+
+
+def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend:
     """A voice a job may speak in (as :func:`resolve` reads it); a 422 naming ``field`` for a name that is
     neither an OpenAI voice name nor a catalog voice's (:class:`InvalidRequest`, a 400, for a value that
     is no voice at all)."""
@@ -126,28 +142,31 @@ def to_speak(value: Any, field: str = "voice") -> Voice | int | str:
     return voice
 
 
-def argument(voice: Voice | int | str) -> int | str:
-    """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding, else the seed or
-    embedding itself."""
-    return voice.spk_emb if isinstance(voice, Voice) else voice
+def argument(voice: Voice | int | str | Blend) -> int | str | dict:
+    """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding, else the seed,
+    embedding or blend itself."""
+    return voice.spk_emb if isinstance(voice, Voice) else voice_argument(voice)
 
 
 def create(fields: dict[str, Any]) -> Voice:
-    """A new voice from a name and a seed or an embedding (the embedding is always stored)."""
+    """A new voice from a name and a seed, an embedding or a blend (``mix``, the parts of a blend as jobs
+    take it); the embedding is always stored, a blend's mixed by a worker as jobs speak it."""
     name = _name(fields.get("name"))
-    if ("seed" in fields) == ("spk_emb" in fields):
-        raise ApiError(400, "give exactly one of seed or spk_emb", "seed")
+    given = sorted({"seed", "spk_emb", "mix"} & set(fields))
+    if len(given) != 1:
+        raise ApiError(400, "give exactly one of seed, spk_emb or mix", given[1] if given else "seed")
     seed = _seed(fields["seed"]) if "seed" in fields else None
+    mixed = blend({"mix": fields["mix"]}, "mix") if "mix" in fields else None
     voice = Voice(
         name=name,
         seed=seed,
-        spk_emb=None if seed is not None else _embedding(fields["spk_emb"]),
+        spk_emb=_embedding(fields["spk_emb"]) if "spk_emb" in fields else None,
         owner_key_id=_caller_key_id(),
     )
-    update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
+    update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb", "mix")}, commit=False)
     # Only once every field is valid: a worker may take up to a minute to answer.
-    if seed is not None:
-        voice.spk_emb = embedding_for_seed(seed)
+    if voice.spk_emb is None:
+        voice.spk_emb = embedding_from_worker(seed if seed is not None else mixed, given[0])
     db.session.add(voice)
     _commit_unique(name)
     return voice
@@ -315,19 +334,23 @@ def import_(entries: Any) -> dict[str, list[str]]:
     return {"added": added, "skipped": skipped}
 
 
-def embedding_for_seed(seed: int) -> str:
-    """Ask a worker: deriving an embedding from a seed needs the model, which the web app never loads."""
+def embedding_from_worker(voice: int | Blend, field: str) -> str:
+    """Ask a worker: deriving an embedding from a seed or a blend needs the model, which the web app never
+    loads. A 503 naming ``field`` when none answers."""
     try:
         return (
             backends.current()
-            .celery.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed})
+            .celery.send_task(EMBEDDING_TASK_NAME, kwargs={"voice": voice_argument(voice)})
             .get(timeout=EMBEDDING_TIMEOUT_S)
         )
+    except InvalidRequest as error:  # the worker could not use the voice (an embedding of another width)
+        raise InvalidRequest(field, error.message) from None
     except Exception as error:  # noqa: BLE001 - any failure here means no worker could answer
         raise ApiError(
             503,
-            f"no worker answered for the embedding of seed {seed} ({error}); start workers or give spk_emb instead",
-            "seed",
+            f"no worker answered for the embedding of {f'seed {voice}' if field == 'seed' else 'the blend'} ({error});"
+            " start workers or give spk_emb instead",
+            field,
         ) from None
 
 

@@ -29,7 +29,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from chattts_farm.contract import EngineLost, FarmError, JobCancelled, SynthesisFailed, SynthesisRequest
+from chattts_farm.contract import (
+    EngineLost,
+    FarmError,
+    JobCancelled,
+    SynthesisFailed,
+    SynthesisRequest,
+    Voice,
+    voice_argument,
+)
 from chattts_farm.settings import Settings
 from worker.channel import Channel, error_from
 from worker.results import SynthesisResult
@@ -113,8 +121,8 @@ class EngineClient:
                 self._send_job(self._channel, job)
         return job
 
-    def embedding(self, seed: int) -> str:
-        """The speaker embedding a seed names, from the engine's model."""
+    def embedding(self, voice: Voice) -> str:
+        """The speaker embedding a voice (a seed, a blend) names, from the engine's model."""
         done, answer = threading.Event(), []
         number = next(self._ask_numbers)
         self._asks[number] = (done, answer)
@@ -123,7 +131,7 @@ class EngineClient:
             if channel is None:
                 raise SynthesisFailed("the engine process is starting again: ask again in a moment")
             try:
-                channel.send("ask", ask=number, question="embedding", argument=seed)
+                channel.send("ask", ask=number, question="embedding", argument=voice_argument(voice))
             except OSError:
                 raise SynthesisFailed("the engine process has died: ask again in a moment") from None
             if not done.wait(ASK_TIMEOUT_S):

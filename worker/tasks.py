@@ -6,6 +6,7 @@ import functools
 import logging
 import threading
 import time
+from typing import Any
 
 import redis
 from celery.concurrency import get_implementation
@@ -190,9 +191,13 @@ def health() -> dict:
 
 
 @app.task(name=EMBEDDING_TASK_NAME, throws=(FarmError,))
-def voice_embedding(seed: int) -> str:
-    """The embedding a seed names, for callers without torch (the web catalog stores it)."""
-    voice = parse_voice(seed, field="seed")
-    if not isinstance(voice, int):
-        raise InvalidRequest("seed", "must be an integer seed")
-    return runtime.current().engine.embedding(voice)
+def voice_embedding(seed: int | None = None, voice: Any = None) -> str:
+    """The embedding a seed (or any voice: a blend's is its mix) names, for callers without torch (the web
+    catalog stores it)."""
+    if (seed is None) == (voice is None):
+        raise InvalidRequest("voice", "give exactly one of seed or voice")
+    if seed is not None:
+        voice = parse_voice(seed, field="seed")
+        if not isinstance(voice, int):
+            raise InvalidRequest("seed", "must be an integer seed")
+    return runtime.current().engine.embedding(parse_voice(voice))

@@ -1,6 +1,7 @@
 """The task contract: what a valid request is, and how a bad one is named."""
 
 import pickle
+import re
 import time
 import unicodedata
 
@@ -11,9 +12,12 @@ from hypothesis import strategies as st
 from chattts_farm.contract import (
     DEFAULT_VOICE_SEED,
     MAX_EMBEDDING_CHARS,
+    MAX_MIX_PARTS,
     MAX_SPEAKER_DIM,
     OPENAI_VOICE_SEEDS,
+    Blend,
     InvalidRequest,
+    MixPart,
     SynthesisRequest,
     parse_voice,
 )
@@ -48,6 +52,46 @@ def test_every_openai_voice_name_is_a_fixed_seed_of_its_own_for_every_caller_of_
     assert seeds["alloy"] == 390_000_000 and seeds["verse"] == 4_290_000_000  # the README's table
     assert set(OPENAI_VOICE_SEEDS) == set(OPENAI_VOICES)  # the one table: exactly OpenAI's names
     assert parse_voice(" nova ") == seeds["nova"]
+
+
+def test_a_blend_is_its_voices_each_read_as_a_voice_with_its_weight_one_when_left_out():
+    blend = parse_voice(
+        {"mix": [{"voice": "nova", "weight": 0.7}, {"voice": " 42 ", "weight": 0}, {"voice": EMBEDDING}]}
+    )
+    assert blend == Blend((MixPart(OPENAI_VOICE_SEEDS["nova"], 0.7), MixPart(42, 0.0), MixPart(EMBEDDING, 1.0)))
+    request = build(voice={"mix": [{"voice": 7, "weight": 3}]})
+    assert request.voice == Blend((MixPart(7, 3.0),)) and request.voice_seed is None
+    # What the worker is sent reads back as the same request (as any request's arguments do).
+    assert SynthesisRequest.from_arguments(request.as_arguments(), max_text_chars=100) == request
+    assert request.as_arguments()["voice"] == {"mix": [{"voice": 7, "weight": 3.0}]}
+
+
+@pytest.mark.parametrize(
+    ("mix", "why"),
+    [
+        ([{"voice": 1, "weight": -0.5}, {"voice": 2, "weight": 1}], "part 1 of the blend: weight: must be between"),
+        ([{"voice": 1, "weight": 0}, {"voice": 2, "weight": 0.0}], "a weight above 0 on at least one"),
+        ([{"voice": 1, "weight": float("nan")}], "part 1 of the blend: weight: must be a number"),
+        ([{"voice": 1, "weight": 1001}], "weight: must be between 0.0 and 1000.0"),
+        ([{"voice": 1}, {"voice": "alice"}], "part 2 of the blend: voice: must be an integer seed, an OpenAI voice"),
+        ([{"voice": seed} for seed in range(MAX_MIX_PARTS + 1)], f"with 1 to {MAX_MIX_PARTS} voices"),
+        ([], f"with 1 to {MAX_MIX_PARTS} voices"),
+        ([{"voice": {"mix": [{"voice": 1}]}}], "part 1 of the blend must be one seed or embedding voice"),
+        ([{"voice": 1, "weight": 1, "gain": 2}], "part 1 of the blend must be an object with a voice and a weight"),
+        ([{"weight": 1}], "part 1 of the blend must be an object with a voice"),
+        ("alloy(2)+nova(1)", "a blend is"),  # Kokoro's form is the OpenAI endpoint's, not the contract's
+    ],
+)
+def test_a_blend_that_is_no_mix_of_voices_is_refused_naming_the_voice(mix, why):
+    with pytest.raises(InvalidRequest, match=re.escape(why)) as caught:
+        build(voice={"mix": mix})
+    assert caught.value.field == "voice"
+
+
+def test_a_blend_holds_nothing_but_its_mix():
+    with pytest.raises(InvalidRequest, match="a blend is") as caught:
+        parse_voice({"mix": [{"voice": 1}], "normalise": False}, "voices")
+    assert caught.value.field == "voices"
 
 
 @pytest.mark.parametrize("voice", ["Alloy", "ALLOY", "allo", "alloy2"])
@@ -168,7 +212,18 @@ VALUES_NEAR_THE_CONTRACT = {
     | st.just(EMBEDDING)
     | st.from_regex(r"\s*[0-9]{1,12}\s*", fullmatch=True)
     | st.integers(4000, 5000).map(lambda digits: "9" * digits)
-    | st.text(st.characters(categories=["Nd", "No"])),
+    | st.text(st.characters(categories=["Nd", "No"]))
+    | st.fixed_dictionaries(
+        {
+            "mix": st.lists(
+                st.fixed_dictionaries(
+                    {"voice": st.integers(-1, 2**32) | st.sampled_from([EMBEDDING, "alloy", "alice"])},
+                    optional={"weight": st.floats(-1, 1001) | st.sampled_from([0, 1, True])},
+                ),
+                max_size=MAX_MIX_PARTS + 1,
+            )
+        }
+    ),
     "format": st.sampled_from(["wav", "FLAC", "ogg", "mp3", "aiff", ""]),
     "speed": st.integers(0, 10) | st.floats(0, 10),
     "temperature": st.floats(0, 3),

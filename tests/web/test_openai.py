@@ -49,7 +49,7 @@ def test_each_openai_voice_name_speaks_its_own_fixed_seed(client, workers, name)
     with client.post("/v1/audio/speech", json={"input": "Hello.", "voice": name, "response_format": "wav"}) as answer:
         assert answer.status_code == 200
     job = client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()
-    assert job["voice"] == {"catalog_id": None, "name": None, "seed": OPENAI_VOICE_SEEDS[name]}
+    assert job["voice"] == {"catalog_id": None, "name": None, "seed": OPENAI_VOICE_SEEDS[name], "mix": None}
 
 
 def test_a_catalog_voice_named_like_an_openai_voice_is_spoken_instead_of_its_seed_on_every_endpoint(client, workers):
@@ -77,11 +77,61 @@ def test_alloy_on_the_job_api_speaks_as_alloy_on_the_speech_endpoint(client, wor
     other = client.post("/api/jobs", json={"text": text, "voice": "nova", "seed": seed, "stream": True})
     other_voice = wait_for(client, other.get_json()["id"], {"done"})
 
-    assert job["voice"] == spoken["voice"] == {"catalog_id": None, "name": None, "seed": 390_000_000}
+    assert job["voice"] == spoken["voice"] == {"catalog_id": None, "name": None, "seed": 390_000_000, "mix": None}
     samples = [decode(client.get(done["audio_url"]).data)[0] for done in (spoken, job, other_voice)]
     # Equal up to the float rounding batch mates bring (as tests/worker/engine_process/test_pipeline.py allows).
     np.testing.assert_allclose(samples[1], samples[0], atol=2e-3)
     assert samples[2].shape != samples[0].shape or not np.allclose(samples[2], samples[0], atol=1e-3)
+
+
+def test_a_kokoro_blend_on_the_speech_endpoint_speaks_as_the_same_blend_on_the_job_api(client, workers):
+    text = "Hello, alloy and nova, from both endpoints."
+    with client.post(
+        "/v1/audio/speech", json={"input": text, "voice": "alloy(2)+nova(1)", "response_format": "wav"}
+    ) as answer:
+        assert answer.status_code == 200
+    spoken = wait_for(client, answer.headers["X-Job-Id"], {"done"})
+    mix = [{"voice": "alloy", "weight": 2}, {"voice": "nova", "weight": 1}]
+    seed = spoken["result"]["seed"]
+    submitted = client.post("/api/jobs", json={"text": text, "voice": {"mix": mix}, "seed": seed, "stream": True})
+    job = wait_for(client, submitted.get_json()["id"], {"done"})
+
+    parts = [
+        {"voice": OPENAI_VOICE_SEEDS["alloy"], "weight": 2.0},
+        {"voice": OPENAI_VOICE_SEEDS["nova"], "weight": 1.0},
+    ]
+    assert spoken["voice"]["mix"] == job["voice"]["mix"] == parts
+    samples = [decode(client.get(done["audio_url"]).data)[0] for done in (spoken, job)]
+    np.testing.assert_allclose(samples[1], samples[0], atol=2e-3)
+
+
+def test_a_kokoro_blend_without_weights_is_equal_parts_and_a_catalog_voice_of_its_name_is_spoken_instead(
+    client, workers
+):
+    def voice_of_speech():
+        body = {"input": "Hi.", "voice": "alloy+nova", "response_format": "wav"}
+        with client.post("/v1/audio/speech", json=body) as answer:
+            assert answer.status_code == 200
+        return client.get(f"/api/jobs/{answer.headers['X-Job-Id']}").get_json()["voice"]
+
+    assert [part["weight"] for part in voice_of_speech()["mix"]] == [1.0, 1.0]
+    named = client.post("/api/voices", json={"name": "alloy+nova", "seed": 3}).get_json()
+    assert voice_of_speech() == {"catalog_id": named["id"], "name": "alloy+nova", "seed": None, "mix": None}
+
+
+@pytest.mark.parametrize(
+    ("voice", "status", "why"),
+    [
+        ("alloy(-1)+nova", 400, "part 1 of the blend: weight: must be between 0"),
+        ("alloy(0)+nova(0)", 400, "a weight above 0"),
+        ("alloy+nobody", 422, "'nobody' is neither an OpenAI voice name"),
+        ("+".join(["alloy"] * 9), 400, "with 1 to 8 voices"),
+    ],
+)
+def test_a_kokoro_blend_that_mixes_no_voices_is_refused_naming_the_voice(client, voice, status, why):
+    answer = client.post("/v1/audio/speech", json={"input": "Hi.", "voice": voice})
+    assert answer.status_code == status and answer.get_json()["field"] == "voice"
+    assert why in answer.get_json()["error"]
 
 
 @pytest.mark.parametrize(

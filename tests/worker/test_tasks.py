@@ -28,7 +28,7 @@ from chattts_farm.contract import (
 from chattts_farm.streams import StreamInterrupted, stream_audio
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import wait_until
-from tests.voice_bombs import voice_bomb
+from tests.voice_bombs import embedding_text, voice_bomb
 from worker.audio import decode
 
 LONG_TEXT = " ".join(f"This is sentence number {word} of a long reading." for word in "abcdefghijklmnopqrstuvwxyz" * 3)
@@ -137,6 +137,42 @@ def test_a_voice_bomb_from_a_plain_caller_fails_naming_voice_and_the_worker_keep
             sent.get(timeout=60)
         assert caught.value.field == "voice" and sent.state == "FAILURE"
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_a_blend_from_a_plain_caller_speaks_neither_of_its_voices_and_is_the_embedding_it_reports(workers):
+    client = workers.client
+    blend = {"mix": [{"voice": "alloy", "weight": 0.7}, {"voice": 42, "weight": 0.3}]}
+    sent = [
+        client.send_task(TASK_NAME, kwargs={"text": "Hello, blend.", "voice": voice, "seed": 5})
+        for voice in (blend, "alloy", 42)
+    ]
+    results = [result.get(timeout=60) for result in sent]
+    mixed, alloy, seed_42 = (decode(fetch_audio(result))[0] for result in results)
+    for part in (alloy, seed_42):
+        assert mixed.shape != part.shape or not np.allclose(mixed, part, atol=1e-3)
+    # The blend's embedding, as the catalog stores one, is the voice the job spoke.
+    embedding = client.send_task(EMBEDDING_TASK_NAME, kwargs={"voice": blend}).get(timeout=30)
+    assert (
+        embedding == results[0]["voice_embedding"] not in (results[1]["voice_embedding"], results[2]["voice_embedding"])
+    )
+
+
+def test_a_blend_with_an_embedding_of_another_width_fails_naming_voice_and_the_worker_keeps_serving(workers):
+    narrow = embedding_text(np.random.default_rng(0).standard_normal(32).astype(np.float16).tobytes())
+    sent = workers.client.send_task(
+        TASK_NAME, kwargs={"text": "Hello.", "voice": {"mix": [{"voice": 1}, {"voice": narrow}]}}
+    )
+    with pytest.raises(InvalidRequest, match="the speaker embedding has 32 values") as caught:
+        sent.get(timeout=60)
+    assert caught.value.field == "voice"
+    assert workers.client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+@pytest.mark.parametrize("arguments", [{}, {"seed": 1, "voice": 1}])
+def test_voice_embedding_takes_a_seed_or_a_voice_and_not_both(workers, arguments):
+    with pytest.raises(InvalidRequest, match="give exactly one of seed or voice") as caught:
+        workers.client.send_task(EMBEDDING_TASK_NAME, kwargs=arguments).get(timeout=30)
+    assert caught.value.field == "voice"
 
 
 @pytest.mark.parametrize("seed", [-1, 2**32, "not a seed", True, voice_bomb(8)])

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from flask import Response, current_app, request, url_for
 
-from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, SynthesisRequest, as_integer
+from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, Blend, SynthesisRequest, as_integer
 from web import audio_formats, audio_responses, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
@@ -17,9 +17,9 @@ from web.waiting import WaitSlot
 MAX_LIST_LIMIT = 500
 
 
-def _catalog_voice(arguments: dict) -> Voice | None:
-    """The catalog voice a job asks for: ``voice_id``, or ``voice`` holding a catalog name (seeds, OpenAI
-    voice names without a catalog voice of their name and embedding strings are not catalog voices)."""
+def _voice(arguments: dict) -> Voice | int | str | Blend:
+    """The voice a job asks for: a catalog voice (``voice_id``, or ``voice`` holding a catalog name), else
+    ``voice`` as :func:`web.voices.to_speak` reads it (a blend's parts may be catalog names)."""
     if "voice_id" in arguments:
         if "voice" in arguments:
             raise ApiError(400, "give voice or voice_id, not both", "voice_id")
@@ -30,8 +30,7 @@ def _catalog_voice(arguments: dict) -> Voice | None:
         if voice is None:
             raise ApiError(422, f"no voice with id {voice_id} in the catalog", "voice_id")
         return voice
-    voice = voices.to_speak(arguments.get("voice", DEFAULT_VOICE_SEED))
-    return voice if isinstance(voice, Voice) else None
+    return voices.to_speak(arguments.get("voice", DEFAULT_VOICE_SEED))
 
 
 def visible_job(job_id: str) -> Job:
@@ -69,7 +68,12 @@ def describe(job: Job) -> dict:
         "created_at": job.created_at.isoformat(),
         "finished_at": job.finished_at.isoformat() if job.finished_at else None,
         "text": job.text,
-        "voice": {"catalog_id": job.voice_id, "name": job.voice.name if job.voice else None, "seed": job.voice_seed},
+        "voice": {
+            "catalog_id": job.voice_id,
+            "name": job.voice.name if job.voice else None,
+            "seed": job.voice_seed,
+            "mix": job.voice_mix["mix"] if job.voice_mix else None,
+        },
         "format": job.format,
         "parameters": job.parameters,
         "status_url": url_for("api.get_job", job_id=job.id),
@@ -85,12 +89,11 @@ def _iso(epoch_seconds: float | None) -> str | None:
 @bp.post("/jobs")
 def create_job():
     arguments = json_object()
-    voice = _catalog_voice(arguments)
-    if voice is not None:
-        arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voice.spk_emb}
+    voice = _voice(arguments)
+    arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voices.argument(voice)}
     settings = current_app.config["SETTINGS"]
     synthesis = SynthesisRequest.from_arguments(arguments, max_text_chars=settings.max_text_chars)
-    job = jobs.submit(synthesis, voice)
+    job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
     body = {
         "id": job.id,
         "status": job.status,

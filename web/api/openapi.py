@@ -9,7 +9,15 @@ from __future__ import annotations
 
 from flask import current_app
 
-from chattts_farm.contract import EMBEDDING_PATTERN, FORMATS, MAX_EMBEDDING_CHARS, MAX_SEED, OPENAI_VOICE_SEEDS
+from chattts_farm.contract import (
+    EMBEDDING_PATTERN,
+    FORMATS,
+    MAX_EMBEDDING_CHARS,
+    MAX_MIX_PARTS,
+    MAX_MIX_WEIGHT,
+    MAX_SEED,
+    OPENAI_VOICE_SEEDS,
+)
 from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
@@ -64,12 +72,40 @@ _EMBEDDING = {
     "pattern": EMBEDDING_PATTERN,
     "description": "A ChatTTS speaker-embedding string.",
 }
-_VOICE_ARG = {
+_ONE_VOICE = {
     "description": (
         f"An OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}: each a fixed seed, unless an admin key gave a "
         "catalog voice its name), a catalog voice name, an integer seed, or a ChatTTS speaker-embedding string."
     ),
     "oneOf": [{"type": "integer", "minimum": 0, "maximum": MAX_SEED}, {"type": "string", "minLength": 1}],
+}
+_BLEND_PARTS = {
+    "type": "array",
+    "description": (
+        "The voices of a blend and their weights (1 when left out; divided by their sum): each voice's speaker "
+        "embedding is scaled to unit length, as ChatTTS scales one before use, and the blend is their weighted "
+        "mean. Not all weights may be 0. A blend does not mix into another."
+    ),
+    "minItems": 1,
+    "maxItems": MAX_MIX_PARTS,
+    "items": {
+        "type": "object",
+        "required": ["voice"],
+        "additionalProperties": False,
+        "properties": {
+            "voice": _ONE_VOICE,
+            "weight": {"type": "number", "minimum": 0, "maximum": MAX_MIX_WEIGHT},
+        },
+    },
+    # A weight above 0 somewhere (a part without a weight weighs 1).
+    "contains": {"properties": {"weight": {"exclusiveMinimum": 0}}},
+}
+_VOICE_ARG = {
+    "description": f"{_ONE_VOICE['description']} Or a blend of such voices: an object with mix.",
+    "oneOf": [
+        *_ONE_VOICE["oneOf"],
+        {"type": "object", "required": ["mix"], "additionalProperties": False, "properties": {"mix": _BLEND_PARTS}},
+    ],
 }
 
 
@@ -170,11 +206,12 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
         "type": "object",
         "required": ["name"],
         "additionalProperties": False,
-        "oneOf": [{"required": ["seed"]}, {"required": ["spk_emb"]}],
+        "oneOf": [{"required": ["seed"]}, {"required": ["spk_emb"]}, {"required": ["mix"]}],
         "properties": {
             **voice_fields,
             "seed": {"type": "integer", "minimum": 0, "maximum": MAX_SEED},
             "spk_emb": _EMBEDDING,
+            "mix": _BLEND_PARTS,
         },
     }
     exported_voice = {
@@ -182,8 +219,9 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
         "required": ["name", "spk_emb"],
         "additionalProperties": False,
         "properties": {
-            **new_voice["properties"],
+            **voice_fields,
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
+            "spk_emb": _EMBEDDING,
         },
     }
     voice = {"$ref": "#/components/schemas/Voice"}
@@ -310,9 +348,9 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     },
                 },
                 "post": {
-                    "summary": "Add a voice from a seed or an embedding",
+                    "summary": "Add a voice from a seed, an embedding or a blend (mix)",
                     "requestBody": _json_body(new_voice),
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 503), **name_reserved},
+                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 422, 503), **name_reserved},
                 },
             },
             "/api/voices/{voice_id}": {
@@ -486,7 +524,12 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "properties": {
                                 "model": {"type": "string"},
                                 "input": text,
-                                "voice": _VOICE_ARG,
+                                "voice": {
+                                    **_VOICE_ARG,
+                                    "description": f"{_VOICE_ARG['description']} A blend may also be written as "
+                                    "Kokoro-FastAPI writes one: alloy(2)+nova(1) (a weight left out is 1), unless a "
+                                    "catalog voice has that name.",
+                                },
                                 "response_format": {
                                     "type": "string",
                                     "enum": ["mp3", "opus", "flac", "wav", "pcm"],

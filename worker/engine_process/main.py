@@ -27,7 +27,7 @@ import time
 import numpy as np
 import setproctitle
 
-from chattts_farm.contract import FarmError, SynthesisRequest
+from chattts_farm.contract import FarmError, SynthesisRequest, parse_voice
 from chattts_farm.settings import Settings
 from worker.channel import Channel, error_fields, listen
 from worker.engine_process.batcher import Batcher, JobHandle
@@ -128,9 +128,9 @@ class EngineServer:
         try:
             if question != "embedding":
                 raise ValueError(f"no such question: {question!r}")
-            from worker.engine_process.voices import embedding_for_seed
+            from worker.engine_process.voices import embedding_of
 
-            embedding = embedding_for_seed(self.synthesizer.model.chat.speaker, argument)
+            embedding = embedding_of(self.synthesizer.model.chat.speaker, parse_voice(argument))
             self._send(channel, "answer", ask=ask, value=embedding)
         except Exception as error:  # noqa: BLE001 - the asker gets it
             self._send(channel, "answer", ask=ask, error=error_fields(error))

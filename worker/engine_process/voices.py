@@ -1,8 +1,15 @@
-"""Voices: an integer seed or a ChatTTS speaker-embedding string, resolved to an embedding.
+"""Voices: an integer seed, a ChatTTS speaker-embedding string or a blend of them, resolved to an embedding.
 
 ChatTTS's ``sample_random_speaker`` draws from the global RNG on the model's device, so one seed gives
 different voices on the CPU and on CUDA. Here a seed is drawn on the CPU from a generator seeded with
 it: "seed 42" is one voice on every device and in every run.
+
+ChatTTS scales every speaker embedding to unit length before it enters the GPT (``Speaker.apply``; the
+engine's ``_with_speakers`` does the same), so only an embedding's direction is the voice. A blend is
+mixed in that space: each part's embedding scaled to unit length, then their weighted mean (weights
+divided by their sum), written as an embedding string of its own, which the engine scales to unit
+length in turn. A blend is one embedding string, so a blend kept in the catalog (that string) and the
+same blend given again speak alike.
 """
 
 from __future__ import annotations
@@ -13,9 +20,10 @@ import lzma
 import numpy as np
 import pybase16384
 import torch
+import torch.nn.functional as F
 from ChatTTS.model.speaker import Speaker
 
-from chattts_farm.contract import InvalidRequest
+from chattts_farm.contract import Blend, InvalidRequest, Voice
 
 # ChatTTS compresses embeddings with LZMA2 preset 9e: 40 ms a voice, mostly setting up a 64 MiB
 # dictionary for 1.5 KB of data. Preset 1 gives the same size in under 1 ms, and ChatTTS's own
@@ -31,7 +39,11 @@ _SMALLEST_DICTIONARY = 4096
 def _embedding_for_seed(seed: int, std: tuple[float, ...], mean: tuple[float, ...]) -> str:
     generator = torch.Generator(device="cpu").manual_seed(seed)
     noise = torch.randn(len(std), generator=generator, dtype=torch.float32)
-    embedding = noise * torch.tensor(std) + torch.tensor(mean)
+    return _embedding_string(noise * torch.tensor(std) + torch.tensor(mean))
+
+
+def _embedding_string(embedding: torch.Tensor) -> str:
+    """An embedding as ChatTTS writes one: float16 values, LZMA2-compressed, in base16384."""
     half = embedding.to(torch.float16).numpy().tobytes()
     return pybase16384.encode_to_string(lzma.compress(half, format=lzma.FORMAT_RAW, filters=_LZMA_FILTERS))
 
@@ -76,7 +88,26 @@ def _decompress(embedding: str, max_bytes: int) -> bytes:
     return values
 
 
-def resolve(speaker: Speaker, voice: int | str) -> tuple[str, torch.Tensor]:
-    """The embedding string and tensor of a voice (seed or embedding string)."""
-    embedding = embedding_for_seed(speaker, voice) if isinstance(voice, int) else voice
+def embedding_of(speaker: Speaker, voice: Voice) -> str:
+    """The embedding string of a voice (seed, embedding string or blend)."""
+    if isinstance(voice, Blend):
+        return _blend_embedding(speaker, voice)
+    return embedding_for_seed(speaker, voice) if isinstance(voice, int) else voice
+
+
+def _blend_embedding(speaker: Speaker, blend: Blend) -> str:
+    # Each part scaled to unit length as the engine scales an embedding (float16, on the CPU).
+    units = torch.stack(
+        [
+            F.normalize(embedding_tensor(speaker, embedding_of(speaker, part.voice)).half(), p=2.0, dim=0).float()
+            for part in blend.mix
+        ]
+    )
+    weights = torch.tensor([part.weight for part in blend.mix], dtype=torch.float32)
+    return _embedding_string((weights / weights.sum()) @ units)
+
+
+def resolve(speaker: Speaker, voice: Voice) -> tuple[str, torch.Tensor]:
+    """The embedding string and tensor of a voice (seed, embedding string or blend)."""
+    embedding = embedding_of(speaker, voice)
     return embedding, embedding_tensor(speaker, embedding)

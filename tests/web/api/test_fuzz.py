@@ -24,7 +24,7 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chattts_farm.contract import MAX_SEED
+from chattts_farm.contract import MAX_MIX_PARTS, MAX_MIX_WEIGHT, MAX_SEED
 from tests.web.access.support import bearer
 from tests.web.databases import DATABASES, fresh_database
 from web import create_app, streaming, voices
@@ -134,8 +134,8 @@ class Operation:
         """The documented answer of a workers without workers, where a valid request needs one."""
         if (self.method, self.path) == ("post", "/v1/audio/speech"):
             return 504  # it waits for its job: here for no time at all
-        if (self.method, self.path) == ("post", "/api/voices") and "seed" in body:
-            return 503  # a seed's embedding comes from a worker
+        if (self.method, self.path) == ("post", "/api/voices") and {"seed", "mix"} & set(body):
+            return 503  # a seed's or a blend's embedding comes from a worker
         if (self.method, self.path) == ("get", "/api/jobs/{job_id}/audio"):
             return 409  # the job stays queued
         if (self.method, self.path) == ("get", "/api/jobs/{job_id}/stream"):
@@ -236,12 +236,20 @@ def api(request, tiny_settings, redis_url, tmp_path_factory):
 
 def meaningful(name: str | None, catalog: Catalog):
     """Values the schema cannot describe: they must name something present, be unique, or be speakable."""
-    voice = st.integers(0, MAX_SEED) | st.sampled_from([EMBEDDING, catalog.voice["name"], "alloy"])
+    one_voice = st.integers(0, MAX_SEED) | st.sampled_from([EMBEDDING, catalog.voice["name"], "alloy"])
+    # A blend's weights are not all 0.
+    mix = st.lists(
+        st.fixed_dictionaries({"voice": one_voice}, optional={"weight": st.floats(0, MAX_MIX_WEIGHT)}),
+        min_size=1,
+        max_size=MAX_MIX_PARTS,
+    ).filter(lambda parts: any(part.get("weight", 1) for part in parts))
+    voice = one_voice | st.fixed_dictionaries({"mix": mix})
     return {
         "text": SPEAKABLE_TEXT,
         "input": SPEAKABLE_TEXT,
         "voice": voice,
         "voices": st.lists(voice, max_size=4),
+        "mix": mix,
         "voice_id": st.just(catalog.voice["id"]),
         "spk_emb": st.just(EMBEDDING),
         "name": st.text(max_size=60).map(unique_name),

@@ -41,7 +41,12 @@ NO_WORKER = {
 }
 # What positive_data_acceptance takes for "accepted" (Schemathesis's default): a 5xx is not_a_server_error's.
 ACCEPTED = ["2xx", "3xx", "401", "403", "404", "409", "429", "5xx"]
-NAMES_A_VOICE = [("POST", "/api/jobs"), ("POST", "/v1/audio/speech"), ("POST", "/api/voices/workshop")]
+NAMES_A_VOICE = [
+    ("POST", "/api/jobs"),
+    ("POST", "/v1/audio/speech"),
+    ("POST", "/api/voices/workshop"),
+    ("POST", "/api/voices"),  # a blend's voices
+]
 
 
 def schemathesis_config(key: str) -> SchemathesisConfig:

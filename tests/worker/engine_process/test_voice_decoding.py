@@ -1,5 +1,5 @@
 """Decoding speaker embeddings on the worker: real ones exactly as ChatTTS does, and nothing that
-expands past the model's width, whatever the contract let through."""
+expands past the model's width, whatever the contract let through; blends mixed as ChatTTS uses them."""
 
 import time
 import tracemalloc
@@ -8,11 +8,19 @@ import numpy as np
 import pybase16384
 import pytest
 import torch
+import torch.nn.functional as F
 from ChatTTS.model.speaker import Speaker
 
-from chattts_farm.contract import InvalidRequest, SynthesisRequest
-from tests.voice_bombs import CHATTTS_PRESET, FARM_PRESET, compress, incompressible_embedding, voice_bomb
-from worker.engine_process.voices import embedding_for_seed, embedding_tensor
+from chattts_farm.contract import InvalidRequest, SynthesisRequest, parse_voice
+from tests.voice_bombs import (
+    CHATTTS_PRESET,
+    FARM_PRESET,
+    compress,
+    embedding_text,
+    incompressible_embedding,
+    voice_bomb,
+)
+from worker.engine_process.voices import embedding_for_seed, embedding_tensor, resolve
 
 
 @pytest.fixture(scope="module")
@@ -85,3 +93,17 @@ def test_the_synthesizer_refuses_a_bomb_alone_and_its_batch_mates_are_spoken(syn
     outcomes = synthesizer.synthesize(requests)
     assert [getattr(outcome, "field", None) for outcome in outcomes] == [None, "voice", "voice", None]
     assert outcomes[0].duration_s > 0 and outcomes[3].duration_s > 0
+
+
+def test_a_blend_is_the_weighted_mean_of_its_voices_at_unit_length_as_chattts_uses_them(speaker):
+    first, second = (embedding_tensor(speaker, embedding_for_seed(speaker, seed)) for seed in (1, 2))
+    # ChatTTS scales an embedding to unit length before use: eight times the second is the same voice.
+    louder_second = embedding_text((second * 8).half().numpy().tobytes())
+    blend = {"mix": [{"voice": 1, "weight": 7}, {"voice": louder_second, "weight": 3}]}
+    embedding, mixed = resolve(speaker, parse_voice(blend))
+    expected = 0.7 * F.normalize(first, dim=0) + 0.3 * F.normalize(second, dim=0)
+    # Up to float16's rounding: the blend is written as an embedding string, as every voice is.
+    torch.testing.assert_close(F.normalize(mixed, dim=0), F.normalize(expected, dim=0), atol=2e-3, rtol=0)
+    raw_mean = 0.7 * first + 0.3 * second * 8
+    assert not torch.allclose(F.normalize(mixed, dim=0), F.normalize(raw_mean, dim=0), atol=2e-2)
+    assert torch.equal(embedding_tensor(speaker, embedding), mixed)  # the string the result reports is the voice
