@@ -95,6 +95,10 @@ def embedding_of(speaker: Speaker, voice: Voice) -> str:
     return embedding_for_seed(speaker, voice) if isinstance(voice, int) else voice
 
 
+# A mix shorter than this (its parts at unit length) is parts that cancel out.
+BLEND_SMALLEST_NORM = 1e-3
+
+
 def _blend_embedding(speaker: Speaker, blend: Blend) -> str:
     # Each part scaled to unit length as the engine scales an embedding (float16, on the CPU).
     units = torch.stack(
@@ -104,7 +108,12 @@ def _blend_embedding(speaker: Speaker, blend: Blend) -> str:
         ]
     )
     weights = torch.tensor([part.weight for part in blend.mix], dtype=torch.float32)
-    return _embedding_string((weights / weights.sum()) @ units)
+    mixed = (weights / weights.sum()) @ units
+    # The engine scales the mix to unit length in its turn: parts that cancel out would leave it no
+    # direction to scale (NaN audio).
+    if float(mixed.norm()) < BLEND_SMALLEST_NORM:
+        raise InvalidRequest("voice", "the blend's parts cancel out: it has no voice left")
+    return _embedding_string(mixed)
 
 
 def resolve(speaker: Speaker, voice: Voice) -> tuple[str, torch.Tensor]:

@@ -107,3 +107,12 @@ def test_a_blend_is_the_weighted_mean_of_its_voices_at_unit_length_as_chattts_us
     raw_mean = 0.7 * first + 0.3 * second * 8
     assert not torch.allclose(F.normalize(mixed, dim=0), F.normalize(raw_mean, dim=0), atol=2e-2)
     assert torch.equal(embedding_tensor(speaker, embedding), mixed)  # the string the result reports is the voice
+
+
+def test_a_blend_whose_parts_cancel_out_is_refused_naming_voice(speaker):
+    voice = embedding_tensor(speaker, embedding_for_seed(speaker, 5))
+    opposite = embedding_text((-voice).half().numpy().tobytes())
+    blend = {"mix": [{"voice": 5, "weight": 1}, {"voice": opposite, "weight": 1}]}
+    with pytest.raises(InvalidRequest) as refused:
+        resolve(speaker, parse_voice(blend))
+    assert refused.value.field == "voice"
