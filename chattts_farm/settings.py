@@ -144,6 +144,27 @@ class Settings:
     quality_retries: int = _setting(
         1, "regenerations, with another seed, of a segment the quality gate flags", minimum=0, role="worker"
     )
+    asr: str = _setting(
+        "auto",
+        "the ASR check of every segment (see The ASR gate): `auto` (Whisper with real weights when its model "
+        "is there, else off; off on synthetic weights, whose audio is noise), `whisper`, `offline` "
+        "(pocketsphinx: English only, from PyPI alone) or `off`",
+        choices=("auto", "whisper", "offline", "off"),
+        role="worker",
+    )
+    asr_max_error_rate: float = _setting(
+        0.5,
+        "a segment whose heard text has more errors than this (word error rate; characters for Chinese) is "
+        "flagged `asr_mismatch` and generated again, within QUALITY_RETRIES",
+        minimum=0,
+        role="worker",
+    )
+    asr_whisper_model: str = _setting(
+        "tiny",
+        "the Whisper model ASR uses: a name whose weights are in `~/.cache/whisper` (`tiny`, `base`, ...) or a "
+        "checkpoint's path (`.pt`); never downloaded",
+        role="worker",
+    )
 
     # Workers: jobs.
     node_name: str = _setting(

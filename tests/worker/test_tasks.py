@@ -27,7 +27,7 @@ from chattts_farm.contract import (
 )
 from chattts_farm.streams import StreamInterrupted, stream_audio
 from tests.edge_texts import EDGE_TEXTS
-from tests.support import wait_until
+from tests.support import Workers, wait_until
 from tests.voice_bombs import embedding_text, voice_bomb
 from worker.audio import decode
 
@@ -378,3 +378,21 @@ def test_a_progress_report_never_overwrites_a_finished_jobs_state(redis_url, sto
     client.register_script(_SET_UNLESS_FINISHED)(keys=[key], args=[report, "60"])
     assert (json.loads(client.get(key))["status"] == PROGRESS_STATE) is overwritten
     assert (client.ttl(key) > 0) is overwritten
+
+
+def test_with_the_offline_asr_on_a_job_of_noise_completes_after_its_retries_flagged_asr_mismatch(
+    own_redis_url, data_dir, tmp_path
+):
+    listening = Workers.start(own_redis_url, data_dir, tmp_path / "workers.log", count=1, CHATTTS_FARM_ASR="offline")
+    try:
+        job = listening.client.send_task(TASK_NAME, kwargs={"text": "The first sentence. The second one follows it."})
+        result = job.get(timeout=300)
+    finally:
+        listening.stop()
+    assert job.state == "SUCCESS"
+    assert result["quality"]["flags"] == ["asr_mismatch"]
+    # Synthetic weights' audio is noise: every segment was heard wrong, generated again, and kept anyway.
+    assert result["quality"]["retried_segments"] == result["segments"]
+    for segment in result["quality"]["segments"]:
+        assert segment["asr"]["backend"] == "offline" and not segment["asr"]["passed"]
+        assert 0.5 < segment["asr"]["error_rate"] <= 1

@@ -49,6 +49,8 @@ class Segment:
     attempt: int = 0  # 0, then 1, 2, ... for each regeneration the quality gate asks for
     samples: np.ndarray | None = None
     quality: SegmentQuality | None = None
+    # The best attempt heard so far while another seed tries to better it (see the ASR gate).
+    best_attempt: Attempt | None = None
     prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
     # When its audio is wanted (monotonic seconds): waiting segments are admitted earliest due first.
     due: float = 0.0
@@ -84,10 +86,30 @@ class SegmentQuality:
     ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
     flags: list[str] = field(default_factory=list)
     retried: bool = False
+    asr: AsrCheck | None = None  # what the ASR gate heard, when it listened
 
     @property
     def ok(self) -> bool:
         return not self.flags
+
+
+@dataclass
+class AsrCheck:
+    """What the ASR gate (worker.asr) heard in a segment's audio, against the text it was to say."""
+
+    backend: str
+    heard: str
+    error_rate: float
+    passed: bool
+
+
+@dataclass
+class Attempt:
+    """One attempt at a segment's audio, with its verdicts."""
+
+    output: SegmentOutput
+    samples: np.ndarray
+    quality: SegmentQuality
 
 
 def segment_seed(audio_seed: int, segment: int, attempt: int = 0) -> int:

@@ -12,7 +12,10 @@ request one way, calling each step in turn:
    (worker.engine_process.streaming);
 3. vocode (worker.vocoder): segments that come out become audio beside the next steps, and the
    quality gate sends a flagged one back with another seed;
-4. finish (worker.engine_process.finish): a request whose segments are all done is a result; whoever
+4. listen (worker.asr), when an ASR backend is on: a thread beside the engine hears each segment's
+   audio, and one heard saying something else goes back with another seed too, the attempt heard
+   best kept;
+5. finish (worker.engine_process.finish): a request whose segments are all done is a result; whoever
    reads its audio (the worker's Celery side) joins and encodes it.
 
 A bad request gets its own error; the others go on.
@@ -27,9 +30,11 @@ from collections.abc import Callable, Collection, Sequence
 
 from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from chattts_farm.settings import Settings
+from worker.asr.backends import load_backend
+from worker.asr.listener import Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
-from worker.engine.segment import Segment, segment_seed
+from worker.engine.segment import Attempt, Segment, segment_seed
 from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
@@ -49,6 +54,9 @@ PROGRESS_INTERVAL_S = 0.5
 ProgressCallback = Callable[[int, float, int, int], None]
 # cancelled() -> indices of the requests to stop now
 CancelledCheck = Callable[[], Collection[int]]
+# With nothing else to do but wait for the ASR gate, a step waits this long for it: short enough
+# that the batcher sees arrivals and cancellations at once.
+LISTEN_WAIT_S = 0.05
 
 
 class Synthesizer:
@@ -75,6 +83,8 @@ class Synthesizer:
         self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
         self.preparer = Preparer(model, settings)
+        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
+        self.listener = Listener(backend, settings.asr_max_error_rate) if backend is not None else None
         self.stream_context_frames = (
             min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
         )
@@ -206,6 +216,9 @@ class Synthesizer:
             finished.extend(self._run_engine())
         for decoded in self.decoder.collect(wait=not self.engine.has_work):
             finished.extend(self._take_decoded(decoded))
+        if self.listener is not None and self.listener.pending:
+            idle = not (self.engine.has_work or self.decoder.pending or finished)
+            finished.extend(self._take_heard(self.listener.collect(LISTEN_WAIT_S if idle else 0.0)))
         return finished
 
     def _run_engine(self) -> list[tuple[Synthesis, FarmError]]:
@@ -243,15 +256,13 @@ class Synthesizer:
 
     def _take_decoded(self, decoded: Decoded) -> list[tuple[Synthesis, SynthesisResult]]:
         """Give the decoded pieces to their segments (and streams); regenerate the segments the quality
-        gate flags, finish complete requests."""
+        gate flags, hand the others to the ASR gate or keep them, finish complete requests."""
         owners = {piece.segment.owner for piece in decoded.pieces} & self.in_flight.keys()
         if decoded.error is not None:
             if owners:  # else every request it served has gone (cancelled or abandoned)
                 raise decoded.error
             return []
-        finished = []
-        now = time.perf_counter()
-        memory = None  # one report for every request this batch finishes
+        complete = []
         for piece, samples, assessed in zip(decoded.pieces, decoded.samples, decoded.qualities, strict=True):
             segment = piece.segment
             entry = self.in_flight.get(segment.owner)
@@ -264,18 +275,61 @@ class Synthesizer:
                     continue
                 samples = entry.stream.samples(segment)
                 assessed = assess(segment, samples)
-            segment.samples, segment.quality = samples, assessed
-            segment.quality.retried = segment.attempt > 0
             segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
-            # A streamed segment is never generated again: its audio has gone out.
-            if not segment.quality.ok and segment.attempt < self.settings.quality_retries and entry.stream is None:
+            attempt = Attempt(segment.output, samples, assessed)
+            if not assessed.ok and self._may_regenerate(entry, segment):
                 self._regenerate(entry, segment)
-            elif entry.segments_done == len(entry.segments):
-                entry.generated_at = now
-                del self.in_flight[entry.number]
-                memory = memory if memory is not None else memory_report(self.model.device)
-                model = self.model.info.as_dict()
-                finished.append((entry, finish(entry, pause_samples=self.pause_samples, model=model, memory=memory)))
+            elif self.listener is not None and self.listener.hears(segment.text):
+                self.listener.submit(segment, attempt)
+            elif self._keep(entry, segment, attempt):
+                complete.append(entry)
+        return self._finish(complete)
+
+    def _take_heard(self, heard: list[Heard]) -> list[tuple[Synthesis, SynthesisResult]]:
+        """Take the ASR gate's verdicts: a segment heard saying something else goes back with another
+        seed while retries are left; then the attempt heard best is kept."""
+        complete = []
+        for item in heard:
+            segment, attempt, check = item.segment, item.attempt, item.check
+            entry = self.in_flight.get(segment.owner)
+            if entry is None:  # cancelled or abandoned while it was heard
+                continue
+            attempt.quality.asr = check
+            if check is not None and not check.passed:
+                attempt.quality.flags.append("asr_mismatch")
+                if segment.best_attempt is None or _heard_better(attempt, segment.best_attempt):
+                    segment.best_attempt = attempt
+                if self._may_regenerate(entry, segment):
+                    self._regenerate(entry, segment)
+                    continue
+                attempt = segment.best_attempt
+            if self._keep(entry, segment, attempt):
+                complete.append(entry)
+        return self._finish(complete)
+
+    def _may_regenerate(self, entry: Synthesis, segment: Segment) -> bool:
+        # A streamed segment is never generated again: its audio has gone out.
+        return segment.attempt < self.settings.quality_retries and entry.stream is None
+
+    def _keep(self, entry: Synthesis, segment: Segment, attempt: Attempt) -> bool:
+        """Make an attempt the segment's audio; returns whether its request is complete."""
+        segment.output, segment.samples, segment.quality = attempt.output, attempt.samples, attempt.quality
+        segment.quality.retried = segment.attempt > 0
+        segment.best_attempt = None
+        return entry.segments_done == len(entry.segments)
+
+    def _finish(self, complete: list[Synthesis]) -> list[tuple[Synthesis, SynthesisResult]]:
+        """The results of complete requests, which leave the synthesizer."""
+        if not complete:
+            return []
+        now = time.perf_counter()
+        memory = memory_report(self.model.device)  # one report for every request finished together
+        model = self.model.info.as_dict()
+        finished = []
+        for entry in complete:
+            entry.generated_at = now
+            del self.in_flight[entry.number]
+            finished.append((entry, finish(entry, pause_samples=self.pause_samples, model=model, memory=memory)))
         return finished
 
     def _set_due(self, entry: Synthesis, now: float) -> None:
@@ -331,6 +385,17 @@ class Synthesizer:
     def _note_sharing(self) -> None:
         for entry in self.in_flight.values():
             entry.shared_with = max(entry.shared_with, len(self.in_flight))
+
+
+def _heard_better(attempt: Attempt, than: Attempt) -> bool:
+    """Whether an attempt heard wrong is a better one to keep: one the other checks passed first (noise
+    can be heard as a few right words), then the fewer errors."""
+
+    def rank(candidate: Attempt) -> tuple[bool, float]:
+        other_flags = any(flag != "asr_mismatch" for flag in candidate.quality.flags)
+        return other_flags, candidate.quality.asr.error_rate
+
+    return rank(attempt) < rank(than)
 
 
 def _cancelled(request: SynthesisRequest) -> JobCancelled:

@@ -186,6 +186,78 @@ def test_the_quality_gate_retries_a_flagged_segment_once_with_another_seed(tiny_
     assert result.quality["retried_segments"] == 1
 
 
+class Hearing:
+    """A recogniser that hears what it is told to, in turn, and counts what it was asked."""
+
+    name = "scripted"
+
+    def __init__(self, *heard):
+        self.heard = list(heard)
+        self.asked = 0
+
+    def hears(self, text):
+        return True
+
+    def transcribe(self, samples, sample_rate, expected_text):
+        self.asked += 1
+        return self.heard.pop(0) if self.heard else ""
+
+
+@pytest.fixture
+def listening(tiny_settings, synthesizer):
+    """A synthesizer on the same model with the offline ASR backend on and two retries."""
+    return Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, asr="offline", quality_retries=2))
+
+
+def test_on_synthetic_weights_auto_hears_nothing(synthesizer, make_request):
+    assert synthesizer.settings.asr == "auto" and synthesizer.listener is None
+    result = only(synthesizer.synthesize([make_request(seed=3)]))
+    assert result.quality["segments"][0]["asr"] is None and result.quality["ok"]
+
+
+def test_noise_heard_by_the_offline_backend_is_generated_again_and_reported_a_mismatch(listening, make_request):
+    result = only(listening.synthesize([make_request("One sentence here. And another one there.", seed=5)]))
+    assert "asr_mismatch" in result.quality["flags"] and result.quality["retried_segments"] == result.segments
+    for segment in result.quality["segments"]:
+        assert segment["asr"]["backend"] == "offline" and not segment["asr"]["passed"]
+        assert segment["asr"]["error_rate"] > listening.settings.asr_max_error_rate
+        assert segment["flags"] == ["asr_mismatch"] and segment["retried"]
+
+
+def test_of_the_attempts_heard_wrong_the_one_heard_best_is_kept(synthesizer, listening, make_request):
+    # "hello world this is the farm speaking": 4 words of 7 missed, then all of them, twice.
+    listening.listener.backend = hearing = Hearing("Hello, world. This", "", "")
+    kept = only(listening.synthesize([make_request(seed=6)]))
+    assert hearing.asked == 3  # the first attempt and two retries
+    segment = kept.quality["segments"][0]
+    assert segment["asr"] == {
+        "backend": "scripted",
+        "heard": "Hello, world. This",
+        "error_rate": 0.5714,
+        "passed": False,
+    }
+    assert segment["retried"] and kept.quality["flags"] == ["asr_mismatch"]
+    # The first attempt's audio: what the same seed makes with nothing listening.
+    assert kept.audio == only(synthesizer.synthesize([make_request(seed=6)])).audio
+
+
+def test_a_segment_heard_right_on_a_retry_is_kept(listening, make_request):
+    listening.listener.backend = hearing = Hearing("", "hello world this is the farm speaking")
+    result = only(listening.synthesize([make_request(seed=7)]))
+    assert hearing.asked == 2 and result.quality["ok"] and result.quality["retried_segments"] == 1
+    assert result.quality["segments"][0]["asr"]["passed"] and result.quality["segments"][0]["asr"]["error_rate"] == 0
+
+
+def test_a_streamed_segment_is_heard_and_reported_never_generated_again(listening, make_request):
+    listening.listener.backend = hearing = Hearing()
+    chunks = []
+    result = only(
+        listening.synthesize([make_request(seed=8)], on_audio=[lambda segment, samples: chunks.append(samples)])
+    )
+    assert chunks and hearing.asked == 1
+    assert result.quality["flags"] == ["asr_mismatch"] and result.quality["retried_segments"] == 0
+
+
 def test_progress_is_reported_and_ends_at_one(synthesizer, make_request):
     reports = []
     synthesizer.synthesize(

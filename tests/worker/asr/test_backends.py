@@ -1,0 +1,82 @@
+"""The recognisers, on real speech (espeak-ng), and which one the settings choose."""
+
+import pytest
+import torch
+
+from chattts_farm.settings import Settings, SettingsError
+from worker.asr.backends import Offline, Whisper, load_backend, whisper_checkpoint
+from worker.asr.text import error_rate, normalise
+
+CPU = torch.device("cpu")
+SAID = "the weather today is cold and rainy with strong winds from the north"
+OTHER = "my grandmother bakes bread on sunday mornings"
+MAX_ERROR_RATE = Settings().asr_max_error_rate
+
+
+def heard_error_rate(backend, speech, expected):
+    samples, rate = speech
+    return error_rate(normalise(expected), normalise(backend.transcribe(samples, rate, expected)))
+
+
+@pytest.fixture(scope="module")
+def offline():
+    return Offline()
+
+
+def test_the_offline_backend_passes_the_right_text(offline, speak):
+    assert heard_error_rate(offline, speak(SAID), SAID) <= MAX_ERROR_RATE
+
+
+def test_the_offline_backend_flags_a_different_sentence(offline, speak):
+    assert heard_error_rate(offline, speak(OTHER), SAID) > MAX_ERROR_RATE
+
+
+def test_the_offline_backend_hears_numbers_as_the_words_said(offline, speak):
+    assert (
+        heard_error_rate(offline, speak("the train leaves at 42 minutes past"), "the train leaves at 42 minutes past")
+        <= MAX_ERROR_RATE
+    )
+
+
+def test_the_offline_backend_knows_english_alone(offline):
+    assert offline.hears("Hello there.") and not offline.hears("你好，世界。")
+
+
+@pytest.mark.skipif(
+    not whisper_checkpoint("tiny").is_file(),
+    reason="Whisper tiny's weights are not in Whisper's cache, and they are never downloaded (none can be here)",
+)
+def test_whisper_hears_the_right_text_and_flags_another(speak):
+    whisper = Whisper(whisper_checkpoint("tiny"), CPU)
+    assert heard_error_rate(whisper, speak(SAID), SAID) <= MAX_ERROR_RATE
+    assert heard_error_rate(whisper, speak(OTHER), SAID) > MAX_ERROR_RATE
+
+
+def test_auto_checks_nothing_on_synthetic_weights_and_off_checks_nothing_at_all():
+    assert load_backend(Settings.from_env({}), synthetic=True, device=CPU) is None
+    assert load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "off"}), synthetic=False, device=CPU) is None
+
+
+def test_auto_on_real_weights_uses_whisper_only_when_its_weights_are_there(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert load_backend(Settings.from_env({}), synthetic=False, device=CPU) is None
+
+
+def test_offline_is_chosen_even_on_synthetic_weights():
+    assert isinstance(
+        load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "offline"}), synthetic=True, device=CPU), Offline
+    )
+
+
+def test_whisper_without_its_weights_fails_naming_the_setting(tmp_path):
+    settings = Settings.from_env(
+        {"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": str(tmp_path / "tiny.pt")}
+    )
+    with pytest.raises(SettingsError, match="CHATTTS_FARM_ASR_WHISPER_MODEL"):
+        load_backend(settings, synthetic=False, device=CPU)
+
+
+def test_a_whisper_model_is_a_name_in_whispers_cache_or_a_checkpoints_path(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert whisper_checkpoint("base") == tmp_path / "whisper" / "base.pt"
+    assert whisper_checkpoint("/models/tiny.en.pt").as_posix() == "/models/tiny.en.pt"
