@@ -156,6 +156,20 @@ class _FarmCollector:
         audio_done = CounterMetricFamily(
             "chattts_worker_audio_seconds", "Seconds of audio a worker has produced", labels=["worker"]
         )
+        # A GPU's engine process counts what its quality gates did, since it started.
+        gates = {
+            "asr_checks": CounterMetricFamily(
+                "chattts_engine_asr_checks", "Segment attempts the ASR gate heard", labels=["worker"]
+            ),
+            "asr_mismatches": CounterMetricFamily(
+                "chattts_engine_asr_mismatches", "Segment attempts heard saying something else", labels=["worker"]
+            ),
+            "regenerated": CounterMetricFamily(
+                "chattts_engine_segments_regenerated",
+                "Segments generated again with another seed by a quality gate",
+                labels=["worker"],
+            ),
+        }
         for report in alive:
             worker = report["worker"]
             jobs_done.add_metric([worker], report["jobs_done"])
@@ -165,6 +179,8 @@ class _FarmCollector:
             if queue_of_worker(worker) != worker.split("@")[0]:
                 continue
             batch.add_metric([worker, "current"], report["current_batch"])
+            for name, family in gates.items():
+                family.add_metric([worker], report.get(name, 0))
             batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
             if report.get("gpu"):
                 gpu = report["gpu"]
@@ -176,6 +192,7 @@ class _FarmCollector:
                 if gpu.get("utilisation") is not None:
                     utilisation.add_metric(labels, gpu["utilisation"])
         yield from (batch, peak, fragmentation, allocated, reserved, utilisation, jobs_done, audio_done)
+        yield from gates.values()
 
 
 def _histogram(name: str, documentation: str, values: list[float], buckets: tuple[float, ...]) -> HistogramMetricFamily:

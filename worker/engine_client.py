@@ -90,7 +90,15 @@ class EngineClient:
         self.model_info: dict = {}
         self.engine_pid: int | None = None
         self.restarts = 0  # engine processes started after the first
-        self.stats = {"batches": 0, "jobs_done": 0, "current_batch": 0, "last_batch_size": 0}
+        self.stats = {
+            "batches": 0,
+            "jobs_done": 0,
+            "current_batch": 0,
+            "last_batch_size": 0,
+            "asr_checks": 0,
+            "asr_mismatches": 0,
+            "regenerated": 0,
+        }
         self.gpu: dict | None = None
         self._jobs: dict[str, Job] = {}  # unfinished, by job id
         self._lock = threading.Lock()  # over _jobs and _channel: a job is sent once to each engine

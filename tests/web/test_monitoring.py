@@ -33,6 +33,9 @@ A_GPU_WORKER = {
     "last_batch_size": 8,
     "jobs_done": 12,
     "audio_seconds_done": 120.5,
+    "asr_checks": 40,
+    "asr_mismatches": 6,
+    "regenerated": 7,
     "gpu": {
         "name": "NVIDIA H200",
         "allocated_mb": 1000.0,
@@ -72,6 +75,12 @@ def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis
     assert samples["chattts_gpu_reserved_bytes", gpu] == 1200 * 2**20
     assert samples["chattts_worker_audio_seconds_total", (("worker", "gpu0@host"),)] == 120.5
     assert samples["chattts_worker_jobs_done_total", (("worker", "gpu0.1@host"),)] == 5
+    # What the engine's quality gates did, from the GPU's first Celery process alone.
+    first = (("worker", "gpu0@host"),)
+    assert samples["chattts_engine_asr_checks_total", first] == 40
+    assert samples["chattts_engine_asr_mismatches_total", first] == 6
+    assert samples["chattts_engine_segments_regenerated_total", first] == 7
+    assert ("chattts_engine_asr_checks_total", (("worker", "gpu0.1@host"),)) not in samples
     assert not [key for key in samples if key[0].startswith("chattts_gpu_") and ("worker", "gpu0.1@host") in key[1]]
     assert ("chattts_worker_batch_size", (("which", "current"), ("worker", "gpu0.1@host"))) not in samples
 

@@ -23,6 +23,7 @@ import queue
 import sys
 import threading
 import time
+from dataclasses import asdict
 
 import numpy as np
 import setproctitle
@@ -168,6 +169,7 @@ class EngineServer:
                     "jobs_done": stats.jobs_done,
                     "current_batch": stats.current_batch,
                     "last_batch_size": stats.last_batch_size,
+                    **asdict(self.synthesizer.gates),
                 },
             }
             if count % GPU_REPORT_EVERY == 0:

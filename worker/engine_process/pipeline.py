@@ -27,6 +27,7 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 
 from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from chattts_farm.settings import Settings
@@ -59,6 +60,16 @@ CancelledCheck = Callable[[], Collection[int]]
 LISTEN_WAIT_S = 0.05
 
 
+@dataclass
+class GateCounts:
+    """What the quality gates have done since this synthesizer started (the engine process reports them
+    for /metrics)."""
+
+    asr_checks: int = 0  # attempts the ASR gate heard
+    asr_mismatches: int = 0  # of those, heard saying something else
+    regenerated: int = 0  # segments generated again with another seed, by either gate
+
+
 class Synthesizer:
     """Requests in, results out, on one model: ``add`` requests, call ``step`` until they come out.
 
@@ -85,6 +96,7 @@ class Synthesizer:
         self.preparer = Preparer(model, settings)
         backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
         self.listener = Listener(backend, settings.asr_max_error_rate) if backend is not None else None
+        self.gates = GateCounts()
         self.stream_context_frames = (
             min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
         )
@@ -295,7 +307,9 @@ class Synthesizer:
             if entry is None:  # cancelled or abandoned while it was heard
                 continue
             attempt.quality.asr = check
+            self.gates.asr_checks += check is not None
             if check is not None and not check.passed:
+                self.gates.asr_mismatches += 1
                 attempt.quality.flags.append("asr_mismatch")
                 if segment.best_attempt is None or _heard_better(attempt, segment.best_attempt):
                     segment.best_attempt = attempt
@@ -376,6 +390,7 @@ class Synthesizer:
 
     def _regenerate(self, entry: Synthesis, segment: Segment) -> None:
         """Send a segment the quality gate flagged back to the engine with another seed."""
+        self.gates.regenerated += 1
         segment.attempt += 1
         segment.seed = segment_seed(entry.seed, segment.index, segment.attempt)
         segment.output = segment.samples = segment.quality = None

@@ -229,6 +229,7 @@ def test_of_the_attempts_heard_wrong_the_one_heard_best_is_kept(synthesizer, lis
     listening.listener.backend = hearing = Hearing("Hello, world. This", "", "")
     kept = only(listening.synthesize([make_request(seed=6)]))
     assert hearing.asked == 3  # the first attempt and two retries
+    assert (listening.gates.asr_checks, listening.gates.asr_mismatches, listening.gates.regenerated) == (3, 3, 2)
     segment = kept.quality["segments"][0]
     assert segment["asr"] == {
         "backend": "scripted",
@@ -245,6 +246,7 @@ def test_a_segment_heard_right_on_a_retry_is_kept(listening, make_request):
     listening.listener.backend = hearing = Hearing("", "hello world this is the farm speaking")
     result = only(listening.synthesize([make_request(seed=7)]))
     assert hearing.asked == 2 and result.quality["ok"] and result.quality["retried_segments"] == 1
+    assert (listening.gates.asr_checks, listening.gates.asr_mismatches, listening.gates.regenerated) == (2, 1, 1)
     assert result.quality["segments"][0]["asr"]["passed"] and result.quality["segments"][0]["asr"]["error_rate"] == 0
 
 
