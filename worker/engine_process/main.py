@@ -162,16 +162,7 @@ class EngineServer:
                 handle.request.request_id: [handle.started_at, handle.started_wall, handle.progress]
                 for handle in self.batcher.running()
             }
-            stats = self.batcher.stats
-            status = {
-                "stats": {
-                    "batches": stats.batches,
-                    "jobs_done": stats.jobs_done,
-                    "current_batch": stats.current_batch,
-                    "last_batch_size": stats.last_batch_size,
-                    **asdict(self.synthesizer.gates),
-                },
-            }
+            status = {"stats": {**asdict(self.batcher.stats), **asdict(self.synthesizer.gates)}}
             if count % GPU_REPORT_EVERY == 0:
                 status["gpu"] = gpu_report(self.synthesizer.model.device)
             with self._lock:
