@@ -196,6 +196,21 @@ def test_segments_that_join_mid_flight_draw_what_they_would_alone(synthesizer, m
     assert_same_outputs(outputs, expected)
 
 
+def test_segments_due_already_join_in_several_prefill_passes_of_one_step_and_draw_what_they_would_alone(
+    synthesizer, mixed_segments
+):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    segments = mixed_segments()
+    # Two prompts a prefill pass: the six segments, all due when added, take three passes of the first step.
+    engine = Engine(synthesizer.model, slots=8, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
+    engine.add(segments)
+    engine.step()
+    assert engine.running == len(segments) and not engine.scheduler.waiting
+    while engine.has_work:
+        engine.step()
+    assert_same_outputs([segment.output for segment in segments], expected)
+
+
 def test_more_segments_than_slots_wait_their_turn_in_arrival_order(synthesizer, mixed_segments):
     engine = new_engine(synthesizer.model, 2)
     segments = mixed_segments()
