@@ -140,8 +140,10 @@ class Synthesizer:
         to its ``on_audio`` callback, as ``add`` does).
 
         The requests are added a prefill pass's worth (``max_segments_per_pass``) at a time, one batch a
-        step: the engine admits no more a step, and it starts on the first while the host prepares
-        the rest (preparing 1,536 requests at once kept an H200 idle for 0.65 s).
+        step, so that the engine starts on the first while the host prepares the rest (preparing 1,536
+        requests at once kept an H200 idle for 0.65 s). The engine itself would admit up to four passes
+        a step of segments due already (worker.engine.scheduler): a call of more requests than a pass
+        reaches the slots a pass a step, as it was measured.
         """
         reset_memory_stats(self.model.device)
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
