@@ -21,7 +21,7 @@ from chattts_farm.contract import InvalidRequest
 from worker.engine.blocks import blocks_for
 from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, bucket_for, row_buckets
 from worker.engine.sampler import RowSampling
-from worker.engine.scheduler import PASSES_FOR_DUE, Scheduler
+from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
 from worker.model.loading import LoadedModel
 
@@ -154,9 +154,8 @@ class Engine:
             return left
         for _ in range(SYNC_EVERY):
             self._decode_step()
-        # The prompts of as many as the next round may admit (four passes, of segments due already) are
-        # tokenised while the device runs the steps just queued, not in the admission that waits for them.
-        for segment in self.scheduler.waiting.next(PASSES_FOR_DUE * self.scheduler.max_admissions):
+        # The next admissions' prompts are tokenised while the device runs the steps just queued.
+        for segment in self.scheduler.waiting.next(self.scheduler.max_admissions):
             encode_prompt(self.model, segment)
         finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
         retired = [slot for slot in self.scheduler.running if finished[slot]]
