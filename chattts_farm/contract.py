@@ -6,6 +6,8 @@ one module, so what a valid request is has exactly one definition.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -18,6 +20,9 @@ HEALTH_TASK_NAME = "chattts.health"
 # voice_embedding(seed=int) -> the speaker-embedding string the seed names on the worker's model;
 # voice_embedding(voice=...) -> that of any voice parse_voice reads (a blend's is its mix).
 EMBEDDING_TASK_NAME = "chattts.voice_embedding"
+# speaker_sample(audio=<base64 of a clip's samples, as CLIP_PCM says>) -> ChatTTS's speaker sample of the clip
+# (``spk_smp``, the DVAE encoder's codes of its mel spectrogram, as ``Chat.sample_audio_speaker`` writes them).
+SPEAKER_SAMPLE_TASK_NAME = "chattts.speaker_sample"
 DEFAULT_QUEUE = "tts"
 # Workers consume Celery's own default queue too, so a plain send_task without routing reaches them.
 CELERY_DEFAULT_QUEUE = "celery"
@@ -105,6 +110,26 @@ _SEED_DIGITS = re.compile(r"[0-9]+")
 MAX_MIX_PARTS = 8
 MAX_MIX_WEIGHT = 1000.0
 
+# A voice from a reference clip: 1 to 30 seconds of speech, sent to the speaker-sample task as 16-bit
+# little-endian mono samples at ChatTTS's rate (its DVAE reads a 24 kHz mel spectrogram), with the clip's
+# words (``txt_smp``), which ChatTTS puts in every prompt before the text to speak.
+CLIP_SAMPLE_RATE = 24_000
+CLIP_PCM = "16-bit little-endian mono samples at 24 kHz"
+MIN_CLIP_S = 1.0
+MAX_CLIP_S = 30.0
+MAX_TRANSCRIPT_CHARS = 500
+# ChatTTS's DVAE draws one code per codebook for every two mel frames (hop 256, centred: one frame more).
+SAMPLE_CODEBOOKS = 4
+MAX_SAMPLE_CODES = math.ceil((int(MAX_CLIP_S * CLIP_SAMPLE_RATE) // 256 + 1) / 2)
+# A speaker sample is base16384 text as an embedding is: its shape (two uint16), then its codes as uint16,
+# LZMA2-compressed. Bounded by length as embeddings are (see MAX_EMBEDDING_CHARS), a quarter over the
+# longest a 30 s clip's codes take stored uncompressed (3-byte chunk headers every 64 KiB, an end byte).
+_LONGEST_SAMPLE_BYTES = 4 + 2 * SAMPLE_CODEBOOKS * MAX_SAMPLE_CODES + 3 * 2 + 1
+MAX_SAMPLE_CHARS = math.ceil(_LONGEST_SAMPLE_BYTES * 8 / 14 * 1.25)
+# ChatTTS's tags that shape a prompt ([Stts][spk_emb]...[Ptts]): taken out of a transcript, as ChatTTS
+# takes them out of the text it speaks (Speaker.decorate_code_prompts), so a transcript cannot reshape it.
+_PROMPT_TAGS = re.compile(r"\[(?:Stts|Ptts|spk_emb|empty_spk)\]")
+
 
 def worker_queue(kind: str, index: int) -> str:
     """The queue of one worker (``gpu0``, ``cpu1``), for jobs pinned to it."""
@@ -187,7 +212,17 @@ class Blend:
     mix: tuple[MixPart, ...]
 
 
-Voice = int | str | Blend
+@dataclass(frozen=True)
+class SpeakerSample:
+    """A voice from a reference clip, as ChatTTS takes one: the clip's speaker sample (``spk_smp``, made by
+    the ``chattts.speaker_sample`` task) and its words (``txt_smp``). parse_voice reads it from
+    ``{"spk_smp": ..., "txt_smp": ...}``; it is no speaker embedding, so no blend mixes it."""
+
+    spk_smp: str
+    txt_smp: str
+
+
+Voice = int | str | Blend | SpeakerSample
 
 
 @dataclass(frozen=True)
@@ -283,10 +318,14 @@ def parse_voice(value: Any, field: str = "voice") -> Voice:
     :data:`OPENAI_VOICE_SEEDS`), a ChatTTS speaker-embedding string, or a blend of such voices
     (``{"mix": [{"voice": ..., "weight": ...}, ...]}``, read by :func:`mix_parts`).
 
+    A voice from a reference clip is ``{"spk_smp": ..., "txt_smp": ...}`` (:class:`SpeakerSample`).
+
     :class:`InvalidRequest` names ``field``: the argument that held the value.
     """
-    if isinstance(value, Blend):
+    if isinstance(value, Blend | SpeakerSample):
         return value
+    if isinstance(value, dict) and "mix" not in value and set(value) & {"spk_smp", "txt_smp"}:
+        return _speaker_sample(value, field)
     if isinstance(value, dict):
         return _blend(value, field)
     if isinstance(value, bool):
@@ -322,7 +361,51 @@ def parse_voice(value: Any, field: str = "voice") -> Voice:
 
 def voice_argument(voice: Voice) -> int | str | dict:
     """The plain (JSON, msgpack) value :func:`parse_voice` reads back as this voice."""
-    return {"mix": [asdict(part) for part in voice.mix]} if isinstance(voice, Blend) else voice
+    if isinstance(voice, Blend):
+        return {"mix": [asdict(part) for part in voice.mix]}
+    return asdict(voice) if isinstance(voice, SpeakerSample) else voice
+
+
+def _speaker_sample(value: dict, field: str) -> SpeakerSample:
+    if set(value) != {"spk_smp", "txt_smp"}:
+        raise InvalidRequest(field, 'a voice from a reference clip is {"spk_smp": ..., "txt_smp": ...}')
+    sample = value["spk_smp"]
+    if not isinstance(sample, str) or not looks_like_embedding(sample):
+        raise InvalidRequest(field, "spk_smp must be a ChatTTS speaker sample (base16384 text)")
+    if len(sample.strip()) > MAX_SAMPLE_CHARS:
+        raise InvalidRequest(field, f"a speaker sample is at most {MAX_SAMPLE_CHARS} characters")
+    try:
+        transcript = transcript_of(value["txt_smp"])
+    except InvalidRequest as error:
+        raise InvalidRequest(field, f"txt_smp {error.message}") from None
+    return SpeakerSample(sample.strip(), transcript)
+
+
+def transcript_of(value: Any) -> str:
+    """A reference clip's words as ChatTTS reads them before each text: without control, invisible
+    characters and prompt tags; :class:`InvalidRequest` naming ``transcript`` when none are left."""
+    if not isinstance(value, str) or len(value) > MAX_TRANSCRIPT_CHARS:
+        raise InvalidRequest("transcript", f"must be the clip's words, at most {MAX_TRANSCRIPT_CHARS} characters")
+    check_unicode(value, "transcript")
+    transcript = _PROMPT_TAGS.sub("", drop_invisible(value)).strip()
+    if not is_speakable(transcript):
+        raise InvalidRequest("transcript", "must be the clip's words: " + NOTHING_SPEAKABLE)
+    return transcript
+
+
+def clip_samples(audio: Any) -> bytes:
+    """The samples the speaker-sample task takes (base64 text of :data:`CLIP_PCM`), checked: whole
+    samples, MIN_CLIP_S to MAX_CLIP_S of them; :class:`InvalidRequest` naming ``audio`` otherwise."""
+    longest = int(MAX_CLIP_S * CLIP_SAMPLE_RATE) * 2
+    if not isinstance(audio, str) or len(audio) > math.ceil(longest / 3) * 4:
+        raise InvalidRequest("audio", f"must be base64 text of at most {MAX_CLIP_S:g} s of {CLIP_PCM}")
+    try:
+        pcm = base64.b64decode(audio, validate=True)
+    except binascii.Error:
+        raise InvalidRequest("audio", f"must be base64 text of {CLIP_PCM}") from None
+    if len(pcm) % 2 or not MIN_CLIP_S <= len(pcm) / 2 / CLIP_SAMPLE_RATE <= MAX_CLIP_S:
+        raise InvalidRequest("audio", f"must be {MIN_CLIP_S:g} to {MAX_CLIP_S:g} s of {CLIP_PCM}")
+    return pcm
 
 
 def mix_parts(value: dict, field: str = "voice") -> list[dict]:
@@ -342,11 +425,14 @@ def mix_parts(value: dict, field: str = "voice") -> list[dict]:
 def _blend(value: dict, field: str) -> Blend:
     mix = []
     for number, part in enumerate(mix_parts(value, field), 1):
-        # Only speaker embeddings mix: a seed or an embedding string is one, a blend (or any voice that is
-        # not written as one value) is not. Refused before it is read: blends in blends would nest without end.
-        if isinstance(part["voice"], dict | list | Blend):
+        # Only speaker embeddings mix: a seed or an embedding string is one, a blend or a voice from a
+        # reference clip (any voice not written as one value) is not. Refused before it is read: blends in
+        # blends would nest without end.
+        if isinstance(part["voice"], dict | list | Blend | SpeakerSample):
             raise InvalidRequest(
-                field, f"part {number} of the blend must be one seed or embedding voice (a blend mixes into none)"
+                field,
+                f"part {number} of the blend must be one seed or embedding voice (a blend mixes into none, and a"
+                " voice from a reference clip is a speaker sample, not an embedding)",
             )
         try:
             voice = parse_voice(part["voice"], "voice")

@@ -49,7 +49,7 @@ logger = logging.getLogger(__name__)
 ENGINE_START_ATTEMPTS = 3
 # A revoked job is looked for this often, and ended on this side at once.
 REVOCATION_POLL_S = 0.1
-# How long a question to the engine (a voice's embedding) may wait for its answer.
+# How long a question to the engine (a voice's embedding, a clip's speaker sample) may wait for its answer.
 ASK_TIMEOUT_S = 60
 # The worker ends with this code when no engine process can be started (see worker.supervisor).
 EXIT_NO_ENGINE = 70
@@ -131,6 +131,15 @@ class EngineClient:
 
     def embedding(self, voice: Voice) -> str:
         """The speaker embedding a voice (a seed, a blend) names, from the engine's model."""
+        return self._ask("embedding", voice_argument(voice), "embedding")
+
+    def speaker_sample(self, pcm: bytes) -> str:
+        """ChatTTS's speaker sample of a clip (samples as :data:`chattts_farm.contract.CLIP_PCM` says), from
+        the engine's model (its DVAE's encoder)."""
+        return self._ask("speaker_sample", pcm, "speaker sample")
+
+    def _ask(self, question: str, argument, what: str):
+        """The engine process's answer to a question about voices (see its ``_on_ask``)."""
         done, answer = threading.Event(), []
         number = next(self._ask_numbers)
         self._asks[number] = (done, answer)
@@ -139,11 +148,11 @@ class EngineClient:
             if channel is None:
                 raise SynthesisFailed("the engine process is starting again: ask again in a moment")
             try:
-                channel.send("ask", ask=number, question="embedding", argument=voice_argument(voice))
+                channel.send("ask", ask=number, question=question, argument=argument)
             except OSError:
                 raise SynthesisFailed("the engine process has died: ask again in a moment") from None
             if not done.wait(ASK_TIMEOUT_S):
-                raise SynthesisFailed(f"the engine process gave no embedding within {ASK_TIMEOUT_S} s")
+                raise SynthesisFailed(f"the engine process gave no {what} within {ASK_TIMEOUT_S} s")
         finally:
             del self._asks[number]
         reply = answer[0]  # the first word: the answer, or that its engine died before it

@@ -56,7 +56,7 @@ class SynthesisResult:
     tokens: int
     segments: int
     seed: int  # the audio seed used: passing it again reproduces this audio
-    voice_embedding: str = field(repr=False)
+    voice_embedding: str | None = field(repr=False)  # None for a voice from a reference clip
     batch_size: int
     timings: dict[str, float]
     quality: dict

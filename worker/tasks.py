@@ -18,11 +18,13 @@ from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     HEALTH_TASK_NAME,
     PROGRESS_STATE,
+    SPEAKER_SAMPLE_TASK_NAME,
     TASK_NAME,
     FarmError,
     InvalidRequest,
     JobCancelled,
     SynthesisRequest,
+    clip_samples,
     parse_voice,
 )
 from worker import runtime
@@ -201,3 +203,10 @@ def voice_embedding(seed: int | None = None, voice: Any = None) -> str:
         if not isinstance(voice, int):
             raise InvalidRequest("seed", "must be an integer seed")
     return runtime.current().engine.embedding(parse_voice(voice))
+
+
+@app.task(name=SPEAKER_SAMPLE_TASK_NAME, throws=(FarmError,))
+def speaker_sample(audio: str) -> str:
+    """ChatTTS's speaker sample (``spk_smp``) of a reference clip (``audio``: base64 of the clip's samples
+    as chattts_farm.contract.CLIP_PCM says), for callers without torch (the web catalog stores it)."""
+    return runtime.current().engine.speaker_sample(clip_samples(audio))

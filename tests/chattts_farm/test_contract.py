@@ -13,13 +13,17 @@ from chattts_farm.contract import (
     DEFAULT_VOICE_SEED,
     MAX_EMBEDDING_CHARS,
     MAX_MIX_PARTS,
+    MAX_SAMPLE_CHARS,
     MAX_SPEAKER_DIM,
     OPENAI_VOICE_SEEDS,
     Blend,
     InvalidRequest,
     MixPart,
+    SpeakerSample,
     SynthesisRequest,
     parse_voice,
+    transcript_of,
+    voice_argument,
 )
 from chattts_farm.text import is_speakable
 from tests.edge_texts import EDGE_TEXTS
@@ -99,6 +103,42 @@ def test_openai_voice_names_are_taken_as_openai_writes_them_only(voice):
     with pytest.raises(InvalidRequest, match="an OpenAI voice name \\(alloy, ash, ") as caught:
         build(voice=voice)
     assert caught.value.field == "voice"
+
+
+SAMPLE = "丸丒墷亊乨世㴊仗臛乿丿产袳瞤綉乏丑苅五憐"
+
+
+def test_a_voice_from_a_reference_clip_is_its_speaker_sample_and_words_and_reads_back_as_written():
+    request = build(voice={"spk_smp": SAMPLE, "txt_smp": " My [Stts]own\u200b words. "})
+    assert request.voice == SpeakerSample(SAMPLE, "My own words.")
+    assert parse_voice(voice_argument(request.voice)) == request.voice
+    assert build(**request.as_arguments()) == request
+
+
+@pytest.mark.parametrize(
+    "voice",
+    [
+        {"spk_smp": SAMPLE},
+        {"spk_smp": SAMPLE, "txt_smp": "words", "extra": 1},
+        {"spk_smp": "not a sample", "txt_smp": "words"},
+        {"spk_smp": "丸" * (MAX_SAMPLE_CHARS + 1), "txt_smp": "words"},
+        {"spk_smp": SAMPLE, "txt_smp": "  "},
+        {"spk_smp": SAMPLE, "txt_smp": "[spk_emb][Ptts]"},
+        {"mix": [{"voice": {"spk_smp": SAMPLE, "txt_smp": "words"}}]},
+    ],
+    ids=["no words", "extra", "not a sample", "too long", "blank words", "tags only", "in a blend"],
+)
+def test_a_reference_clip_voice_that_is_not_one_is_refused_naming_the_voice(voice):
+    with pytest.raises(InvalidRequest) as caught:
+        build(voice=voice)
+    assert caught.value.field == "voice"
+
+
+@pytest.mark.parametrize("transcript", [None, "", "12 34", "x" * 501, 7])
+def test_a_transcript_without_words_or_too_long_names_transcript(transcript):
+    with pytest.raises(InvalidRequest) as caught:
+        transcript_of(transcript)
+    assert caught.value.field == "transcript"
 
 
 @pytest.mark.parametrize("voice", [True, -1, 2**32, "alice", "", 4.5, None, [1]])

@@ -1,5 +1,6 @@
 """The Celery tasks end to end: real Redis, real worker processes (synthetic-tiny weights, CPU)."""
 
+import base64
 import json
 import os
 import re
@@ -16,11 +17,13 @@ import redis
 
 from chattts_farm.audio_store import fetch_audio
 from chattts_farm.contract import (
+    CLIP_SAMPLE_RATE,
     EMBEDDING_TASK_NAME,
     FORMATS,
     MIME_TYPES,
     PROGRESS_STATE,
     RESULT_FIELDS,
+    SPEAKER_SAMPLE_TASK_NAME,
     TASK_NAME,
     InvalidRequest,
     JobCancelled,
@@ -180,6 +183,40 @@ def test_voice_embedding_refuses_a_bad_seed_naming_seed(workers, seed):
     with pytest.raises(InvalidRequest) as caught:
         workers.client.send_task(EMBEDDING_TASK_NAME, kwargs={"seed": seed}).get(timeout=30)
     assert caught.value.field == "seed"
+
+
+def test_a_plain_caller_makes_a_voice_from_a_clip_and_speaks_it_alike_every_time(workers):
+    client = workers.client
+    pcm = (np.random.default_rng(4).standard_normal(2 * CLIP_SAMPLE_RATE) * 3000).astype("<i2").tobytes()
+    audio = base64.b64encode(pcm).decode()
+    sample = client.send_task(SPEAKER_SAMPLE_TASK_NAME, kwargs={"audio": audio}).get(timeout=30)
+    voice = {"spk_smp": sample, "txt_smp": "These are the clip's words."}
+    sent = [client.send_task(TASK_NAME, kwargs={"text": "Hello, clip.", "voice": voice, "seed": 5}) for _ in range(2)]
+    first, again = (result.get(timeout=60) for result in sent)
+    assert fetch_audio(first) == fetch_audio(again) and first["voice_embedding"] is None
+
+
+@pytest.mark.parametrize(
+    "audio, why",
+    [
+        ("not base64!", "base64"),
+        (base64.b64encode(b"\0" * CLIP_SAMPLE_RATE).decode(), "1 to 30 s"),  # half a second
+        (base64.b64encode(b"\0" * 3).decode(), "1 to 30 s"),  # half a sample
+        (1234, "base64"),
+    ],
+    ids=["not base64", "too short", "odd bytes", "not text"],
+)
+def test_speaker_sample_refuses_what_is_not_a_clip_naming_audio_and_the_worker_keeps_serving(workers, audio, why):
+    with pytest.raises(InvalidRequest, match=why) as caught:
+        workers.client.send_task(SPEAKER_SAMPLE_TASK_NAME, kwargs={"audio": audio}).get(timeout=30)
+    assert caught.value.field == "audio"
+
+
+def test_a_clip_voice_in_a_blend_fails_naming_voice(workers):
+    voice = {"mix": [{"voice": {"spk_smp": "丸" * 20, "txt_smp": "words"}}, {"voice": 42}]}
+    with pytest.raises(InvalidRequest, match="reference clip") as caught:
+        workers.client.send_task(TASK_NAME, kwargs={"text": "Hello.", "voice": voice}).get(timeout=30)
+    assert caught.value.field == "voice"
 
 
 def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the_worker_keeps_serving(workers):

@@ -122,7 +122,7 @@ class Engine:
     def _demand(self, segment: Segment) -> tuple[int, int]:
         """(start, end) of a segment admitted now: by the time ``c`` decode steps have run, it has filled
         at most ``min(start + c, end)`` cache positions (its prompt's, then one a step)."""
-        prompt = encode_prompt(self.model, segment).numel()
+        prompt = len(encode_prompt(self.model, segment))
         # A slot that ends keeps writing at its last position until it is retired.
         return prompt + 1 - self.decode_steps, min(prompt + segment.end_at, self.runner.context)
 
@@ -257,33 +257,41 @@ def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Te
 
 def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The segments' prompts as ChatTTS's tokenizer gives them for a batch (left-padded ids, attention
-    mask, text mask), from each segment's own encoding (:func:`encode_prompt`), in one copy to the device."""
+    mask, text mask: false on the padding and on a speaker sample's codes), from each segment's own
+    encoding (:func:`encode_prompt`), in one copy to the device."""
     encoded = [encode_prompt(model, segment) for segment in segments]
-    longest = max(ids.numel() for ids in encoded)
-    input_ids = torch.zeros(len(encoded), longest, dtype=encoded[0].dtype)
+    longest = max(len(ids) for ids in encoded)
+    input_ids = torch.zeros(len(encoded), longest, encoded[0].shape[1], dtype=encoded[0].dtype)
     attention_mask = torch.zeros(len(encoded), longest, dtype=torch.long)
-    for row, ids in enumerate(encoded):
-        input_ids[row, longest - ids.numel() :] = ids
-        attention_mask[row, longest - ids.numel() :] = 1
-    input_ids = input_ids.to(model.device).unsqueeze(-1).expand(-1, -1, model.chat.config.gpt.num_vq).clone()
-    attention_mask = attention_mask.to(model.device)
-    return input_ids, attention_mask, attention_mask.bool()
+    text_mask = torch.zeros(len(encoded), longest, dtype=torch.bool)
+    for row, (segment, ids) in enumerate(zip(segments, encoded, strict=True)):
+        input_ids[row, longest - len(ids) :] = ids
+        attention_mask[row, longest - len(ids) :] = 1
+        text_mask[row, longest - len(ids) : longest - segment.sample_steps] = True
+    return input_ids.to(model.device), attention_mask.to(model.device), text_mask.to(model.device)
 
 
 def encode_prompt(model: LoadedModel, segment: Segment) -> torch.Tensor:
-    """The token ids of a segment's prompt (on the CPU), encoded once and kept on the segment."""
+    """The token ids of a segment's prompt (on the CPU; positions x codebooks: each text token in every
+    codebook, then a speaker sample's codes), as ChatTTS's tokenizer encodes it, once, kept on the segment."""
     if segment.prompt_ids is None:
-        ids, _, _ = model.chat.tokenizer.encode([segment.prompt], model.chat.config.gpt.num_vq, device="cpu")
-        segment.prompt_ids = ids[0, :, 0]
+        ids, _, _ = model.chat.tokenizer.encode(
+            [segment.prompt], model.chat.config.gpt.num_vq, prompt=segment.sample, device="cpu"
+        )
+        segment.prompt_ids = ids[0]
     return segment.prompt_ids
 
 
 def _with_speakers(
     model: LoadedModel, segments: list[Segment], input_ids: torch.Tensor, embeddings: torch.Tensor
 ) -> torch.Tensor:
-    """The embeddings with each segment's speaker in its prompt's speaker slot."""
+    """The embeddings with each segment's speaker in its prompt's speaker slot (a prompt with a speaker
+    sample has none: its row of ``speakers`` is never used)."""
     # As ChatTTS's Speaker.apply: an embedding string decodes to float16, normalised as such on the CPU.
-    speakers = torch.stack([F.normalize(s.speaker.cpu().half(), p=2.0, dim=0, eps=1e-12) for s in segments])
+    none = torch.zeros(embeddings.shape[-1], dtype=torch.half)
+    speakers = torch.stack(
+        [none if s.speaker is None else F.normalize(s.speaker.cpu().half(), p=2.0, dim=0, eps=1e-12) for s in segments]
+    )
     speakers = speakers.to(model.device)
     is_speaker_slot = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids).unsqueeze(-1)
     return torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)

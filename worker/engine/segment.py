@@ -36,7 +36,7 @@ class Segment:
     index: int  # its place in that request's text
     text: str
     request: SynthesisRequest  # speed and sampling settings
-    speaker: torch.Tensor  # (gpt width,) raw speaker embedding
+    speaker: torch.Tensor | None  # (gpt width,) raw speaker embedding; None for a speaker sample's voice
     seed: int
     expected_tokens: int
     max_tokens: int
@@ -54,6 +54,10 @@ class Segment:
     prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
     # When its audio is wanted (monotonic seconds): waiting segments are admitted earliest due first.
     due: float = 0.0
+    # A voice from a reference clip: its speaker sample's codes (codebooks x steps), which end the prompt,
+    # and the clip's words, which go before the text.
+    sample: torch.Tensor | None = None
+    transcript: str = ""
 
     @property
     def pinned_tokens(self) -> int | None:
@@ -66,7 +70,16 @@ class Segment:
 
     @property
     def prompt(self) -> str:
-        return f"[Stts][spk_emb][speed_{self.request.speed}]{self.text}[Ptts]"
+        """The prompt's text as ChatTTS's ``Speaker.decorate_code_prompts`` writes it: the speaker's slot
+        (``[empty_spk]`` with a speaker sample), the sample's words, the speed, the text. A sample's codes
+        follow it (``Tokenizer.encode``'s ``prompt``)."""
+        speaker = "[spk_emb]" if self.speaker is not None else "[empty_spk]"
+        return f"[Stts]{speaker}{self.transcript}[speed_{self.request.speed}]{self.text}[Ptts]"
+
+    @property
+    def sample_steps(self) -> int:
+        """How many steps of a speaker sample's codes end its prompt."""
+        return 0 if self.sample is None else self.sample.shape[1]
 
 
 @dataclass

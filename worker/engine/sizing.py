@@ -9,6 +9,7 @@ import logging
 
 import torch
 
+from chattts_farm.contract import MAX_SAMPLE_CODES, MAX_TRANSCRIPT_CHARS
 from chattts_farm.settings import CPU_SLOTS, MAX_AUTO_SLOTS, Settings, SettingsError
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.runner import ModelRunner
@@ -27,8 +28,9 @@ SLOT_SHARE_BLOCKS = 12
 
 def max_prompt_tokens(settings: Settings) -> int:
     """The longest prompt a slot holds: a segment of text, or what refine-text makes of it (up to
-    384 tokens), with the prompt's tags."""
-    return max(settings.max_segment_chars, 384) + 16
+    384 tokens), with the prompt's tags, and a reference clip's words (a token a character at most) and
+    speaker sample (its codes: about 47 a second of the clip) when the voice is one."""
+    return max(settings.max_segment_chars, 384) + 16 + MAX_TRANSCRIPT_CHARS + MAX_SAMPLE_CODES
 
 
 def kv_dtype(settings: Settings) -> torch.dtype | None:

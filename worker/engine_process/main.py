@@ -126,13 +126,19 @@ class EngineServer:
                 self._cancelled.add(job)
 
     def _on_ask(self, channel: Channel, ask: int, question: str, argument) -> None:
-        try:
-            if question != "embedding":
-                raise ValueError(f"no such question: {question!r}")
-            from worker.engine_process.voices import embedding_of
+        """Answer a question about voices from the model: a voice's ``embedding``, or a clip's
+        ``speaker_sample`` (its samples as :data:`chattts_farm.contract.CLIP_PCM` says)."""
+        from worker.engine_process import voices
 
-            embedding = embedding_of(self.synthesizer.model.chat.speaker, parse_voice(argument))
-            self._send(channel, "answer", ask=ask, value=embedding)
+        chat = self.synthesizer.model.chat
+        try:
+            if question == "embedding":
+                value = voices.embedding_of(chat.speaker, parse_voice(argument))
+            elif question == "speaker_sample":
+                value = voices.speaker_sample(chat, argument)
+            else:
+                raise ValueError(f"no such question: {question!r}")
+            self._send(channel, "answer", ask=ask, value=value)
         except Exception as error:  # noqa: BLE001 - the asker gets it
             self._send(channel, "answer", ask=ask, error=error_fields(error))
 

@@ -36,7 +36,7 @@ class Preparer:
             raise InvalidRequest(
                 "text", f"has {len(request.text)} characters; the maximum is {self.settings.max_text_chars}"
             )
-        embedding, speaker = voices.resolve(self.model.chat.speaker, request.voice)
+        voice = voices.spoken_voice(self.model.chat, request.voice)
         audio_seed = request.seed if request.seed is not None else secrets.randbits(32)
         texts = [self._normalise(piece) for piece in split_segments(request.text, self.settings.max_segment_chars)]
         texts = [text for text in texts if is_speakable(text)]
@@ -48,7 +48,9 @@ class Preparer:
                 index=index,
                 text=text,
                 request=request,
-                speaker=speaker,
+                speaker=voice.speaker,
+                sample=voice.sample,
+                transcript=voice.transcript,
                 seed=segment_seed(audio_seed, index),
                 expected_tokens=expected_tokens(text, request.speed),
                 max_tokens=self.settings.max_new_tokens,
@@ -56,7 +58,7 @@ class Preparer:
             )
             for index, text in enumerate(texts)
         ]
-        return Synthesis(request, number, audio_seed, embedding, segments)
+        return Synthesis(request, number, audio_seed, voice.embedding, segments)
 
     def refine(self, prepared: list[Synthesis]) -> None:
         """Run ChatTTS's refine-text step on the segments of the requests that asked for it.

@@ -24,7 +24,7 @@ class Synthesis:
     request: SynthesisRequest
     number: int  # unique within the synthesizer: its segments' ``owner``
     seed: int
-    embedding: str
+    embedding: str | None  # the speaker embedding it speaks in; None for a reference clip's speaker sample
     segments: list[Segment]
     started: float = field(default_factory=time.perf_counter)
     text_s: float = 0.0

@@ -1,4 +1,5 @@
-"""Voices: an integer seed, a ChatTTS speaker-embedding string or a blend of them, resolved to an embedding.
+"""Voices: an integer seed, a ChatTTS speaker-embedding string or a blend of them, resolved to an embedding;
+or a reference clip's speaker sample, made from the clip and decoded into the codes its prompt carries.
 
 ChatTTS's ``sample_random_speaker`` draws from the global RNG on the model's device, so one seed gives
 different voices on the CPU and on CUDA. Here a seed is drawn on the CPU from a generator seeded with
@@ -10,12 +11,18 @@ mixed in that space: each part's embedding scaled to unit length, then their wei
 divided by their sum), written as an embedding string of its own, which the engine scales to unit
 length in turn. A blend is one embedding string, so a blend kept in the catalog (that string) and the
 same blend given again speak alike.
+
+A voice from a reference clip is ChatTTS's speaker sample of it (``Chat.sample_audio_speaker``: the DVAE
+encoder's codes of the clip's 24 kHz mel spectrogram, written as ``Speaker.encode_prompt`` writes them)
+with the clip's words. It has no embedding: ChatTTS puts its codes after the text of the prompt instead
+(see worker.engine.segment), so it never mixes into a blend.
 """
 
 from __future__ import annotations
 
 import functools
 import lzma
+from dataclasses import dataclass
 
 import numpy as np
 import pybase16384
@@ -23,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from ChatTTS.model.speaker import Speaker
 
-from chattts_farm.contract import Blend, InvalidRequest, Voice
+from chattts_farm.contract import MAX_SAMPLE_CODES, Blend, InvalidRequest, SpeakerSample, Voice
 
 # ChatTTS compresses embeddings with LZMA2 preset 9e: 40 ms a voice, mostly setting up a 64 MiB
 # dictionary for 1.5 KB of data. Preset 1 gives the same size in under 1 ms, and ChatTTS's own
@@ -66,30 +73,33 @@ def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
     return tensor
 
 
-def _decompress(embedding: str, max_bytes: int) -> bytes:
-    """The float16 bytes inside an embedding string, decoded as ChatTTS's ``Speaker._decode`` does, but
-    never past ``max_bytes``: a few hundred characters of LZMA data can expand to gigabytes."""
+def _decompress(text: str, max_bytes: int, *, skip: int = 0, what: str = "speaker embedding") -> bytes:
+    """The 16-bit values inside an embedding string (or a speaker sample, its first ``skip`` bytes stored as
+    they are), decoded as ChatTTS's ``Speaker._decode`` (``decode_prompt``) does, but never past
+    ``max_bytes``: a few hundred characters of LZMA data can expand to gigabytes."""
     # pybase16384 and lzma each raise their own types on malformed input.
     try:
-        data = pybase16384.decode_from_string(embedding)
+        data = pybase16384.decode_from_string(text)
         filters = [{"id": lzma.FILTER_LZMA2, "dict_size": max(_SMALLEST_DICTIONARY, max_bytes)}]
         decompressor = lzma.LZMADecompressor(format=lzma.FORMAT_RAW, filters=filters)
-        values = decompressor.decompress(data, max_length=max_bytes + 1)
+        values = decompressor.decompress(data[skip:], max_length=max_bytes + 1)
     except Exception as error:  # noqa: BLE001
-        raise InvalidRequest("voice", f"is not a valid ChatTTS speaker embedding ({error})") from None
+        raise InvalidRequest("voice", f"is not a valid ChatTTS {what} ({error})") from None
     if len(values) > max_bytes:
-        raise InvalidRequest("voice", f"the speaker embedding expands to more than {max_bytes // 2} values")
+        raise InvalidRequest("voice", f"the {what} expands to more than {max_bytes // 2} values")
     if not decompressor.eof:
-        raise InvalidRequest("voice", "the speaker embedding's data ends early")
+        raise InvalidRequest("voice", f"the {what}'s data ends early")
     if decompressor.unused_data:
-        raise InvalidRequest("voice", "the speaker embedding holds data after its end")
+        raise InvalidRequest("voice", f"the {what} holds data after its end")
     if len(values) % 2:
-        raise InvalidRequest("voice", "the speaker embedding holds an odd number of bytes, not float16 values")
+        raise InvalidRequest("voice", f"the {what} holds an odd number of bytes, not 16-bit values")
     return values
 
 
 def embedding_of(speaker: Speaker, voice: Voice) -> str:
     """The embedding string of a voice (seed, embedding string or blend)."""
+    if isinstance(voice, SpeakerSample):
+        raise InvalidRequest("voice", "a voice from a reference clip is a speaker sample: it has no embedding")
     if isinstance(voice, Blend):
         return _blend_embedding(speaker, voice)
     return embedding_for_seed(speaker, voice) if isinstance(voice, int) else voice
@@ -116,7 +126,54 @@ def _blend_embedding(speaker: Speaker, blend: Blend) -> str:
     return _embedding_string(mixed)
 
 
+@dataclass(frozen=True)
+class SpokenVoice:
+    """A voice as the engine speaks it: a speaker embedding (its string, reported with the result, and its
+    tensor), or a reference clip's speaker sample (its codes, codebooks x steps) with the clip's words."""
+
+    embedding: str | None = None
+    speaker: torch.Tensor | None = None
+    sample: torch.Tensor | None = None
+    transcript: str = ""
+
+
 def resolve(speaker: Speaker, voice: Voice) -> tuple[str, torch.Tensor]:
     """The embedding string and tensor of a voice (seed, embedding string or blend)."""
     embedding = embedding_of(speaker, voice)
     return embedding, embedding_tensor(speaker, embedding)
+
+
+def spoken_voice(chat, voice: Voice) -> SpokenVoice:
+    """How the engine speaks a voice (seed, embedding string, blend or speaker sample) on ``chat``'s model."""
+    if isinstance(voice, SpeakerSample):
+        return SpokenVoice(sample=sample_codes(chat, voice.spk_smp), transcript=voice.txt_smp)
+    embedding, speaker = resolve(chat.speaker, voice)
+    return SpokenVoice(embedding=embedding, speaker=speaker)
+
+
+def speaker_sample(chat, pcm: bytes) -> str:
+    """ChatTTS's speaker sample of a clip (:data:`chattts_farm.contract.CLIP_PCM`), as ``Chat.sample_audio_speaker``
+    makes it from the clip's samples as floats (what ChatTTS's own ``load_audio`` gives it)."""
+    wav = np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768
+    return chat.sample_audio_speaker(wav)
+
+
+def sample_codes(chat, spk_smp: str) -> torch.Tensor:
+    """A speaker sample's codes (codebooks x steps), as ChatTTS's ``Speaker.decode_prompt`` reads them, with
+    its output bounded and its codes checked against this model: :class:`InvalidRequest` names ``voice``."""
+    codebooks, audio_tokens = chat.config.gpt.num_vq, chat.config.gpt.num_audio_tokens
+    try:
+        shape = tuple(int(n) for n in np.frombuffer(pybase16384.decode_from_string(spk_smp)[:4], dtype="<u2"))
+    except Exception as error:  # noqa: BLE001 - pybase16384 raises its own types
+        raise InvalidRequest("voice", f"is not a valid ChatTTS speaker sample ({error})") from None
+    if len(shape) != 2 or shape[0] != codebooks or not 1 <= shape[1] <= MAX_SAMPLE_CODES:
+        raise InvalidRequest(
+            "voice", f"the speaker sample's shape {shape} is not {codebooks} codebooks of 1 to {MAX_SAMPLE_CODES} steps"
+        )
+    values = _decompress(spk_smp, 2 * codebooks * MAX_SAMPLE_CODES, skip=4, what="speaker sample")
+    codes = np.frombuffer(values, dtype="<u2")
+    if codes.size != shape[0] * shape[1]:
+        raise InvalidRequest("voice", f"the speaker sample holds {codes.size} codes; its shape says {shape}")
+    if int(codes.max()) >= audio_tokens - 1:  # the last audio token ends speech
+        raise InvalidRequest("voice", f"the speaker sample holds codes this model lacks (it has {audio_tokens - 1})")
+    return torch.from_numpy(codes.astype(np.int32)).view(*shape)

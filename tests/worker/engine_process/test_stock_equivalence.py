@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from chattts_farm.contract import SynthesisRequest
+from chattts_farm.contract import CLIP_SAMPLE_RATE, SpeakerSample, SynthesisRequest
 from worker.engine.engine import Engine
 from worker.engine.segment import Segment, SegmentOutput
 from worker.engine_process import voices
@@ -40,8 +40,9 @@ def farm_decode(synthesizer, hiddens: list[torch.Tensor]) -> list[np.ndarray]:
     return synthesizer.vocoder.decode(hiddens)
 
 
-def near_greedy_request(text, voice, speed, **sampling):
-    return SynthesisRequest(text=text, voice=voice, speed=speed, temperature=1e-4, seed=voice, **sampling)
+def near_greedy_request(text, voice, speed, seed=None, **sampling):
+    seed = voice if seed is None else seed
+    return SynthesisRequest(text=text, voice=voice, speed=speed, temperature=1e-4, seed=seed, **sampling)
 
 
 # Texts of different prompt lengths, voices, speeds and sampling settings, so that batched together
@@ -78,10 +79,12 @@ class StockOutput:
 def stock_infer_code(chat, request) -> StockOutput:
     """What Chat.infer generates for the request's text, as one piece, without refining."""
     text = chat.normalizer(request.text, True, True)
-    embedding, _ = voices.resolve(chat.speaker, request.voice)
+    sample = request.voice if isinstance(request.voice, SpeakerSample) else SpeakerSample(None, None)
     params = ChatTTS.Chat.InferCodeParams(
         prompt=f"[speed_{request.speed}]",
-        spk_emb=embedding,
+        spk_emb=voices.spoken_voice(chat, request.voice).embedding,
+        spk_smp=sample.spk_smp,
+        txt_smp=sample.txt_smp,
         temperature=request.temperature,
         top_P=request.top_p,
         top_K=request.top_k,
@@ -131,3 +134,30 @@ def test_the_farm_decodes_hidden_states_exactly_as_stock_does(synthesizer, stock
     expected = synthesizer.model.chat._decode_to_wavs(list(hiddens), True)
     for samples, stock_samples in zip(farm_decode(synthesizer, hiddens), expected, strict=True):
         np.testing.assert_array_equal(samples, stock_samples)
+
+
+@pytest.fixture(scope="module")
+def clip_requests(synthesizer) -> list[SynthesisRequest]:
+    """Requests in voices from reference clips (1.2 and 1.5 s of noise: synthetic weights hear no words)."""
+    rng = np.random.default_rng(11)
+    made = []
+    for seconds, transcript, text in ((1.2, "This is my voice.", "hello there farm"), (1.5, "你好。", "Short one.")):
+        pcm = (rng.standard_normal(int(seconds * CLIP_SAMPLE_RATE)) * 3000).astype("<i2").tobytes()
+        sample = SpeakerSample(voices.speaker_sample(synthesizer.model.chat, pcm), transcript)
+        made.append(near_greedy_request(text, voice=sample, speed=4, seed=len(made) + 21))
+    return made
+
+
+def test_a_voice_from_a_reference_clip_draws_what_stock_draws_with_that_speaker_sample(synthesizer, clip_requests):
+    chat = synthesizer.model.chat
+    expected = [stock_infer_code(chat, request) for request in clip_requests]
+    plain = [farm_segment(synthesizer, 0, REQUESTS[0])]
+    clips = [farm_segment(synthesizer, owner, request) for owner, request in enumerate(clip_requests, 1)]
+    for segment, stock_output in zip(clips, expected, strict=True):
+        (output,) = farm_generate(synthesizer.model, [dataclasses.replace(segment, prompt_ids=None)])
+        assert_speaks_as_stock(output, stock_output)
+    # Batched with each other and with a voice of a speaker embedding: prompts of every shape in one pass.
+    outputs = farm_generate(synthesizer.model, plain + clips)
+    for output, stock_output in zip(outputs[1:], expected, strict=True):
+        assert_speaks_as_stock(output, stock_output)
+    assert_speaks_as_stock(outputs[0], stock_infer_code(chat, REQUESTS[0]))

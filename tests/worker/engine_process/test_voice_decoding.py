@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from ChatTTS.model.speaker import Speaker
 
-from chattts_farm.contract import InvalidRequest, SynthesisRequest, parse_voice
+from chattts_farm.contract import CLIP_SAMPLE_RATE, InvalidRequest, SpeakerSample, SynthesisRequest, parse_voice
 from tests.voice_bombs import (
     CHATTTS_PRESET,
     FARM_PRESET,
@@ -20,7 +20,13 @@ from tests.voice_bombs import (
     incompressible_embedding,
     voice_bomb,
 )
-from worker.engine_process.voices import embedding_for_seed, embedding_tensor, resolve
+from worker.engine_process.voices import (
+    embedding_for_seed,
+    embedding_tensor,
+    resolve,
+    sample_codes,
+    speaker_sample,
+)
 
 
 @pytest.fixture(scope="module")
@@ -116,3 +122,61 @@ def test_a_blend_whose_parts_cancel_out_is_refused_naming_voice(speaker):
     with pytest.raises(InvalidRequest) as refused:
         resolve(speaker, parse_voice(blend))
     assert refused.value.field == "voice"
+
+
+def clip_pcm(seconds: float, seed: int = 0) -> bytes:
+    """A clip as the speaker-sample task takes it (noise: synthetic weights hear no words)."""
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(int(seconds * CLIP_SAMPLE_RATE)) * 3000).astype("<i2").tobytes()
+
+
+def sample_text(shape: tuple[int, int], codes: bytes) -> str:
+    """A speaker sample as ChatTTS's Speaker.encode_prompt writes one: its shape, then its LZMA2 codes."""
+    return pybase16384.encode_to_string(np.array(shape, dtype="<u2").tobytes() + compress(codes))
+
+
+def test_a_speaker_sample_is_chattts_own_and_reads_back_as_the_clips_dvae_codes(synthesizer):
+    chat = synthesizer.model.chat
+    pcm = clip_pcm(2.0)
+    sample = speaker_sample(chat, pcm)
+    assert sample == chat.sample_audio_speaker(np.frombuffer(pcm, dtype="<i2") / np.float32(32768))
+    codes = sample_codes(chat, sample)
+    assert torch.equal(codes, chat.speaker.decode_prompt(sample))
+    wav = torch.from_numpy(np.frombuffer(pcm, dtype="<i2") / np.float32(32768))
+    assert torch.equal(codes, chat.dvae.sample_audio(wav).int().cpu())
+    assert codes.shape == (chat.config.gpt.num_vq, 94)  # about 47 steps a second
+    assert speaker_sample(chat, pcm) == sample != speaker_sample(chat, clip_pcm(2.0, seed=1))
+
+
+@pytest.mark.parametrize(
+    "shape, codes, what",
+    [
+        ((4, 1000), b"\0" * (8 << 20), "expands"),  # a bomb: 8 MiB of zeros behind a modest shape
+        ((3, 10), b"\1\0" * 30, "codebooks"),
+        ((4, 10), b"\1\0" * 30, "holds 30 codes"),
+        ((4, 10), b"\x71\x02" * 40, "codes this model lacks"),  # 625: the end of speech
+    ],
+    ids=["bomb", "codebooks", "short", "eos"],
+)
+def test_a_speaker_sample_the_model_cannot_speak_is_refused_naming_voice(synthesizer, shape, codes, what):
+    started = time.perf_counter()
+    with pytest.raises(InvalidRequest, match=what) as refused:
+        sample_codes(synthesizer.model.chat, sample_text(shape, codes))
+    assert refused.value.field == "voice" and time.perf_counter() - started < 1
+
+
+def test_a_voice_from_a_reference_clip_speaks_alike_every_time_and_unlike_a_seed(synthesizer):
+    chat = synthesizer.model.chat
+    clip = SpeakerSample(speaker_sample(chat, clip_pcm(1.5)), "Hello, this is my voice.")
+
+    def spoken(voice):
+        request = SynthesisRequest(text="Hello from the farm.", voice=voice, seed=7)
+        (outcome,) = synthesizer.synthesize([request])
+        assert not isinstance(outcome, Exception), outcome
+        return outcome
+
+    first, again, seeded = spoken(clip), spoken(clip), spoken(42)
+    assert first.audio == again.audio and first.voice_embedding is None
+    assert first.duration_s > 0 and not np.array_equal(first.samples[:2000], seeded.samples[:2000])
+    other_clip = SpeakerSample(speaker_sample(chat, clip_pcm(1.5, seed=1)), "Hello, this is my voice.")
+    assert spoken(other_clip).audio != first.audio
