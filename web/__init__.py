@@ -10,6 +10,7 @@ from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.middleware.proxy_fix import ProxyFix
 
 from chattts_farm.settings import Settings
+from web.errors import ApiError
 from web.models import db
 
 MIGRATIONS = str(Path(__file__).resolve().parent.parent / "migrations")
@@ -71,13 +72,34 @@ def _engine_options(database_uri: str) -> dict:
     return {} if database_uri.startswith("sqlite") else {"pool_pre_ping": True}
 
 
+def takes_uploads_up_to(limit: int, field: str, message: str):
+    """A view taking uploads (multipart/form-data bodies) larger than MAX_CONTENT_LENGTH: up to ``limit``
+    bytes, a longer one refused with a 413 naming ``field``, from its Content-Length before any of it is read."""
+
+    def mark(view):
+        view.body_limit = (limit, field, message)
+        return view
+
+    return mark
+
+
 def _refuse_streamed_bodies_past_the_limit(app: Flask) -> None:
     @app.before_request
     def read_a_streamed_body_whole():
         """A body sent without Content-Length (chunked) reaches Werkzeug as a stream it cuts at
         MAX_CONTENT_LENGTH, handing the view the cut body as if it were whole (a JSON error: a 400).
         Read it here, after authentication (Flask keeps it for the view): a byte past the limit is a 413."""
+        too_large: Exception = RequestEntityTooLarge()
+        body_limit = getattr(app.view_functions.get(request.endpoint), "body_limit", None)
+        if body_limit is not None and request.mimetype == "multipart/form-data":
+            request.max_content_length, field, message = body_limit
+            too_large = ApiError(413, message, field)
+            if (request.content_length or 0) > request.max_content_length:
+                raise too_large
         if request.content_length is None and request.environ.get("wsgi.input_terminated"):
-            request.get_data()
+            try:
+                request.get_data()
+            except RequestEntityTooLarge:
+                raise too_large from None
             if request.environ["wsgi.input"].read(1):
-                raise RequestEntityTooLarge()
+                raise too_large

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
-from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, Blend, SynthesisRequest
+from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
 from chattts_farm.speech_length import expected_seconds
 from web import access, admission, backends
 from web.access import limits
@@ -93,6 +93,7 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
         voice_seed=request.voice_seed,
         voice_embedding=request.voice if isinstance(request.voice, str) else None,
         voice_mix=arguments["voice"] if isinstance(request.voice, Blend) else None,
+        voice_sample=arguments["voice"] if isinstance(request.voice, SpeakerSample) else None,
         parameters={k: v for k, v in arguments.items() if k not in ("text", "voice")},
         format=request.format,
         status=JobStatus.QUEUED,
@@ -103,7 +104,7 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
 def enqueue(job: Job) -> None:
     """Send the job's task under the job's own id, with the arguments its row records (so the
     reconciler sends a lost job again exactly as it was first sent)."""
-    voice = job.voice_mix or (job.voice_embedding if job.voice_seed is None else job.voice_seed)
+    voice = job.voice_mix or job.voice_sample or (job.voice_embedding if job.voice_seed is None else job.voice_seed)
     backends.current().celery.send_task(
         TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id, queue=DEFAULT_QUEUE
     )

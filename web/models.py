@@ -89,8 +89,13 @@ class Voice(db.Model):
     name: Mapped[str] = mapped_column(String(100), unique=True)
     # Seeds go up to 2**32 - 1: past PostgreSQL's 32-bit integer.
     seed: Mapped[int | None] = mapped_column(BigInteger)
-    # Always stored: the embedding, not the seed, is the voice on any model build and device.
-    spk_emb: Mapped[str] = mapped_column(Text)
+    # Stored for every voice but one from a reference clip: the embedding, not the seed, is the voice on
+    # any model build and device.
+    spk_emb: Mapped[str | None] = mapped_column(Text)
+    # A voice from a reference clip: ChatTTS's speaker sample of the clip (the DVAE encoder's codes, made
+    # by a worker) and the clip's words, which every prompt in this voice carries.
+    spk_smp: Mapped[str | None] = mapped_column(Text)
+    txt_smp: Mapped[str | None] = mapped_column(Text)
     description: Mapped[str] = mapped_column(Text, default="")
     gender: Mapped[str | None] = mapped_column(String(20))
     age: Mapped[str | None] = mapped_column(String(20))
@@ -102,6 +107,14 @@ class Voice(db.Model):
     # The key that made the voice, when keys are on. None for voices made with keys off or before
     # voices had owners: with keys on, only admin keys may change those.
     owner_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+
+    @property
+    def kind(self) -> str:
+        """What the voice is made of: ``clip`` (a reference clip's speaker sample), ``seed`` (the embedding
+        a seed names) or ``embedding`` (an embedding given as such, or mixed from a blend)."""
+        if self.spk_smp is not None:
+            return "clip"
+        return "seed" if self.seed is not None else "embedding"
 
     def may_be_changed_by(self, api_key: ApiKey | None) -> bool:
         """Every key may read and speak a voice; only its owner or an admin key may change or delete it.
@@ -147,6 +160,8 @@ class Job(db.Model):
     # A blend's parts as sent ({"mix": [...]}, seeds and embeddings); its embedding, once a worker has
     # mixed it, is voice_embedding.
     voice_mix: Mapped[dict | None] = mapped_column(JSON)
+    # A voice from a reference clip, as sent ({"spk_smp": ..., "txt_smp": ...}).
+    voice_sample: Mapped[dict | None] = mapped_column(JSON)
     parameters: Mapped[dict] = mapped_column(JSON, default=dict)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED, index=True)
     progress: Mapped[float] = mapped_column(Float, default=0.0)

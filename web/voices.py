@@ -17,21 +17,26 @@ from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     MAX_SEED,
     OPENAI_VOICE_SEEDS,
+    SPEAKER_SAMPLE_TASK_NAME,
     Blend,
     InvalidRequest,
+    SpeakerSample,
     SynthesisRequest,
     as_integer,
     looks_like_embedding,
     mix_parts,
     parse_voice,
+    transcript_of,
     voice_argument,
 )
 from chattts_farm.text import drop_invisible
-from web import access, backends
+from web import access, backends, clips
 from web.errors import ApiError
 from web.models import Job, JobStatus, Tag, Voice, db, voice_tags
 
 EMBEDDING_TIMEOUT_S = 60
+# Encoding a clip is a few convolutions over its mel spectrogram: well under a second on a worker's CPU.
+SPEAKER_SAMPLE_TIMEOUT_S = 60
 # Voice ids are PostgreSQL's 32-bit integers (SQLite's, counted up from 1, never get near): a larger
 # number names no voice, and is not looked up (PostgreSQL would refuse it rather than find nothing).
 MAX_ID = 2**31 - 1
@@ -97,13 +102,13 @@ def get_to_change(voice_id: int) -> Voice:
     raise ApiError(403, f"voice {voice.id} ({voice.name!r}) {why} may change or delete it", "voice_id")
 
 
-def resolve(value: Any, field: str = "voice") -> Voice | int | str | Blend | None:
+def resolve(value: Any, field: str = "voice") -> Voice | int | str | Blend | SpeakerSample | None:
     """A job's voice: a seed, an OpenAI voice name's seed, an embedding string or a blend (whose parts may
     be any of these and catalog voices, :func:`blend`), else the catalog voice the text names (None when it
     names none). A catalog voice named like an OpenAI voice is spoken instead of its seed: that is how an
     admin gives the name another voice (see :func:`_name`). :class:`InvalidRequest` naming ``field`` for a
     value that is neither a seed, an embedding, a blend nor a name."""
-    if isinstance(value, dict):
+    if isinstance(value, dict) and "mix" in value:
         return blend(value, field)
     if isinstance(value, str) and value.strip() in OPENAI_VOICE_SEEDS:
         return named(value) or OPENAI_VOICE_SEEDS[value.strip()]
@@ -118,15 +123,24 @@ def resolve(value: Any, field: str = "voice") -> Voice | int | str | Blend | Non
 
 def blend(value: dict, field: str = "voice") -> Blend:
     """A blend whose parts name voices as jobs do, catalog voices among them (each mixed as its embedding);
-    a 422 naming ``field`` for a part naming no voice, :class:`InvalidRequest` for any other fault."""
-    parts = [
-        {**part, "voice": argument(to_speak(part["voice"], field))} if isinstance(part["voice"], str) else part
-        for part in mix_parts(value, field)
-    ]
+    a 422 naming ``field`` for a part naming no voice, :class:`InvalidRequest` for any other fault (a
+    voice from a reference clip among them: it has no embedding to mix)."""
+    parts = []
+    for number, part in enumerate(mix_parts(value, field), 1):
+        if isinstance(part["voice"], str):
+            voice = to_speak(part["voice"], field)
+            if isinstance(voice, Voice) and voice.kind == "clip":
+                raise InvalidRequest(
+                    field,
+                    f"part {number} of the blend, {voice.name!r}, is a voice from a reference clip: a speaker"
+                    " sample, not a speaker embedding, so it does not mix",
+                )
+            part = {**part, "voice": argument(voice)}
+        parts.append(part)
     return parse_voice({"mix": parts}, field)
 
 
-def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend:
+def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend | SpeakerSample:
     """A voice a job may speak in (as :func:`resolve` reads it); a 422 naming ``field`` for a name that is
     neither an OpenAI voice name nor a catalog voice's (:class:`InvalidRequest`, a 400, for a value that
     is no voice at all)."""
@@ -142,10 +156,12 @@ def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend:
     return voice
 
 
-def argument(voice: Voice | int | str | Blend) -> int | str | dict:
-    """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding, else the seed,
-    embedding or blend itself."""
-    return voice.spk_emb if isinstance(voice, Voice) else voice_argument(voice)
+def argument(voice: Voice | int | str | Blend | SpeakerSample) -> int | str | dict:
+    """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding (or, for one from a
+    reference clip, its speaker sample and words), else the seed, embedding, blend or sample itself."""
+    if isinstance(voice, Voice):
+        return voice_argument(SpeakerSample(voice.spk_smp, voice.txt_smp)) if voice.kind == "clip" else voice.spk_emb
+    return voice_argument(voice)
 
 
 def create(fields: dict[str, Any]) -> Voice:
@@ -167,6 +183,40 @@ def create(fields: dict[str, Any]) -> Voice:
     # Only once every field is valid: a worker may take up to a minute to answer.
     if voice.spk_emb is None:
         voice.spk_emb = embedding_from_worker(seed if seed is not None else mixed, given[0])
+    db.session.add(voice)
+    _commit_unique(name)
+    return voice
+
+
+def create_from_clip(form: dict[str, str], clip: Any) -> Voice:
+    """A new voice from a reference clip (``clip``, the uploaded file, or None) and its words
+    (``transcript``): the clip checked and decoded here, encoded into ChatTTS's speaker sample by a
+    worker, and only then stored, so that no voice without its sample is ever seen. ``tags`` are
+    comma-separated; ``description``, ``gender`` and ``age`` as for any voice."""
+    unknown = sorted(set(form) - {"name", "tags", "transcript", "csrf_token", *_TEXT_FIELDS})
+    if unknown:
+        raise ApiError(400, f"a voice from a clip takes name, tags, transcript and audio, not {unknown[0]}", unknown[0])
+    name = _name(form.get("name"))
+    try:
+        transcript = transcript_of(form.get("transcript"))
+    except InvalidRequest as error:
+        raise ApiError(400, str(error), "transcript") from None
+    voice = Voice(name=name, txt_smp=transcript, owner_key_id=_caller_key_id())
+    details = {field: form[field] for field in _TEXT_FIELDS if field in form}
+    update(voice, {**details, "tags": form.get("tags", "").split(",")}, commit=False)
+    if named(name) is not None:  # before the worker's time is spent on it
+        raise ApiError(409, f"a voice named {name!r} already exists", "name")
+    if clip is None or not getattr(clip, "filename", None):
+        raise ApiError(400, "audio: the clip is required, a WAV, FLAC, Ogg or MP3 file as the form's audio", "audio")
+    samples = clips.clip_samples(clip.stream)
+    voice.spk_smp = _from_worker(
+        SPEAKER_SAMPLE_TASK_NAME,
+        {"audio": samples},
+        "audio",
+        "the clip's speaker sample",
+        "and send the clip again",
+        SPEAKER_SAMPLE_TIMEOUT_S,
+    )
     db.session.add(voice)
     _commit_unique(name)
     return voice
@@ -222,7 +272,9 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
         if usable:
             return kept
     job = jobs.submit(
-        SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb}, max_text_chars=max_text_chars),
+        SynthesisRequest.from_arguments(
+            {"text": PREVIEW_TEXT, "voice": argument(voice)}, max_text_chars=max_text_chars
+        ),
         voice,
     )
     job.is_preview = True
@@ -274,6 +326,10 @@ def from_job(job: Job, fields: dict[str, Any]) -> Voice:
     given = sorted({"seed", "spk_emb"} & set(fields))
     if given:
         raise ApiError(400, f"{given[0]} comes from the job: give only the voice's name and details", given[0])
+    if job.voice_sample is not None:
+        raise ApiError(
+            409, f"job {job.id} spoke a voice from a reference clip: keep the clip's voice (upload the clip) instead"
+        )
     if not job.voice_embedding:
         raise ApiError(409, f"job {job.id} has not reported its voice yet (it is {job.status})")
     return create(
@@ -285,8 +341,11 @@ def describe(voice: Voice) -> dict[str, Any]:
     return {
         "id": voice.id,
         "name": voice.name,
+        "kind": voice.kind,
         "seed": voice.seed,
         "spk_emb": voice.spk_emb,
+        "spk_smp": voice.spk_smp,
+        "txt_smp": voice.txt_smp,
         "tags": [tag.name for tag in voice.tags],
         "description": voice.description,
         "gender": voice.gender,
@@ -303,7 +362,9 @@ def export() -> list[dict[str, Any]]:
     exported = []
     for voice in find([], None):
         entry = describe(voice)
-        for key in ("id", "created_at", "updated_at", "editable"):
+        # What import reads back: an embedding (and its seed), or a clip's sample and words.
+        made_of = ("seed", "spk_emb") if voice.kind == "clip" else ("spk_smp", "txt_smp")
+        for key in ("id", "kind", "created_at", "updated_at", "editable", *made_of):
             del entry[key]
         exported.append(entry)
     return exported
@@ -316,15 +377,23 @@ def import_(entries: Any) -> dict[str, list[str]]:
         raise ApiError(400, "the body must be a JSON list of voices (as GET /api/voices/export gives)", "body")
     added, skipped = [], []
     for position, entry in enumerate(entries):
-        if not isinstance(entry, dict) or not entry.get("spk_emb"):
-            raise ApiError(400, f"voice {position} must be an object with a name and spk_emb", "body")
-        voice = Voice(
-            name=_name(entry.get("name")),
-            seed=_seed(entry["seed"]) if entry.get("seed") is not None else None,
-            spk_emb=_embedding(entry["spk_emb"]),
-            owner_key_id=_caller_key_id(),
-        )
-        update(voice, {k: v for k, v in entry.items() if k not in ("name", "seed", "spk_emb")}, commit=False)
+        # An embedding (with the seed that named it, if any), or a clip's sample and words (a seed beside
+        # them names nothing, and is not kept).
+        given = set(entry) & {"spk_emb", "spk_smp", "txt_smp"} if isinstance(entry, dict) else set()
+        if given not in ({"spk_emb"}, {"spk_smp", "txt_smp"}):
+            raise ApiError(
+                400, f"voice {position} must be an object with a name and spk_emb, or spk_smp and txt_smp", "body"
+            )
+        voice = Voice(name=_name(entry.get("name")), owner_key_id=_caller_key_id())
+        seed = _seed(entry["seed"]) if entry.get("seed") is not None else None
+        if given == {"spk_emb"}:
+            voice.seed, voice.spk_emb = seed, _embedding(entry["spk_emb"])
+        else:
+            sample = parse_voice({"spk_smp": entry["spk_smp"], "txt_smp": entry["txt_smp"]}, "body")
+            voice.spk_smp, voice.txt_smp = sample.spk_smp, sample.txt_smp
+        # What the voice is made of is set above; the rest as an edit would.
+        made_of = ("name", "seed", "spk_emb", "spk_smp", "txt_smp")
+        update(voice, {k: v for k, v in entry.items() if k not in made_of}, commit=False)
         if named(voice.name) is not None:
             skipped.append(voice.name)
             continue
@@ -337,21 +406,20 @@ def import_(entries: Any) -> dict[str, list[str]]:
 def embedding_from_worker(voice: int | Blend, field: str) -> str:
     """Ask a worker: deriving an embedding from a seed or a blend needs the model, which the web app never
     loads. A 503 naming ``field`` when none answers."""
+    what = f"the embedding of {f'seed {voice}' if field == 'seed' else 'the blend'}"
+    arguments = {"voice": voice_argument(voice)}
+    return _from_worker(EMBEDDING_TASK_NAME, arguments, field, what, "or give spk_emb instead", EMBEDDING_TIMEOUT_S)
+
+
+def _from_worker(task: str, arguments: dict[str, Any], field: str, what: str, advice: str, timeout_s: float) -> str:
+    """A worker's answer to ``task``: :class:`InvalidRequest` naming ``field`` when it could not use the
+    argument, a 503 naming it (with ``advice``) when no worker answered."""
     try:
-        return (
-            backends.current()
-            .celery.send_task(EMBEDDING_TASK_NAME, kwargs={"voice": voice_argument(voice)})
-            .get(timeout=EMBEDDING_TIMEOUT_S)
-        )
+        return backends.current().celery.send_task(task, kwargs=arguments).get(timeout=timeout_s)
     except InvalidRequest as error:  # the worker could not use the voice (an embedding of another width)
         raise InvalidRequest(field, error.message) from None
     except Exception as error:  # noqa: BLE001 - any failure here means no worker could answer
-        raise ApiError(
-            503,
-            f"no worker answered for the embedding of {f'seed {voice}' if field == 'seed' else 'the blend'} ({error});"
-            " start workers or give spk_emb instead",
-            field,
-        ) from None
+        raise ApiError(503, f"no worker answered for {what} ({error}); start workers {advice}", field) from None
 
 
 def normalise_tags(tags: list[str]) -> list[str]:

@@ -14,7 +14,7 @@ so they hold across every web process) and :mod:`.secret_key` (the key signing s
 
 from __future__ import annotations
 
-from flask import Flask, g, redirect, request, url_for
+from flask import Flask, current_app, g, redirect, request, url_for
 
 from web.access import api_keys, limits, secret_key, sessions
 from web.errors import ApiError
@@ -30,6 +30,22 @@ SAFE_METHODS = {"GET", "HEAD", "OPTIONS"}
 def current_key() -> ApiKey | None:
     """The key of this request (None when keys are off)."""
     return g.get("api_key")
+
+
+def refuse_cross_site_forms() -> None:
+    """Refuse a form body (an upload) that a cross-site page could have sent. With keys on, a session's
+    requests carry the CSRF token already (checked in :func:`init_app`'s ``authenticate``) and a bearer key
+    is never sent by a browser on its own. With keys off the API relies on reading only JSON, which no
+    cross-site form sends: a form must carry the ``X-CSRF-Token`` header instead (the pages send their
+    token; any value does), which no cross-site form can send either, nor a cross-site script without
+    the farm's leave (CORS: a header of its own asks first, and the farm never allows it)."""
+    if not current_app.config["SETTINGS"].require_api_key and not request.headers.get(sessions.CSRF_HEADER):
+        raise ApiError(
+            403,
+            f"with keys off a form upload must carry the {sessions.CSRF_HEADER} header (any value; the pages send"
+            " theirs), which no cross-site form can send",
+            sessions.CSRF_HEADER,
+        )
 
 
 def _signed_in_key() -> ApiKey | None:

@@ -12,17 +12,23 @@ from flask import current_app
 from chattts_farm.contract import (
     EMBEDDING_PATTERN,
     FORMATS,
+    MAX_CLIP_S,
     MAX_EMBEDDING_CHARS,
     MAX_MIX_PARTS,
     MAX_MIX_WEIGHT,
+    MAX_SAMPLE_CHARS,
     MAX_SEED,
+    MAX_TRANSCRIPT_CHARS,
+    MIN_CLIP_S,
     OPENAI_VOICE_SEEDS,
 )
 from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
+from web.access.sessions import CSRF_HEADER
 from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
+from web.clips import MAX_CLIP_BYTES
 from web.models import JobStatus
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
@@ -71,6 +77,43 @@ _EMBEDDING = {
     "maxLength": MAX_EMBEDDING_CHARS,
     "pattern": EMBEDDING_PATTERN,
     "description": "A ChatTTS speaker-embedding string.",
+}
+_SPEAKER_SAMPLE = {
+    "type": "string",
+    "minLength": 16,
+    "maxLength": MAX_SAMPLE_CHARS,
+    "pattern": EMBEDDING_PATTERN,
+    "description": "A ChatTTS speaker sample (spk_smp): a reference clip's DVAE codes, as Chat.sample_audio_speaker "
+    "writes them.",
+}
+_TRANSCRIPT = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": MAX_TRANSCRIPT_CHARS,
+    "pattern": SPEAKABLE_CHARACTER,
+    "description": "The reference clip's words (txt_smp), which ChatTTS reads before every text in this voice: "
+    "read as a text to speak is (control and invisible characters dropped, something speakable required).",
+}
+_CLIP_FORM = {
+    "type": "object",
+    "required": ["name", "transcript", "audio"],
+    "additionalProperties": False,
+    "properties": {
+        "csrf_token": {"type": "string", "description": "The pages' CSRF token, when a page's form sends it."},
+        "name": {"type": "string", "minLength": 1, "maxLength": 100},
+        "tags": {"type": "string", "description": "Comma-separated; each stored lower-case, at most 64 characters."},
+        "transcript": _TRANSCRIPT,
+        "audio": {
+            "type": "string",
+            "contentMediaType": "application/octet-stream",
+            "description": f"The clip: WAV, FLAC, Ogg (Opus, Vorbis) or MP3, mono or stereo, {MIN_CLIP_S:g} to "
+            f"{MAX_CLIP_S:g} s, at most {MAX_CLIP_BYTES // 10**6} MB. A file that is no such clip is refused "
+            "(a 400 naming audio; 413 past the size).",
+        },
+        "description": {"type": "string", "maxLength": 2000},
+        "gender": {"type": "string", "maxLength": 20},
+        "age": {"type": "string", "maxLength": 20},
+    },
 }
 _ONE_VOICE = {
     "description": (
@@ -216,12 +259,25 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
     }
     exported_voice = {
         "type": "object",
-        "required": ["name", "spk_emb"],
+        "required": ["name"],
         "additionalProperties": False,
+        # A speaker embedding (with the seed that named it, if any), or a reference clip's sample and words.
+        "oneOf": [
+            {"required": ["spk_emb"], "not": {"anyOf": [{"required": ["spk_smp"]}, {"required": ["txt_smp"]}]}},
+            {"required": ["spk_smp", "txt_smp"], "not": {"required": ["spk_emb"]}},
+        ],
         "properties": {
             **voice_fields,
-            "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
+            "seed": {
+                "type": ["integer", "null"],
+                "minimum": 0,
+                "maximum": MAX_SEED,
+                "description": "The seed that named the embedding; beside a clip's sample it names nothing and is "
+                "not kept.",
+            },
             "spk_emb": _EMBEDDING,
+            "spk_smp": _SPEAKER_SAMPLE,
+            "txt_smp": _TRANSCRIPT,
         },
     }
     voice = {"$ref": "#/components/schemas/Voice"}
@@ -348,9 +404,37 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     },
                 },
                 "post": {
-                    "summary": "Add a voice from a seed, an embedding or a blend (mix)",
-                    "requestBody": _json_body(new_voice),
-                    "responses": {"201": _json(voice, "created"), **_errors(400, 409, 413, 422, 503), **name_reserved},
+                    "summary": "Add a voice from a seed, an embedding or a blend (mix), or from a reference clip",
+                    "description": "A JSON body makes a voice of a speaker embedding; a multipart/form-data body "
+                    "uploads a reference clip (audio) with its words (transcript), which a worker encodes into "
+                    "ChatTTS's speaker sample before the voice is stored (kind clip). With keys off, such a form "
+                    f"must carry the {CSRF_HEADER} header (any value): no cross-site form can send one.",
+                    "parameters": [
+                        {
+                            "name": CSRF_HEADER,
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Required with keys off on a form upload; any value.",
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": new_voice},
+                            "multipart/form-data": {"schema": _CLIP_FORM},
+                        },
+                    },
+                    "responses": {
+                        "201": _json(voice, "created"),
+                        **_errors(400, 409, 422, 503),
+                        "403": _error(
+                            403,
+                            f"a form upload without {CSRF_HEADER} with keys off"
+                            + (f"; or {_RESERVED_NAME}, or {_ERROR_MEANINGS[403]}" if keys_required else ""),
+                        ),
+                        "413": _error(413, f"{_ERROR_MEANINGS[413]}; a clip's form past {MAX_CLIP_BYTES // 10**6} MB"),
+                    },
                 },
             },
             "/api/voices/{voice_id}": {
@@ -559,8 +643,16 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "type": "object",
                     "properties": {
                         "id": {"type": "integer"},
+                        "kind": {
+                            "type": "string",
+                            "enum": ["seed", "embedding", "clip"],
+                            "description": "What the voice is made of: a seed's embedding, an embedding given "
+                            "(or mixed from a blend), or a reference clip's speaker sample (spk_smp, txt_smp).",
+                        },
                         "seed": {"type": ["integer", "null"]},
-                        "spk_emb": {"type": "string"},
+                        "spk_emb": {"type": ["string", "null"]},
+                        "spk_smp": {"type": ["string", "null"]},
+                        "txt_smp": {"type": ["string", "null"]},
                         **voice_fields,
                         "editable": {
                             "type": "boolean",

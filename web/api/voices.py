@@ -7,7 +7,7 @@ import json
 
 from flask import Response, current_app, request
 
-from web import jobs, voices
+from web import access, clips, jobs, takes_uploads_up_to, voices
 from web.api import bp
 from web.api.jobs import describe, visible_job
 from web.json_body import json_body, json_object
@@ -19,9 +19,19 @@ def list_voices():
     return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
 
 
+# The form's other fields (name, tags, transcript, details) and its boundaries, beside the clip.
+CLIP_FORM_ALLOWANCE = 64 * 1024
+
+
 @bp.post("/voices")
+@takes_uploads_up_to(clips.MAX_CLIP_BYTES + CLIP_FORM_ALLOWANCE, "audio", f"audio: {clips.TOO_BIG}")
 def create_voice():
-    return voices.describe(voices.create(json_object())), 201
+    """A voice from JSON (a seed, an embedding or a blend), or from a reference clip: a multipart form
+    with the file ``audio`` and its ``transcript``."""
+    if request.mimetype != "multipart/form-data":
+        return voices.describe(voices.create(json_object())), 201
+    access.refuse_cross_site_forms()
+    return voices.describe(voices.create_from_clip(request.form.to_dict(), request.files.get("audio"))), 201
 
 
 @bp.get("/voices/export")

@@ -252,6 +252,9 @@ def meaningful(name: str | None, catalog: Catalog):
         "mix": mix,
         "voice_id": st.just(catalog.voice["id"]),
         "spk_emb": st.just(EMBEDDING),
+        # A speaker sample is written as an embedding is (an import stores it undecoded).
+        "spk_smp": st.just(EMBEDDING),
+        "txt_smp": SPEAKABLE_TEXT,
         "name": st.text(max_size=60).map(unique_name),
     }.get(name)
 
