@@ -1,8 +1,14 @@
 """The pages in a real headless Chromium (Debian's), against the real web server and workers."""
 
+import base64
+import io
 import time
 
+import numpy as np
+import pytest
 import requests
+import soundfile
+from playwright.sync_api import expect
 
 LONG_TEXT = " ".join(
     f"This is sentence {word} of a text long enough to watch." for word in "abcdefghijklmnopqrstuvwxyz" * 3
@@ -283,3 +289,52 @@ def test_with_keys_on_sign_in_with_a_key_then_speak_through_the_form(browser, ke
         ).status_code
         == 200
     )
+
+
+# Drops a file of the given bytes (base64) on an element, as a person dragging it there does.
+DROP_FILE = """([selector, name, base64]) => {
+  const bytes = Uint8Array.from(atob(base64), (c) => c.charCodeAt(0));
+  const transfer = new DataTransfer();
+  transfer.items.add(new File([bytes], name, {type: "audio/wav"}));
+  const target = document.querySelector(selector);
+  target.dispatchEvent(new DragEvent("dragover", {dataTransfer: transfer, bubbles: true, cancelable: true}));
+  target.dispatchEvent(new DragEvent("drop", {dataTransfer: transfer, bubbles: true, cancelable: true}));
+}"""
+
+
+def test_a_voice_from_a_recording_dropped_or_picked_is_played_and_timed_before_it_is_sent(
+    watched_page, web_server, tmp_path
+):
+    page, problems = watched_page(web_server + "/voices")
+    # Dropped: too short. The page plays and times it; the server refuses it, shown under the clip.
+    page.evaluate(DROP_FILE, ["#clip-drop", "short.wav", base64.b64encode(wav_clip(0.5)).decode()])
+    expect(page.locator("#clip-chosen")).to_contain_text("0.5 s")
+    page.fill("#clip-name", "My own voice")
+    page.fill("#clip-transcript", "This is how I sound when I read aloud.")
+    page.fill("#clip-tags", "mine, Recorded")
+    page.click("#clip-submit")
+    expect(page.locator("#clip-error-audio")).to_contain_text("at least 1 s")
+    # The refusal, and the console's note of it: nothing else went wrong.
+    assert f"400: {web_server}/api/voices" in problems and all("400" in problem for problem in problems)
+    problems.clear()
+
+    # Picked: a good one, played before it is sent, then made a voice.
+    clip = tmp_path / "reading.wav"
+    clip.write_bytes(wav_clip(2.5))
+    page.set_input_files("#clip-file", str(clip))
+    expect(page.locator("#clip-chosen")).to_contain_text("2.5 s")
+    assert page.locator("#clip-error-audio").text_content() == "" and page.locator("#clip-audio").is_visible()
+    assert page.evaluate("document.querySelector('#clip-audio').duration") == pytest.approx(2.5, abs=0.05)
+    with page.expect_navigation(timeout=60_000):
+        page.click("#clip-submit")
+    assert page.locator("tr.voice[data-voice-name='My own voice']").count() == 1
+    (voice,) = requests.get(web_server + "/api/voices?q=My+own+voice", timeout=10).json()["voices"]
+    assert voice["kind"] == "clip" and voice["tags"] == ["mine", "recorded"] and voice["spk_smp"]
+    assert not problems, problems
+
+
+def wav_clip(seconds: float, rate: int = 16_000) -> bytes:
+    samples = (np.random.default_rng(2).standard_normal(int(seconds * rate)) * 0.1).astype(np.float32)
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()

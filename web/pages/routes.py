@@ -4,8 +4,8 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, redirect, render_template, request, send_from_directory, url_for
 
-from chattts_farm.contract import OPENAI_VOICE_SEEDS
-from web import jobs, voices
+from chattts_farm.contract import MAX_CLIP_S, MAX_TRANSCRIPT_CHARS, MIN_CLIP_S, OPENAI_VOICE_SEEDS
+from web import clips, jobs, voices
 from web.access import api_keys, sessions
 from web.models import Job, JobStatus, db
 from web.pages import bp
@@ -68,6 +68,10 @@ def voice_catalog():
         workshop_default=voices.WORKSHOP_VOICES_DEFAULT,
         workshop_max=voices.WORKSHOP_VOICES_MAX,
         openai_voices=list(OPENAI_VOICE_SEEDS),
+        clip_min_s=f"{MIN_CLIP_S:g}",
+        clip_max_s=f"{MAX_CLIP_S:g}",
+        clip_max_mb=clips.MAX_CLIP_BYTES // 10**6,
+        clip_transcript_chars=MAX_TRANSCRIPT_CHARS,
     )
 
 

@@ -143,5 +143,86 @@ function setUpVoices(table) {
   });
 }
 
+// A voice from a recording: the clip is chosen (dropped or picked), played and timed here before it is
+// sent; the server checks it again, and its refusal is shown under the field it names.
+function setUpClipVoice(form) {
+  const file = form.querySelector("#clip-file");
+  const drop = form.querySelector("#clip-drop");
+  const audio = form.querySelector("#clip-audio");
+  const chosen = form.querySelector("#clip-chosen");
+  const message = form.querySelector("#clip-message");
+  const button = form.querySelector("#clip-submit");
+  let clip = null;
+  let playable = null;
+
+  const errors = () => form.querySelectorAll(".field-error");
+  const showError = (field, text) => {
+    const where = form.querySelector(`#clip-error-${field}`);
+    if (where) where.textContent = text; else message.textContent = text;
+  };
+  const choose = (picked) => {
+    errors().forEach((element) => { element.textContent = ""; });
+    if (playable) URL.revokeObjectURL(playable);
+    clip = picked;
+    playable = URL.createObjectURL(picked);
+    audio.src = playable;
+    audio.hidden = false;
+    chosen.textContent = `${picked.name}: ${(picked.size / 1e6).toFixed(2)} MB`;
+  };
+  audio.addEventListener("loadedmetadata", () => {
+    if (clip && Number.isFinite(audio.duration)) {
+      chosen.textContent = `${clip.name}: ${audio.duration.toFixed(1)} s, ${(clip.size / 1e6).toFixed(2)} MB`;
+    }
+  });
+  audio.addEventListener("error", () => {
+    if (clip) showError("audio", "This browser cannot play the file: the server will say whether it is a clip.");
+  });
+  file.addEventListener("change", () => { if (file.files[0]) choose(file.files[0]); });
+  drop.addEventListener("dragover", (event) => { event.preventDefault(); drop.classList.add("dragging"); });
+  drop.addEventListener("dragleave", () => drop.classList.remove("dragging"));
+  drop.addEventListener("drop", (event) => {
+    event.preventDefault();
+    drop.classList.remove("dragging");
+    if (event.dataTransfer.files[0]) choose(event.dataTransfer.files[0]);
+  });
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    errors().forEach((element) => { element.textContent = ""; });
+    message.textContent = "";
+    if (!clip) {
+      showError("audio", "Choose or drop a clip first.");
+      return;
+    }
+    const body = new FormData();
+    body.append("name", form.querySelector("#clip-name").value);
+    body.append("transcript", form.querySelector("#clip-transcript").value);
+    body.append("tags", form.querySelector("#clip-tags").value);
+    body.append("audio", clip, clip.name);
+    button.disabled = true;
+    message.textContent = "Uploading and encoding the clip…";
+    try {
+      const response = await fetch(form.dataset.url, {
+        method: "POST",
+        headers: {"Accept": "application/json",
+                  "X-CSRF-Token": document.querySelector('meta[name="csrf-token"]').content},
+        body,
+      });
+      const payload = await response.json();
+      if (!response.ok) {
+        message.textContent = "";
+        showError(payload.field || "", payload.error || response.statusText);
+        return;
+      }
+      window.location.reload();
+    } catch (failure) {
+      message.textContent = failure.message;
+    } finally {
+      button.disabled = false;
+    }
+  });
+}
+
 onPage("voices", setUpVoices);
+onPage("clip-voice", setUpClipVoice);
 onPage("workshop", setUpWorkshop);
