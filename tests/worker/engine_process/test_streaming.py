@@ -7,13 +7,14 @@ import numpy as np
 import pytest
 import torch
 
-from chattts_farm.contract import SynthesisRequest
+from chattts_farm.contract import CLIP_SAMPLE_RATE, SynthesisRequest
 from worker.engine.blocks import blocks_for
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
 from worker.engine_process.streaming import RequestStream
+from worker.engine_process.voices import speaker_sample
 
 LONG_TEXT = (
     "The farm streams its audio while it speaks. Every segment starts as soon as the engine has it. "
@@ -66,10 +67,14 @@ def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context
 def test_streams_whose_segments_are_preempted_mid_stream_still_send_the_unstreamed_audio(
     tiny_settings, synthesizer, make_request
 ):
-    # A KV cache that holds one longest segment (a few blocks more than one of these segments) runs
-    # dry with three requests of three segments each: the newest running ones are preempted and start
-    # over, after some of their audio has gone out.
+    # A KV cache that holds one longest segment runs dry with three requests of three segments each in
+    # a voice from a 23 s reference clip: its sample's codes make each prompt about 1,100 tokens, so two
+    # segments fit side by side at admission and outgrow the cache as they draw (the cache's least, one
+    # longest segment, now holds a 30 s clip's prompt: plain text alone no longer fills it); the newest
+    # is preempted and starts over, after some of its audio has gone out.
     settings = dataclasses.replace(tiny_settings, max_new_tokens=300)
+    pcm = (np.random.default_rng(5).standard_normal(23 * CLIP_SAMPLE_RATE) * 3000).astype("<i2").tobytes()
+    clip = {"spk_smp": speaker_sample(synthesizer.model.chat, pcm), "txt_smp": "The words of a long clip."}
     longest = blocks_for(max_prompt_tokens(settings) + settings.max_new_tokens)
     per_block = ModelRunner.bytes_per_block(synthesizer.model, kv_bytes=4)
     small = Synthesizer(
@@ -77,14 +82,16 @@ def test_streams_whose_segments_are_preempted_mid_stream_still_send_the_unstream
     )
     assert small.engine.scheduler.pool.blocks == longest
     requests = [
-        SynthesisRequest(**{**make_request(LONG_TEXT, seed=7 + row).__dict__, "request_id": f"streamed-{row}"})
+        SynthesisRequest(
+            **{**make_request(LONG_TEXT, voice=clip, seed=7 + row).__dict__, "request_id": f"streamed-{row}"}
+        )
         for row in range(3)
     ]
     chunks = [[] for _ in requests]
     run(small, requests, [lambda segment, samples, row=row: chunks[row].append(samples) for row in range(3)])
     assert small.engine.preemptions > 0
     plain = Synthesizer(synthesizer.model, settings).synthesize(
-        [make_request(LONG_TEXT, seed=7 + row) for row in range(3)]
+        [make_request(LONG_TEXT, voice=clip, seed=7 + row) for row in range(3)]
     )
     for streamed, unstreamed in zip(chunks, plain, strict=True):
         joined = np.concatenate(streamed)
