@@ -30,8 +30,9 @@ MAX_CHANNELS = 2
 LOWEST_RATE, HIGHEST_RATE = 8_000, 192_000
 # What a WAV's data chunk says when its writer did not know the length (a stream): to the end of the file.
 _UNKNOWN_WAV_LENGTHS = {0, 0xFFFFFFFF}
-# An MP3's length is estimated from its first frames when it has no Xing/LAME header: decoded audio
-# short of the header's figure by more than this share (and a tenth of a second) is a lie, not an estimate.
+# Decoded audio short of what the header says by more than this share (and a tenth of a second) is a lie.
+# An MP3 has no length in a header of its own (only an estimate, or an encoder's Xing/LAME note): it is
+# held to its decoded length alone.
 _LENGTH_SLACK = 0.05
 
 
@@ -73,7 +74,8 @@ def _decoded(decoder: soundfile.SoundFile) -> tuple[np.ndarray, int]:
     if not LOWEST_RATE <= rate <= HIGHEST_RATE:
         raise refuse(f"is sampled at {rate} Hz; a clip is {LOWEST_RATE} to {HIGHEST_RATE} Hz")
     claimed_s = decoder.frames / rate
-    _check_length(claimed_s, "the file's header says it lasts")
+    if decoder.format != "MP3":
+        _check_length(claimed_s, "the file's header says it lasts")
     most = int((MAX_CLIP_S + 1) * rate)
     blocks, frames = [], 0
     try:
@@ -83,7 +85,7 @@ def _decoded(decoder: soundfile.SoundFile) -> tuple[np.ndarray, int]:
     except (soundfile.LibsndfileError, RuntimeError) as error:
         raise refuse(f"could not be decoded after {frames / rate:.1f} s ({error})") from None
     decoded_s = frames / rate
-    if decoded_s < claimed_s * (1 - _LENGTH_SLACK) - 0.1:
+    if decoder.format != "MP3" and decoded_s < claimed_s * (1 - _LENGTH_SLACK) - 0.1:
         raise refuse(f"the header says it lasts {claimed_s:.1f} s, but only {decoded_s:.1f} s of audio is there")
     _check_length(decoded_s, "it lasts")
     return (np.concatenate(blocks) if blocks else np.zeros(0, np.float32)), rate
