@@ -148,3 +148,17 @@ def test_a_clip_voice_is_exported_and_imported_with_its_sample_and_words(client,
     assert client.post("/api/voices/import", json=exported).get_json() == {"added": ["my voice"], "skipped": []}
     (imported,) = client.get("/api/voices").get_json()["voices"]
     assert (imported["kind"], imported["spk_smp"], imported["txt_smp"]) == ("clip", made["spk_smp"], TRANSCRIPT)
+
+
+def test_a_clip_voice_is_previewed_and_spoken_by_name_on_the_openai_endpoint_as_on_the_job_api(client, workers):
+    voice = upload(client, clip()).get_json()
+    preview = client.post(f"/api/voices/{voice['id']}/preview").get_json()
+    assert wait_for(client, preview["id"], {"done"})["voice"]["catalog_id"] == voice["id"]
+    # Its audio seed, read back from its job, makes the OpenAI endpoint's audio comparable with a job's.
+    with client.post("/v1/audio/speech", json={"input": TEXT, "voice": "my voice", "response_format": "wav"}) as answer:
+        assert answer.status_code == 200
+        spoken_there = decode(answer.data)[0]
+    job = wait_for(client, answer.headers["X-Job-Id"], {"done"})
+    assert job["voice"]["catalog_id"] == voice["id"]
+    # It streams: its chunks join to the unstreamed audio up to 16-bit rounding at their seams.
+    np.testing.assert_allclose(spoken(client, "my voice", seed=job["result"]["seed"]), spoken_there, atol=1e-4)
