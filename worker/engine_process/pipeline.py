@@ -249,7 +249,9 @@ class Synthesizer:
         if any(entry.stream for entry in self.in_flight.values()):
             pieces.extend(self._cut_streams())
         if pieces:
-            self.decoder.submit(pieces)
+            # Their hidden states were copied beside the decode steps launched since they were drawn.
+            with self.engine.copying_outputs():
+                self.decoder.submit(pieces)
         return failed
 
     def _cut_streams(self) -> list[Piece]:
