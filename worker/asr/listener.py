@@ -72,4 +72,4 @@ class Listener:
             logger.exception("ASR failed on segment %d of request %s", segment.index, segment.request.request_id)
             return None
         rate = error_rate(normalise(segment.text), normalise(heard))
-        return AsrCheck(self.backend.name, heard, round(rate, 4), rate <= self.max_error_rate)
+        return AsrCheck(self.backend.name, segment.text, heard, round(rate, 4), rate <= self.max_error_rate)

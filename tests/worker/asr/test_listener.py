@@ -43,7 +43,7 @@ def heard_by(backend, max_error_rate=0.5):
 
 def test_the_right_words_pass_however_they_are_written():
     check = heard_by(Hearing("hello there, my two friends!"))
-    assert check.backend == "scripted" and check.heard == "hello there, my two friends!"
+    assert check.backend == "scripted" and check.said == TEXT and check.heard == "hello there, my two friends!"
     assert check.error_rate == 0 and check.passed
 
 
