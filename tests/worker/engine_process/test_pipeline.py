@@ -233,6 +233,7 @@ def test_of_the_attempts_heard_wrong_the_one_heard_best_is_kept(synthesizer, lis
     segment = kept.quality["segments"][0]
     assert segment["asr"] == {
         "backend": "scripted",
+        "said": "Hello world. This is the farm speaking.",
         "heard": "Hello, world. This",
         "error_rate": 0.5714,
         "passed": False,
