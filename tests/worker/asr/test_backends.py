@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from chattts_farm.settings import Settings, SettingsError
-from worker.asr.backends import Offline, Whisper, load_backend, whisper_checkpoint
+from worker.asr.backends import Offline, Whisper, load_backend, load_whisper, whisper_checkpoint
 from worker.asr.text import error_rate, normalise
 
 CPU = torch.device("cpu")
@@ -38,6 +38,16 @@ def test_the_offline_backend_hears_numbers_as_the_words_said(offline, speak):
     )
 
 
+def test_the_offline_backend_hears_a_batch_as_it_hears_each_clip_alone(offline, speak):
+    spoken = [SAID, OTHER, "the train leaves at 42 minutes past"]
+    expected = [SAID, SAID, spoken[2]]  # the second clip says something else than expected
+    clips = [speak(text) for text in spoken]
+    rate = clips[0][1]
+    alone = [offline.transcribe(samples, rate, text) for (samples, _), text in zip(clips, expected, strict=True)]
+    assert offline.transcribe_batch([samples for samples, _ in clips], rate, expected) == alone
+    assert heard_error_rate(offline, clips[1], SAID) > MAX_ERROR_RATE >= heard_error_rate(offline, clips[0], SAID)
+
+
 def test_the_offline_backend_knows_english_alone(offline):
     assert offline.hears("Hello there.") and not offline.hears("你好，世界。")
 
@@ -47,7 +57,7 @@ def test_the_offline_backend_knows_english_alone(offline):
     reason="Whisper tiny's weights are not in Whisper's cache, and they are never downloaded (none can be here)",
 )
 def test_whisper_hears_the_right_text_and_flags_another(speak):
-    whisper = Whisper(whisper_checkpoint("tiny"), CPU)
+    whisper = Whisper(load_whisper("tiny", CPU), CPU)
     assert heard_error_rate(whisper, speak(SAID), SAID) <= MAX_ERROR_RATE
     assert heard_error_rate(whisper, speak(OTHER), SAID) > MAX_ERROR_RATE
 
