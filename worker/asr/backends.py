@@ -4,7 +4,9 @@
   (on a CUDA stream of its own there). Its weights are read from Whisper's own cache
   (``$XDG_CACHE_HOME/whisper``, else ``~/.cache/whisper``, where ``whisper.load_model`` leaves them)
   or a checkpoint's path, and never downloaded: a farm's hosts may not reach the internet, and a
-  check that fetches 70 MB on its first segment is worse than none.
+  check that fetches 70 MB on its first segment is worse than none. ``synthetic-tiny`` and
+  ``synthetic-base`` build the real architectures with random weights instead, for benchmarks of the
+  gate's cost where no weights can be had (bench/asr_cost.py): what they hear is meaningless.
 - ``offline``: pocketsphinx's English model from its wheel, needing nothing but PyPI. Its general
   language model hears synthetic speech as other words, so it decodes against a grammar made from the
   expected text (docs/quality-gate.md has the measurements): it catches wrong or missing speech, and
@@ -186,10 +188,46 @@ def _language(text: str) -> str:
     return "zh" if is_chinese(text) else "en"
 
 
+# The real architectures of Whisper tiny and base (their checkpoints' ``dims``), for random weights.
+SYNTHETIC_WHISPER_DIMS = {
+    "synthetic-tiny": {"n_audio_state": 384, "n_audio_head": 6, "n_audio_layer": 4},
+    "synthetic-base": {"n_audio_state": 512, "n_audio_head": 8, "n_audio_layer": 6},
+}
+
+
+def synthetic_whisper(name: str):
+    """Whisper tiny or base as the architecture goes, with random weights (the same each time): a
+    benchmark's stand-in that costs what the real one costs and hears nothing meaningful."""
+    from whisper.model import ModelDimensions
+    from whisper.model import Whisper as WhisperModel
+
+    audio = SYNTHETIC_WHISPER_DIMS[name]
+    dims = ModelDimensions(
+        n_mels=80,
+        n_audio_ctx=1500,
+        n_vocab=51865,
+        n_text_ctx=448,
+        n_text_state=audio["n_audio_state"],
+        n_text_head=audio["n_audio_head"],
+        n_text_layer=audio["n_audio_layer"],
+        **audio,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = WhisperModel(dims)
+        # Whisper leaves its decoder's positional embedding as torch.empty made it (a checkpoint fills
+        # it): whatever the memory held, NaN included.
+        torch.nn.init.normal_(model.decoder.positional_embedding, std=0.01)
+    return model
+
+
 def load_whisper(model: str, device: torch.device):
-    """The Whisper model ASR_WHISPER_MODEL names, from its checkpoint (:func:`whisper_checkpoint`, which must exist)."""
+    """The Whisper model ASR_WHISPER_MODEL names: random weights for a synthetic one, else its
+    checkpoint's (:func:`whisper_checkpoint`, which must exist)."""
     import whisper
 
+    if model in SYNTHETIC_WHISPER_DIMS:
+        return synthetic_whisper(model).to(device)
     return whisper.load_model(str(whisper_checkpoint(model)), device=device)
 
 
@@ -208,6 +246,12 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -
         return None
     if choice == "offline":
         return Offline()
+    if settings.asr_whisper_model in SYNTHETIC_WHISPER_DIMS:
+        if choice == "auto":  # random weights hear nothing: only a benchmark asks for them, outright
+            logger.info("Whisper %s has random weights: the ASR check is off", settings.asr_whisper_model)
+            return None
+        logger.warning("Whisper %s has random weights: its verdicts are meaningless", settings.asr_whisper_model)
+        return Whisper(load_whisper(settings.asr_whisper_model, device), device)
     checkpoint = whisper_checkpoint(settings.asr_whisper_model)
     if not checkpoint.is_file():
         if choice == "auto":
