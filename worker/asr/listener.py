@@ -33,8 +33,8 @@ class Heard:
     check: AsrCheck | None
 
 
-# Most attempts one batch takes: enough to fill Whisper tiny's forward pass on a GPU, few enough that
-# the first of a burst is not kept waiting for the last.
+# Most attempts one batch takes, so that the first of a burst is not kept waiting for the last. Not
+# measured on a GPU yet: bench/asr_cost.py --asr-batch tries others.
 MAX_BATCH = 32
 
 
