@@ -162,7 +162,9 @@ class Settings:
     asr_whisper_model: str = _setting(
         "tiny",
         "the Whisper model ASR uses: a name whose weights are in `~/.cache/whisper` (`tiny`, `base`, ...) or a "
-        "checkpoint's path (`.pt`); never downloaded",
+        "checkpoint's path (`.pt`); never downloaded. `synthetic-tiny` and `synthetic-base` are a benchmark's aid "
+        "(bench/asr_cost.py): the real architecture with random weights, whose verdicts are meaningless; only "
+        "ASR=whisper uses them",
         role="worker",
     )
 

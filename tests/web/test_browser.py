@@ -60,6 +60,7 @@ def test_fill_the_form_watch_progress_then_see_the_jobs_details_waveform_and_aud
     assert "in the queue" in facts["Started"] and "of synthesis" in facts["Finished"]
     assert facts["First audio"].endswith("s after it was queued (streamed)")  # the form streams its jobs
     assert page.get_attribute("#job-download", "download") == f"chattts-{job_id}.wav"
+    assert not page.is_visible("#job-asr")  # no recogniser listened (synthetic weights: ASR auto is off)
 
     # Polled from here: Playwright's wait_for_function evaluates a string in the page, which the
     # farm's Content-Security-Policy (no 'unsafe-eval') rightly refuses.

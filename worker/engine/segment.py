@@ -98,6 +98,7 @@ class AsrCheck:
     """What the ASR gate (worker.asr) heard in a segment's audio, against the text it was to say."""
 
     backend: str
+    said: str  # the segment's text as the engine was given it (split, normalised, refined if asked)
     heard: str
     error_rate: float
     passed: bool

@@ -36,6 +36,34 @@ function showFacts(section, job) {
   if (result.first_chunk_s === null || result.first_chunk_s === undefined) fact("first-chunk").textContent = "not streamed";
 }
 
+// What the ASR gate heard in each segment it checked, beside the text the segment was asked to say, and
+// whether a segment kept was still heard saying something else (the result's asr_mismatch flag). A job
+// no recogniser listened to shows none of it.
+function showHeard(section, quality) {
+  const checked = (quality?.segments || []).map((segment, index) => ({ index, asr: segment.asr })).filter((s) => s.asr);
+  if (!checked.length) return;
+  const rows = section.querySelector("#job-asr-segments");
+  rows.replaceChildren(...checked.map(({ index, asr }) => {
+    const row = document.createElement("tr");
+    row.className = asr.passed ? "asr-passed" : "asr-failed";
+    const cells = [String(index + 1), asr.said ?? "–", asr.heard || "(nothing)", `${Math.round(asr.error_rate * 100)}%`,
+      asr.passed ? "yes" : "no"];
+    for (const text of cells) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    return row;
+  }));
+  const mismatch = (quality.flags || []).includes("asr_mismatch");
+  const verdict = section.querySelector("#job-asr-verdict");
+  verdict.className = mismatch ? "error" : "";
+  verdict.textContent = mismatch
+    ? "asr_mismatch: a segment kept was still heard saying something else after its retries."
+    : `Every segment checked was heard as asked (${checked[0].asr.backend}).`;
+  section.querySelector("#job-asr").hidden = false;
+}
+
 // The audio's waveform on a canvas: the lowest and highest sample under each column of pixels, in the
 // page's accent colour, sharp on high-density screens; a playhead follows playback and a click seeks.
 class Waveform {
@@ -130,6 +158,7 @@ function setUpJobPage(section) {
       result.hidden = false;
       section.querySelector("#save-voice").hidden = false;
       showFacts(section, job);
+      showHeard(section, job.result.quality);
       waveform.load(job.result.audio_url).catch((failure) => { error.textContent = failure.message; });
     } else if (job.status === "queued" || job.status === "running") {
       window.setTimeout(poll, 500);
