@@ -130,16 +130,23 @@ def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend:
     """A voice a job may speak in (as :func:`resolve` reads it); a 422 naming ``field`` for a name that is
     neither an OpenAI voice name nor a catalog voice's (:class:`InvalidRequest`, a 400, for a value that
     is no voice at all)."""
-    voice = resolve(value, field)
-    if voice is None:
-        # A 422: the request is well formed, the name unknown.
-        raise ApiError(
-            422,
-            f"{field}: {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
-            " a catalog voice's name, a seed nor an embedding",
-            field,
-        )
-    return voice
+    return all_to_speak([value], field)[0]
+
+
+def all_to_speak(values: list[Any], field: str) -> list[Voice | int | str | Blend]:
+    """Voices as :func:`to_speak` reads each, every value's form checked (a 400) before an unknown name is
+    refused (a 422): a list with a name unknown and a value no voice at all is malformed first."""
+    voices = [resolve(value, field) for value in values]
+    for value, voice in zip(values, voices, strict=True):
+        if voice is None:
+            # A 422: the request is well formed, the name unknown.
+            raise ApiError(
+                422,
+                f"{field}: {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
+                " a catalog voice's name, a seed nor an embedding",
+                field,
+            )
+    return voices
 
 
 def argument(voice: Voice | int | str | Blend) -> int | str | dict:
@@ -243,7 +250,7 @@ def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
     named_voices = fields.get("voices", [])
     if not isinstance(named_voices, list) or len(named_voices) > WORKSHOP_VOICES_MAX:
         raise ApiError(400, f"voices must be a list of at most {WORKSHOP_VOICES_MAX} voices", "voices")
-    chosen = [to_speak(value, "voices") for value in named_voices]
+    chosen = all_to_speak(named_voices, "voices")
     count = as_integer(fields.get("count", 0 if chosen else WORKSHOP_VOICES_DEFAULT))
     if "count" in fields and (count is None or not 1 <= count <= WORKSHOP_VOICES_MAX):
         raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
