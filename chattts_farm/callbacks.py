@@ -114,7 +114,7 @@ class CallbackPolicy:
         """Refuse a host that names (or, once resolved, reaches) no public address, unless it is allowed."""
         if host.lower() in self.allowed_hosts:
             return
-        address = resolved or literal_address(host)
+        address = resolved or literal_address(host.removesuffix("."))  # 127.0.0.1. is 127.0.0.1
         if address is not None and not is_public(address):
             shown = host if resolved is None else f"{host} (resolved to {address})"
             raise CallbackRefused(

@@ -40,6 +40,7 @@ REFUSED_AT_SUBMIT = [
     "http://127.1/hook",  # the old forms a resolver reads as 127.0.0.1
     "http://2130706433/hook",
     "http://0x7f.0.0.1/hook",
+    "http://127.0.0.1./hook",  # a fully qualified address is the same address
 ]
 
 

@@ -11,12 +11,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import redis
+import requests
 
 from chattts_farm import redis_keys
 from chattts_farm.callbacks import CALLBACK_QUEUE, SIGNATURE_HEADER
 from chattts_farm.contract import TASK_NAME
 from cli.local_services import free_port, start_redis_server
-from tests.support import Workers, readme_callback_check
+from tests.support import Workers, readme_callback_check, serve_web
 from web import reconcile
 
 SECRET = "the farm's callback secret"
@@ -74,6 +75,14 @@ def callback_workers(tmp_path_factory, data_dir, tiny_assets):
     workers.stop()
     server.terminate()
     server.wait(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def callback_web_server(callback_workers, data_dir, tmp_path_factory):
+    """`chattts-farm web` on this module's farm, for the page in a real browser."""
+    database = tmp_path_factory.mktemp("callback-web") / "farm.db"
+    for base, _ in serve_web(callback_workers, data_dir, database, **CALLBACK_SETTINGS):
+        yield base
 
 
 @pytest.fixture
@@ -236,3 +245,18 @@ def test_a_celery_callers_job_is_called_back_by_the_worker_with_its_result(callb
     [(headers, body)] = wait_for(lambda: receiver.calls("/celery"), "the Celery caller's callback")
     assert readme_callback_check()(body, headers[SIGNATURE_HEADER], SECRET)
     assert json.loads(body) == {"id": sent.id, "status": "done", "error": None, "result": result}
+
+
+def test_the_job_page_shows_how_its_callback_went(watched_page, callback_web_server, receiver):
+    receiver.scripts["/page"] = [500, 200]
+    answer = requests.post(
+        callback_web_server + "/api/jobs",
+        json={"text": "Show me the callback.", "callback_url": receiver.url("/page")},
+        timeout=30,
+    )
+    page, problems = watched_page(f"{callback_web_server}/jobs/{answer.json()['id']}")
+    # The page polls on after the job is done, while its callback is on its way.
+    wait_for(lambda: page.text_content("#fact-callback").startswith("delivered"), "the page to show the delivery")
+    assert page.text_content("#fact-callback") == "delivered after 2 attempts"
+    assert page.text_content("#job-status") == "done"
+    assert problems == []
