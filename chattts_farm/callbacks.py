@@ -18,6 +18,8 @@ import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from chattts_farm.settings import Settings
+
 # deliver_callback(url, body, record_id): POST the JSON text ``body`` to ``url``, signed, retried with
 # backoff; each attempt is recorded under ``record_id`` (a job's id) in Redis (chattts_farm.redis_keys).
 DELIVERY_TASK_NAME = "chattts.deliver_callback"
@@ -79,7 +81,7 @@ class CallbackPolicy:
     allowed_hosts: frozenset[str]
 
     @classmethod
-    def from_settings(cls, settings) -> CallbackPolicy:
+    def from_settings(cls, settings: Settings) -> CallbackPolicy:
         allowed = (host.strip().lower().strip("[]") for host in settings.callback_allowed_hosts.split(","))
         return cls(settings.callback_secret, frozenset(host for host in allowed if host))
 

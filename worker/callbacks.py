@@ -25,6 +25,7 @@ import redis
 
 from chattts_farm import redis_keys
 from chattts_farm.callbacks import SIGNATURE_HEADER, CallbackPolicy, CallbackRefused, signature
+from chattts_farm.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,9 @@ class Attempt:
     retry_in_s: float | None
 
 
-def attempt_delivery(url: str, body: str, record_id: str, *, number: int, settings, client: redis.Redis) -> Attempt:
+def attempt_delivery(
+    url: str, body: str, record_id: str, *, number: int, settings: Settings, client: redis.Redis
+) -> Attempt:
     """Try once to POST ``body`` to ``url``, signed; record and log the attempt. A refused address, a
     worker without the secret, or the last of ``CALLBACK_ATTEMPTS`` failing is FAILED; another failure
     (no answer, a time-out, an answer not 2xx) is RETRYING, with the backoff before the next."""
