@@ -11,6 +11,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chattts_farm.callbacks import CallbackPolicy, CallbackRefused
 from chattts_farm.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
 
 TASK_NAME = "chattts.synthesize"
@@ -153,6 +154,10 @@ class SynthesisFailed(FarmError):
     """Synthesis of this job failed even when it ran alone; the message says how."""
 
 
+class CallbackFailed(FarmError):
+    """A job's callback could not be delivered: its address was refused, or every attempt failed."""
+
+
 class EngineLost(SynthesisFailed):
     """The engine process running this job died more often than ``CHATTTS_FARM_ENGINE_RETRIES`` allows."""
 
@@ -205,6 +210,8 @@ class SynthesisRequest:
     refine_text: RefineText | None = None
     seed: int | None = None
     stream: bool = False  # send the audio to the job's Redis stream as it is made (see chattts_farm.streams)
+    # Where the job's status is POSTed, signed, when it ends (see chattts_farm.callbacks).
+    callback_url: str | None = None
     request_id: str = field(default="", compare=False)
 
     @property
@@ -213,12 +220,18 @@ class SynthesisRequest:
 
     @classmethod
     def from_arguments(
-        cls, arguments: dict[str, Any], *, max_text_chars: int, request_id: str = ""
+        cls,
+        arguments: dict[str, Any],
+        *,
+        max_text_chars: int,
+        callbacks: CallbackPolicy | None = None,
+        request_id: str = "",
     ) -> SynthesisRequest:
         """Validate loosely typed arguments (task kwargs, JSON) into a request.
 
-        Raises :class:`InvalidRequest` naming the first offending field. ``request_id`` is the job's
-        own id, given by the task, never by the caller.
+        Raises :class:`InvalidRequest` naming the first offending field. ``callbacks`` is where this
+        farm sends callbacks (a ``callback_url`` is refused without it). ``request_id`` is the job's own
+        id, given by the task, never by the caller.
         """
         known = {
             "text",
@@ -235,6 +248,7 @@ class SynthesisRequest:
             "break",
             "seed",
             "stream",
+            "callback_url",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -264,13 +278,17 @@ class SynthesisRequest:
             refine_text=levels if refine else None,
             seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
             stream=_boolean(given("stream"), "stream"),
+            callback_url=_callback_url(given("callback_url"), callbacks),
             request_id=request_id,
         )
 
     def as_arguments(self) -> dict[str, Any]:
-        """The plain keyword arguments that rebuild this request (the task's, without the job's id)."""
+        """The plain keyword arguments that rebuild this request (the task's, without the job's id; without
+        a callback when it has none)."""
         arguments = {**asdict(self), "voice": voice_argument(self.voice)}
         del arguments["request_id"]
+        if self.callback_url is None:
+            del arguments["callback_url"]
         refine = arguments.pop("refine_text")
         arguments["refine_text"] = refine is not None
         if refine is not None:
@@ -388,6 +406,17 @@ def _text(value: Any, max_chars: int) -> str:
     if not is_speakable(text):
         raise InvalidRequest("text", NOTHING_SPEAKABLE)
     return text
+
+
+def _callback_url(value: Any, callbacks: CallbackPolicy | None) -> str | None:
+    if value is None:
+        return None
+    if callbacks is None:
+        raise InvalidRequest("callback_url", "is not taken here")
+    try:
+        return callbacks.check(value)
+    except CallbackRefused as refusal:
+        raise InvalidRequest("callback_url", str(refusal)) from None
 
 
 def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

@@ -134,6 +134,16 @@ class JobStatus:
     ALL = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
 
 
+class CallbackState:
+    """How far a finished job's callback got (the web's side; the worker's attempts add retrying)."""
+
+    PENDING = "pending"  # the job has ended; its delivery is not yet in the queue
+    QUEUED = "queued"  # its delivery is in the workers' hands: their record says how it goes
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    OVER = (DELIVERED, FAILED)
+
+
 class Job(db.Model):
     __tablename__ = "jobs"
 
@@ -162,5 +172,11 @@ class Job(db.Model):
     # A voice's preview: kept and given again to the same key (or, with keys off, to anyone) while its
     # audio lives, so each voice is previewed once per key.
     is_preview: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+    # Where the job's status is POSTed when it ends (see web.callbacks), and how far that got: None until
+    # it ends, then CallbackState's; the attempts (worker.callbacks' records) once its delivery is over.
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    callback_state: Mapped[str | None] = mapped_column(String(16), index=True)
+    callback_attempts: Mapped[list | None] = mapped_column(JSON)
 
     voice: Mapped[Voice | None] = relationship()

@@ -21,6 +21,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from chattts_farm.callbacks import CALLBACK_QUEUE
 from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, worker_queue
 from chattts_farm.kept_alive import KeptAlive, sigterm_when_this_process_dies
 from chattts_farm.settings import Settings
@@ -82,11 +83,12 @@ class WorkerSpec:
             "threads",
             "--concurrency",
             str(math.ceil(self.jobs_in_flight(settings) / self.processes)),
-            # Celery's own default queue too: a plain client's send_task without routing lands there.
             "--hostname",
             f"{self.name}@{settings.node_name or '%h'}",
+            # Celery's own default queue too: a plain client's send_task without routing lands there. And
+            # the callbacks' deliveries: they wait between attempts in Redis, holding no thread.
             "--queues",
-            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.queue}",
+            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.queue},{CALLBACK_QUEUE}",
             "--prefetch-multiplier",
             "1",
             "--task-events",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import current_app
 
+from chattts_farm.callbacks import MAX_URL_CHARS, SIGNATURE_HEADER
 from chattts_farm.contract import (
     EMBEDDING_PATTERN,
     FORMATS,
@@ -142,7 +143,8 @@ def _json(schema: dict, description: str = "ok") -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
+def openapi_description(max_text_chars: int, keys_required: bool, callbacks: bool = False) -> dict:
+    """The API this farm serves: with ``callbacks`` (a callback secret is set) a job takes a callback_url."""
     text = {
         "type": "string",
         "minLength": 1,
@@ -175,6 +177,50 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "break": {"type": "integer", "minimum": 0, "maximum": 7},
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
             "stream": {"type": "boolean"},
+        },
+    }
+    if callbacks:
+        job_request["properties"]["callback_url"] = {
+            "type": "string",
+            "format": "uri",
+            "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://",
+            "maxLength": MAX_URL_CHARS,
+            "description": (
+                "Where the job's status (this API's Job) is POSTed when it ends (done, failed or cancelled), "
+                f"signed: {SIGNATURE_HEADER}: sha256=<hex HMAC-SHA256 of the raw body> under "
+                "CHATTTS_FARM_CALLBACK_SECRET (a farm without one lists no callback_url and refuses it). "
+                "http or https to a public address only: "
+                "loopback, private, link-local, multicast, reserved and unspecified addresses are refused "
+                "(400 naming callback_url), and checked again once the host name is resolved, unless the host "
+                "is in CHATTTS_FARM_CALLBACK_ALLOWED_HOSTS. Retried with backoff on errors, time-outs and any "
+                "answer but a 2xx; redirects are not followed."
+            ),
+        }
+    callback = {
+        "type": ["object", "null"],
+        "description": "The job's callback (null without a callback_url) and how its delivery goes.",
+        "properties": {
+            "url": {"type": "string"},
+            "state": {
+                "type": "string",
+                "enum": ["waiting", "pending", "queued", "retrying", "delivered", "failed"],
+                "description": "waiting while the job runs; pending until its delivery is queued; then queued, "
+                "retrying after a failed attempt, and at last delivered or failed.",
+            },
+            "attempts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "attempt": {"type": "integer", "minimum": 1},
+                        "at": {"type": "number", "description": "Unix time"},
+                        "status_code": {"type": ["integer", "null"]},
+                        "error": {"type": ["string", "null"]},
+                        "outcome": {"type": "string", "enum": ["delivered", "retrying", "failed"]},
+                        "retry_in_s": {"type": ["number", "null"]},
+                    },
+                },
+            },
         },
     }
     voice_fields = {
@@ -579,6 +625,7 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                         "result": {"type": ["object", "null"]},
                         "status_url": {"type": "string"},
                         "audio_url": {"type": "string"},
+                        "callback": callback,
                     },
                 },
             }
@@ -594,4 +641,6 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
 @bp.get("/openapi.json")
 def openapi():
     settings = current_app.config["SETTINGS"]
-    return openapi_description(settings.max_text_chars, keys_required=settings.require_api_key)
+    return openapi_description(
+        settings.max_text_chars, keys_required=settings.require_api_key, callbacks=bool(settings.callback_secret)
+    )

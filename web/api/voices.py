@@ -9,7 +9,8 @@ from flask import Response, current_app, request
 
 from web import jobs, voices
 from web.api import bp
-from web.api.jobs import describe, visible_job
+from web.api.jobs import visible_job
+from web.job_status import describe
 from web.json_body import json_body, json_object
 from web.models import JobStatus
 

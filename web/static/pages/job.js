@@ -64,6 +64,16 @@ function showHeard(section, quality) {
   section.querySelector("#job-asr").hidden = false;
 }
 
+// How the job's callback goes: its state, its attempts so far and the last one's error.
+function showCallback(section, callback) {
+  const attempts = callback.attempts;
+  const last = attempts[attempts.length - 1];
+  let text = callback.state;
+  if (attempts.length) text += ` after ${attempts.length} attempt${attempts.length === 1 ? "" : "s"}`;
+  if (last && last.error) text += ` (${last.error})`;
+  section.querySelector("#fact-callback").textContent = text;
+}
+
 // The audio's waveform on a canvas: the lowest and highest sample under each column of pixels, in the
 // page's accent colour, sharp on high-density screens; a playhead follows playback and a click seeks.
 class Waveform {
@@ -136,6 +146,7 @@ function setUpJobPage(section) {
   const audio = section.querySelector("#job-audio");
   const waveform = new Waveform(section.querySelector("#job-waveform"), audio);
   let listening = false;
+  let shown = false;
   async function poll() {
     let job;
     try {
@@ -153,15 +164,21 @@ function setUpJobPage(section) {
       playLive(section);
     }
     error.textContent = job.error && job.status !== "cancelled" ? job.error : "";
-    if (job.status === "done") {
+    if (job.callback) showCallback(section, job.callback);
+    const finished = !(job.status === "queued" || job.status === "running");
+    if (job.status === "done" && !shown) {
+      shown = true;
       audio.src = job.result.audio_url;
       result.hidden = false;
       section.querySelector("#save-voice").hidden = false;
       showFacts(section, job);
       showHeard(section, job.result.quality);
       waveform.load(job.result.audio_url).catch((failure) => { error.textContent = failure.message; });
-    } else if (job.status === "queued" || job.status === "running") {
+    }
+    if (!finished) {
       window.setTimeout(poll, 500);
+    } else if (job.callback && !["delivered", "failed"].includes(job.callback.state)) {
+      window.setTimeout(poll, 2000);  // its callback is still on its way
     }
   }
   poll();
