@@ -8,6 +8,7 @@ from tests.voice_bombs import embedding_text
 from tests.web.access.support import bearer, make_key
 from tests.web.api.test_voice_blends import spoken
 from tests.web.databases import fresh_database
+from web import voices
 
 pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
 
@@ -150,6 +151,15 @@ def test_an_import_with_a_blend_whose_part_is_missing_is_refused_naming_the_part
     assert refused.status_code == 422 and refused.get_json()["field"] == "mix"
     assert "voice 1 ('a blend')" in refused.get_json()["error"] and "'gone'" in refused.get_json()["error"]
     assert names(client) == [] and client.get("/voices").status_code == 200
+
+
+def test_an_import_whose_blend_no_worker_mixes_adds_nothing(make_app, idle_redis_url, monkeypatch):
+    monkeypatch.setattr(voices, "EMBEDDING_TIMEOUT_S", 0.5)  # no worker reads this Redis database
+    client = make_app(redis_url=idle_redis_url).test_client()
+    entries = [{"name": "flat", "spk_emb": EMBEDDING}, {"name": "a blend", "mix": [{"voice": "flat"}, {"voice": 3}]}]
+    refused = client.post("/api/voices/import", json=entries)
+    assert refused.status_code == 503 and refused.get_json()["field"] == "mix"
+    assert names(client) == []
 
 
 IMPORTS_REFUSED = {
