@@ -191,7 +191,16 @@ def test_the_workshop_speaks_openai_voices_by_name_beside_no_new_ones(watched_pa
     assert problems == []
 
 
-def test_compose_a_blend_of_catalog_voices_see_the_apis_refusals_in_the_form_then_keep_and_hear_it(
+def wait_until_playable(audio, failure: str) -> None:
+    """Until an audio element is shown with audio of some length loaded."""
+    audio.wait_for(state="visible", timeout=120_000)
+    deadline = time.monotonic() + 60
+    while not audio.evaluate("a => a.readyState >= 1 && a.duration > 0"):
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.1)
+
+
+def test_compose_a_blend_of_catalog_voices_see_the_apis_refusals_in_the_form_hear_it_then_keep_it(
     watched_page, web_server
 ):
     for name, seed in (("Part one", 11), ("Part two", 12)):
@@ -221,6 +230,9 @@ def test_compose_a_blend_of_catalog_voices_see_the_apis_refusals_in_the_form_the
     assert page.is_disabled("#blend-add")  # eight voices at most
     while parts.count() > 2:
         parts.nth(2).locator(".blend-remove").click()
+    page.click("#blend-hear")  # heard in the workshop before it is kept
+    wait_until_playable(page.locator("#blend-audio"), "the blend never played in the workshop")
+    assert page.text_content("#blend-message") == ""
     with page.expect_navigation():
         page.click("#new-blend-submit")
 
@@ -228,12 +240,7 @@ def test_compose_a_blend_of_catalog_voices_see_the_apis_refusals_in_the_form_the
     assert row.locator(".voice-kind").get_attribute("data-kind") == "blend"
     assert row.locator(".voice-parts li").all_inner_texts() == ["Part one 25%", "Part two 75%"]
     row.locator(".voice-preview").click()  # the catalog's preview of the blend
-    audio = row.locator(".voice-audio")
-    audio.wait_for(state="visible", timeout=120_000)
-    deadline = time.monotonic() + 60
-    while not audio.evaluate("a => a.readyState >= 1 && a.duration > 0"):
-        assert time.monotonic() < deadline, "the blend's preview never loaded"
-        time.sleep(0.1)
+    wait_until_playable(row.locator(".voice-audio"), "the blend's preview never loaded")
     kept = requests.get(f"{web_server}/api/voices?kind=blend&q=Page+blend", timeout=10).json()["voices"]
     assert [[(part["voice"], part["weight"]) for part in voice["mix"]] for voice in kept] == [
         [("Part one", 1.0), ("Part two", 3.0)]

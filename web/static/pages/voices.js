@@ -144,8 +144,8 @@ function setUpVoices(table) {
   });
 }
 
-// Composes a blend of 2 to 8 voices with their weights and keeps it as a catalog voice; the API's
-// refusals (all weights 0, a voice it does not know) are shown in the form.
+// Composes a blend of 2 to 8 voices with their weights, to hear in the workshop and keep as a catalog
+// voice; the API's refusals (all weights 0, a voice it does not know) are shown in the form.
 function setUpBlend(form) {
   const list = form.querySelector("#blend-parts");
   const template = form.querySelector("#blend-part");
@@ -165,6 +165,30 @@ function setUpBlend(form) {
   }
   for (let count = 0; count < fewest; count += 1) addPart();
   addButton.addEventListener("click", addPart);
+  const mix = () => Array.from(list.children, (part) => ({
+    voice: part.querySelector(".blend-voice").value.trim(),
+    weight: Number(part.querySelector(".blend-weight").value),
+  }));
+
+  // Heard before it is kept: the workshop speaks its sample sentence in the blend.
+  const hear = form.querySelector("#blend-hear");
+  hear.addEventListener("click", async () => {
+    // The parts must be filled in; the name need not be, until the blend is kept.
+    if (!Array.from(list.querySelectorAll("input")).every((input) => input.reportValidity())) return;
+    const audio = form.querySelector("#blend-audio");
+    hear.disabled = true;
+    message.textContent = "";
+    try {
+      const made = await sendJson("POST", hear.dataset.url, {voices: [{mix: mix()}]});
+      audio.src = (await finished(made.jobs[0])).result.audio_url;
+      audio.hidden = false;
+      await audio.play().catch(() => {});  // a browser that wants a click on the player first shows it
+    } catch (failure) {
+      message.textContent = failure.message;
+    } finally {
+      hear.disabled = false;
+    }
+  });
 
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -175,10 +199,7 @@ function setUpBlend(form) {
       await sendJson("POST", "/api/voices", {
         name: form.querySelector("#blend-name").value,
         tags: splitTags(form.querySelector("#blend-tags").value),
-        mix: Array.from(list.children, (part) => ({
-          voice: part.querySelector(".blend-voice").value.trim(),
-          weight: Number(part.querySelector(".blend-weight").value),
-        })),
+        mix: mix(),
       });
       window.location.reload();
     } catch (failure) {
