@@ -431,7 +431,9 @@ def _imported(position: int, entry: Any) -> tuple[Voice, dict | None]:
     else:
         kind = VoiceKind.SEED if entry.get("seed") is not None else VoiceKind.EMBEDDING
     if entry.get("kind", kind) != kind:
-        raise ApiError(400, f"voice {position} is made as a {kind} is, not as its kind {entry['kind']!r} says", "kind")
+        raise ApiError(
+            400, f"voice {position}: its kind {entry['kind']!r} is not what its fields make it ({kind!r})", "kind"
+        )
     name = _name(entry.get("name"))
     fields = {key: value for key, value in entry.items() if key != "kind"}
     if kind == VoiceKind.BLEND:
