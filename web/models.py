@@ -18,10 +18,12 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    case,
     event,
     false,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -82,6 +84,18 @@ class Tag(db.Model):
     name: Mapped[str] = mapped_column(String(64), unique=True)  # always lower-case
 
 
+class VoiceKind:
+    """What a catalog voice is made of, derived from its fields (:attr:`Voice.kind`)."""
+
+    SEED = "seed"  # a seed, and the embedding a worker drew from it
+    EMBEDDING = "embedding"  # a speaker-embedding string alone
+    # A voice from a reference clip: ChatTTS's speaker sample of it and the clip's transcript. The catalog
+    # holds none yet (issue 24 item 1 adds their columns and their branch in Voice.kind).
+    CLIP = "clip"
+    BLEND = "blend"  # a weighted mix of other voices (Voice.mix), and the embedding a worker mixed
+    ALL = (SEED, EMBEDDING, CLIP, BLEND)
+
+
 class Voice(db.Model):
     __tablename__ = "voices"
 
@@ -102,6 +116,24 @@ class Voice(db.Model):
     # The key that made the voice, when keys are on. None for voices made with keys off or before
     # voices had owners: with keys on, only admin keys may change those.
     owner_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    owner: Mapped[ApiKey | None] = relationship()
+    # A blend's parts as mixed: [{"voice": seed or embedding, "weight", "voice_id"?}, ...], voice_id naming
+    # the catalog voice a part was (its embedding is the part's voice). None for every other kind: SQL's
+    # NULL, not JSON's null, so that the kind can be asked of the database.
+    mix: Mapped[list[dict] | None] = mapped_column(JSON(none_as_null=True))
+
+    @hybrid_property
+    def kind(self) -> str:
+        if self.mix is not None:
+            return VoiceKind.BLEND
+        return VoiceKind.SEED if self.seed is not None else VoiceKind.EMBEDDING
+
+    @kind.inplace.expression
+    @classmethod
+    def _kind_in_sql(cls):
+        return case(
+            (cls.mix.is_not(None), VoiceKind.BLEND), (cls.seed.is_not(None), VoiceKind.SEED), else_=VoiceKind.EMBEDDING
+        )
 
     def may_be_changed_by(self, api_key: ApiKey | None) -> bool:
         """Every key may read and speak a voice; only its owner or an admin key may change or delete it.

@@ -24,7 +24,7 @@ from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
-from web.models import JobStatus
+from web.models import JobStatus, VoiceKind
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
@@ -260,14 +260,48 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             "mix": _BLEND_PARTS,
         },
     }
+    kind = {
+        "type": "string",
+        "enum": list(VoiceKind.ALL),
+        "description": (
+            "What the voice is made of: a seed (and the embedding drawn from it), an embedding, a reference clip "
+            "(none yet: a later version adds them), or a blend of other voices (mix)."
+        ),
+    }
+    # An exported voice is made again from what its kind is made of; kind, when given, must say so.
     exported_voice = {
         "type": "object",
-        "required": ["name", "spk_emb"],
+        "required": ["name"],
         "additionalProperties": False,
+        "oneOf": [
+            {
+                "required": ["seed", "spk_emb"],
+                "properties": {"kind": {"const": VoiceKind.SEED}, "seed": {"type": "integer"}},
+                "not": {"required": ["mix"]},
+            },
+            {
+                "required": ["spk_emb"],
+                "properties": {"kind": {"const": VoiceKind.EMBEDDING}, "seed": {"type": "null"}},
+                "not": {"required": ["mix"]},
+            },
+            {
+                "required": ["mix"],
+                "properties": {"kind": {"const": VoiceKind.BLEND}},
+                "not": {"anyOf": [{"required": ["seed"]}, {"required": ["spk_emb"]}]},
+            },
+        ],
         "properties": {
             **voice_fields,
+            "kind": kind,
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
             "spk_emb": _EMBEDDING,
+            "mix": {
+                **_BLEND_PARTS,
+                "description": (
+                    f"{_BLEND_PARTS['description']} Catalog voices are named: the names of this catalog or of the "
+                    "voices imported with it (a 422 naming mix for a name that is neither). A worker mixes it here."
+                ),
+            },
         },
     }
     voice = {"$ref": "#/components/schemas/Voice"}
@@ -388,9 +422,11 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                             "schema": {"type": "string"},
                             "description": "Text the name or the description holds, matched literally (no wildcards).",
                         },
+                        {"name": "kind", "in": "query", "schema": kind},
                     ],
                     "responses": {
-                        "200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}})
+                        "200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}}),
+                        **_errors(400),
                     },
                 },
                 "post": {
@@ -478,7 +514,10 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                 },
             },
             "/api/voices/export": {
-                "get": {"summary": "All voices as JSON", "responses": {"200": _json({"type": "array"})}}
+                "get": {
+                    "summary": "All voices as JSON, each as import takes it",
+                    "responses": {"200": _json({"type": "array", "items": exported_voice})},
+                }
             },
             "/api/ops": {
                 "get": {
@@ -528,9 +567,21 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             },
             "/api/voices/import": {
                 "post": {
-                    "summary": "Add exported voices (existing names are skipped)",
+                    "summary": "Add exported voices (existing names are skipped; all or none are added)",
                     "requestBody": _json_body({"type": "array", "items": exported_voice}),
-                    "responses": {"200": _json({"type": "object"}), **_errors(400, 413), **name_reserved},
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "added": {"type": "array", "items": {"type": "string"}},
+                                    "skipped": {"type": "array", "items": {"type": "string"}},
+                                },
+                            }
+                        ),
+                        **_errors(400, 413, 422, 503),
+                        **name_reserved,
+                    },
                 }
             },
             "/v1/audio/voices": {
@@ -605,13 +656,36 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                     "type": "object",
                     "properties": {
                         "id": {"type": "integer"},
+                        "kind": kind,
                         "seed": {"type": ["integer", "null"]},
                         "spk_emb": {"type": "string"},
+                        "mix": {
+                            "type": ["array", "null"],
+                            "description": (
+                                "A blend's parts (null for other kinds): a catalog voice by its name and voice_id "
+                                "while it is in the catalog, any other part (or one deleted) as the seed or "
+                                "embedding mixed."
+                            ),
+                            "items": {
+                                "type": "object",
+                                "required": ["voice", "weight"],
+                                "properties": {
+                                    "voice": {"type": ["integer", "string"]},
+                                    "weight": {"type": "number"},
+                                    "voice_id": {"type": "integer"},
+                                },
+                            },
+                        },
                         **voice_fields,
                         "editable": {
                             "type": "boolean",
                             "description": "Whether the caller may change and delete the voice: its owner or an "
                             "admin key may (anyone, with keys off); every key may read and speak it.",
+                        },
+                        "owner": {
+                            "type": ["string", "null"],
+                            "description": "The name of the API key that made the voice (null with keys off, or "
+                            "for voices made before voices had owners).",
                         },
                     },
                 },

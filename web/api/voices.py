@@ -17,7 +17,8 @@ from web.models import JobStatus
 
 @bp.get("/voices")
 def list_voices():
-    return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
+    found = voices.find(request.args.getlist("tag"), request.args.get("q"), request.args.get("kind"))
+    return {"voices": [voices.describe(voice) for voice in found]}
 
 
 @bp.post("/voices")

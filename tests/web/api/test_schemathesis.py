@@ -36,6 +36,7 @@ CHECKS = [
 NO_WORKER = {
     ("POST", "/api/voices"): 503,  # a seed's embedding comes from a worker
     ("POST", "/api/voices/from-job/{job_id}"): 503,
+    ("POST", "/api/voices/import"): 503,  # a blend's embedding comes from a worker
     ("POST", "/v1/audio/speech"): 504,  # it waits for its job's audio: here for no time at all
     ("GET", "/api/jobs/{job_id}/stream"): 504,
 }
@@ -46,6 +47,7 @@ NAMES_A_VOICE = [
     ("POST", "/v1/audio/speech"),
     ("POST", "/api/voices/workshop"),
     ("POST", "/api/voices"),  # a blend's voices
+    ("POST", "/api/voices/import"),  # a blend's voices
 ]
 
 
