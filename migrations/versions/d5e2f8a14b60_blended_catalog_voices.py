@@ -5,7 +5,7 @@ list its parts and export it by them. Blends kept before this kept only their mi
 stay voices of that embedding.
 
 Revision ID: d5e2f8a14b60
-Revises: c3a9d51e0f27
+Revises: d41c7a9e2b10
 Create Date: 2026-12-02 13:00:00.000000
 
 """
@@ -15,7 +15,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = "d5e2f8a14b60"
-down_revision = "c3a9d51e0f27"
+down_revision = "d41c7a9e2b10"
 branch_labels = None
 depends_on = None
 
