@@ -22,6 +22,22 @@ EMBEDDING_TASK_NAME = "chattts.voice_embedding"
 DEFAULT_QUEUE = "tts"
 # Workers consume Celery's own default queue too, so a plain send_task without routing reaches them.
 CELERY_DEFAULT_QUEUE = "celery"
+# A job's priority, first to last: interactive jobs (someone waits at a form or a speech call) take the
+# next free engine slot ahead of waiting normal and bulk ones (see worker/engine/scheduler.py for how
+# bulk work still progresses), and each class waits on a Celery queue of its own (PRIORITY_QUEUES).
+PRIORITIES = ("interactive", "normal", "bulk")
+DEFAULT_PRIORITY = "normal"
+# A normal job waits on the farm's queue as jobs did before priorities (so a caller that names no
+# queue or no priority gets a normal one); the two others on their own. Workers read the queues in
+# this order (see chattts_farm.celery_client).
+PRIORITY_QUEUES = {
+    "interactive": f"{DEFAULT_QUEUE}.interactive",
+    "normal": DEFAULT_QUEUE,
+    "bulk": f"{DEFAULT_QUEUE}.bulk",
+}
+# The queues jobs wait on, in the order workers read them (Celery's default queue takes a plain
+# client's job sent without the farm's routing: a normal one).
+JOB_QUEUES = (PRIORITY_QUEUES["interactive"], DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, PRIORITY_QUEUES["bulk"])
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"
 
@@ -212,6 +228,7 @@ class SynthesisRequest:
     stream: bool = False  # send the audio to the job's Redis stream as it is made (see chattts_farm.streams)
     # Where the job's status is POSTed, signed, when it ends (see chattts_farm.callbacks).
     callback_url: str | None = None
+    priority: str = DEFAULT_PRIORITY  # one of PRIORITIES
     request_id: str = field(default="", compare=False)
 
     @property
@@ -249,6 +266,7 @@ class SynthesisRequest:
             "seed",
             "stream",
             "callback_url",
+            "priority",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -279,6 +297,7 @@ class SynthesisRequest:
             seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
             stream=_boolean(given("stream"), "stream"),
             callback_url=_callback_url(given("callback_url"), callbacks),
+            priority=_choice(given("priority"), "priority", PRIORITIES),
             request_id=request_id,
         )
 

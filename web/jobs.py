@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
-from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, Blend, SynthesisRequest
+from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, Blend, SynthesisRequest
 from chattts_farm.speech_length import expected_seconds
 from web import access, admission, backends, callbacks
 from web.access import limits
@@ -107,11 +107,12 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
 
 def enqueue(job: Job) -> None:
     """Send the job's task under the job's own id, with the arguments its row records (so the
-    reconciler sends a lost job again exactly as it was first sent). Not its callback: the web calls
+    reconciler sends a lost job again exactly as it was first sent), to its priority's queue
+    (chattts_farm.celery_client routes it). Not its callback: the web calls
     that back itself, with the job's status as its API answers it (web.callbacks)."""
     voice = job.voice_mix or (job.voice_embedding if job.voice_seed is None else job.voice_seed)
     backends.current().celery.send_task(
-        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id, queue=DEFAULT_QUEUE
+        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id
     )
 
 

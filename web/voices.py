@@ -295,7 +295,11 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
         if usable:
             return kept
     job = jobs.submit(
-        SynthesisRequest.from_arguments({"text": PREVIEW_TEXT, "voice": voice.spk_emb}, max_text_chars=max_text_chars),
+        SynthesisRequest.from_arguments(
+            # Someone waits at the voice's page to hear it.
+            {"text": PREVIEW_TEXT, "voice": voice.spk_emb, "priority": "interactive"},
+            max_text_chars=max_text_chars,
+        ),
         voice,
     )
     job.is_preview = True
@@ -327,7 +331,7 @@ def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
     requests = [
         (
             SynthesisRequest.from_arguments(
-                {"text": text, "voice": argument(voice)},
+                {"text": text, "voice": argument(voice), "priority": "interactive"},  # heard at the workshop
                 max_text_chars=max_text_chars,
             ),
             voice if isinstance(voice, Voice) else None,

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chattts_farm.contract import FarmError, SynthesisRequest
+from chattts_farm.contract import DEFAULT_PRIORITY, FarmError, SynthesisRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -54,6 +54,8 @@ class Segment:
     prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
     # When its audio is wanted (monotonic seconds): waiting segments are admitted earliest due first.
     due: float = 0.0
+    # Its request's priority (chattts_farm.contract.PRIORITIES): which waiting segments go first.
+    priority: str = DEFAULT_PRIORITY
 
     @property
     def pinned_tokens(self) -> int | None:

@@ -53,6 +53,7 @@ class Preparer:
                 expected_tokens=expected_tokens(text, request.speed),
                 max_tokens=self.settings.max_new_tokens,
                 pinned=self.model.is_synthetic,
+                priority=request.priority,
             )
             for index, text in enumerate(texts)
         ]
