@@ -11,6 +11,7 @@ from flask import current_app
 
 from chattts_farm.callbacks import MAX_URL_CHARS, SIGNATURE_HEADER
 from chattts_farm.contract import (
+    DEFAULT_PRIORITY,
     EMBEDDING_PATTERN,
     FORMATS,
     MAX_EMBEDDING_CHARS,
@@ -18,6 +19,7 @@ from chattts_farm.contract import (
     MAX_MIX_WEIGHT,
     MAX_SEED,
     OPENAI_VOICE_SEEDS,
+    PRIORITIES,
 )
 from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
@@ -177,6 +179,16 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             "break": {"type": "integer", "minimum": 0, "maximum": 7},
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
             "stream": {"type": "boolean"},
+            "priority": {
+                "type": "string",
+                "enum": list(PRIORITIES),
+                "default": DEFAULT_PRIORITY,
+                "description": (
+                    "interactive jobs take the next free engine slot ahead of waiting normal and bulk ones; "
+                    "a waiting job goes up a class for each 30 s it waits, so bulk work still progresses. "
+                    "The speak form and /v1/audio/speech send interactive jobs."
+                ),
+            },
         },
     }
     if callbacks:
