@@ -54,6 +54,9 @@ class Segment:
     prompt_ids: torch.Tensor | None = None  # its prompt's token ids, once encoded (on the CPU)
     # When its audio is wanted (monotonic seconds): waiting segments are admitted earliest due first.
     due: float = 0.0
+    # Its piece of the request's text as the caller wrote it (``text`` is what the model reads: normalised,
+    # perhaps refined): what its caption shows.
+    caption: str = ""
 
     @property
     def pinned_tokens(self) -> int | None:
