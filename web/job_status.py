@@ -28,7 +28,9 @@ def describe(job: Job) -> dict:
             "model": job.result.get("model"),
             "seed": job.result.get("seed"),
             "quality": job.result.get("quality"),
+            "timeline": job.result.get("timeline"),
             "audio_url": audio_url,
+            "captions_url": url_for("api.job_captions", job_id=job.id),
         }
     return {
         "id": job.id,

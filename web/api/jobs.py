@@ -6,7 +6,7 @@ from flask import Response, current_app, request, url_for
 
 from chattts_farm.callbacks import CallbackPolicy
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, Blend, SynthesisRequest, as_integer
-from web import audio_formats, audio_responses, jobs, streaming, voices
+from web import audio_formats, audio_responses, captions, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
 from web.job_status import describe
@@ -124,6 +124,25 @@ def job_stream(job_id: str):
         slot.held_while(streaming.cut_off_when_broken(streaming.encoded(audio, stream_format))),
         mimetype=audio_formats.MIME_TYPES[stream_format],
         headers={"X-Sample-Rate": str(audio.sample_rate), "X-Job-Id": audio.job_id, "Cache-Control": "no-store"},
+    )
+
+
+@bp.get("/jobs/<job_id>/captions")
+def job_captions(job_id: str):
+    """A finished job's captions: one cue per segment of its text (``format``: vtt, the default, or srt)."""
+    caption_format = request.args.get("format", "vtt")
+    if caption_format not in captions.FORMATS:
+        raise ApiError(400, f"format must be one of {', '.join(captions.FORMATS)}", "format")
+    job = jobs.refresh(visible_job(job_id))
+    if job.status != JobStatus.DONE:
+        raise ApiError(409, f"job {job.id} is {job.status}, not done: it has no captions")
+    timeline = (job.result or {}).get("timeline")
+    if timeline is None:
+        raise ApiError(409, f"job {job.id} finished before the farm recorded where its segments fall: no captions")
+    return Response(
+        captions.WRITERS[caption_format](timeline),
+        content_type=f"{captions.MIME_TYPES[caption_format]}; charset=utf-8",
+        headers={"Content-Disposition": f'inline; filename="chattts-{job.id}.{caption_format}"'},
     )
 
 

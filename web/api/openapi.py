@@ -318,6 +318,7 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
     }
     voice = {"$ref": "#/components/schemas/Voice"}
     job = {"$ref": "#/components/schemas/Job"}
+    timeline_entry = {"$ref": "#/components/schemas/TimelineEntry"}
     # Only with keys on are voices owned: with keys off anyone may change any voice.
     owner_only = {"403": _error(403, _NOT_THE_OWNER)} if keys_required else {}
     # Only with keys on are there admin keys: with keys off anyone may give any name.
@@ -414,6 +415,28 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                         **_errors(400, 404, 409, 410, 503, 504),
                         # A listener is a waiting call: the bound (web.waiting) holds with keys off too.
                         "429": _error(429, _TOO_MANY_WAITING),
+                    },
+                },
+            },
+            "/api/jobs/{job_id}/captions": {
+                "get": {
+                    "summary": "A finished job's captions",
+                    "description": (
+                        "One cue per segment of the job's text (its caption: the text as sent, control tags "
+                        "left out), from the segment's start to its end in the audio (the result's timeline: "
+                        "counted in the audio's samples, the pauses between segments included). Sentence-level: "
+                        "ChatTTS's audio says nothing of where its words fall. 409 until the job is done."
+                    ),
+                    "parameters": [
+                        *job_id,
+                        {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["vtt", "srt"]}},
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the captions, WebVTT or SubRip",
+                            "content": {"text/vtt": {}, "application/x-subrip": {}},
+                        },
+                        **_errors(400, 404, 409, 503),
                     },
                 },
             },
@@ -701,6 +724,16 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                         },
                     },
                 },
+                "TimelineEntry": {
+                    "type": "object",
+                    "required": ["index", "text", "start_s", "end_s"],
+                    "properties": {
+                        "index": {"type": "integer", "description": "The segment's place in the text, from 0."},
+                        "text": {"type": "string", "description": "Its text as sent, control tags left out."},
+                        "start_s": {"type": "number", "description": "Where its audio starts, in seconds."},
+                        "end_s": {"type": "number", "description": "Where its audio ends; a pause follows."},
+                    },
+                },
                 "Job": {
                     "type": "object",
                     "properties": {
@@ -708,7 +741,16 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                         "status": {"type": "string", "enum": list(JobStatus.ALL)},
                         "progress": {"type": "number"},
                         "error": {"type": ["string", "null"]},
-                        "result": {"type": ["object", "null"]},
+                        "result": {
+                            "type": ["object", "null"],
+                            "description": "A done job's result: its audio's description, and where each "
+                            "segment of its text lies in the audio (timeline).",
+                            "properties": {
+                                "duration_s": {"type": "number"},
+                                "timeline": {"type": ["array", "null"], "items": timeline_entry},
+                                "captions_url": {"type": "string"},
+                            },
+                        },
                         "status_url": {"type": "string"},
                         "audio_url": {"type": "string"},
                         "callback": callback,

@@ -56,6 +56,9 @@ class Segment:
     due: float = 0.0
     # Its request's priority (chattts_farm.contract.PRIORITIES): which waiting segments go first.
     priority: str = DEFAULT_PRIORITY
+    # Its piece of the request's text as the caller wrote it (``text`` is what the model reads: normalised,
+    # perhaps refined): what its caption shows.
+    caption: str = ""
 
     @property
     def pinned_tokens(self) -> int | None:

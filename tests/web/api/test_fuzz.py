@@ -143,7 +143,7 @@ class Operation:
         blends = isinstance(body, list) and any(isinstance(entry, dict) and "mix" in entry for entry in body)
         if (self.method, self.path) == ("post", "/api/voices/import") and blends:
             return 503  # a blend's embedding is mixed again by a worker
-        if (self.method, self.path) == ("get", "/api/jobs/{job_id}/audio"):
+        if (self.method, self.path) in (("get", "/api/jobs/{job_id}/audio"), ("get", "/api/jobs/{job_id}/captions")):
             return 409  # the job stays queued
         if (self.method, self.path) == ("get", "/api/jobs/{job_id}/stream"):
             return 504  # it waits for the job's audio: here for no time at all
