@@ -15,8 +15,8 @@ vocoder's and the finishing's work left).
 ``--profile-steps N`` adds, between the two passes, a look at N synthesizer steps in the middle of
 another workload (after 20 steps, with the slots taken): on CUDA the GPU's kernels under
 ``torch.profiler`` (their GPU time per step beside the steps' wall time), then the host's
-Python functions under ``cProfile`` over the next N steps (by their own time): what a step spends
-beside the device.
+Python functions under ``cProfile`` over the next N steps (by their own time, then with their
+callees'): what a step spends beside the device.
 """
 
 from __future__ import annotations
@@ -142,8 +142,9 @@ def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tupl
     for _ in range(steps):
         synthesizer.step()
     host.disable()
-    print(f"  the host over {steps} steps (cProfile, by own time):", flush=True)
-    pstats.Stats(host).sort_stats("tottime").print_stats(15)
+    for order in ("tottime", "cumulative"):
+        print(f"  the host over {steps} steps (cProfile, by {order}):", flush=True)
+        pstats.Stats(host).sort_stats(order).print_stats(25)
     while synthesizer.in_flight:
         synthesizer.step()
 

@@ -22,7 +22,7 @@ from chattts_farm.settings import Settings
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import SAMPLE_RATE
 from worker.channel import Channel, listen
-from worker.results import SynthesisResult
+from worker.results import SynthesisResult, timeline
 
 CHUNK_S = 0.5
 MODEL = {"kind": "instant", "scale": None, "source": "bench.instant_engine", "device": "cpu", "dtype": "fp32"}
@@ -50,6 +50,7 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": []},
         model=MODEL,
         memory={},
+        timeline=timeline([samples], 0, SAMPLE_RATE, [request.text]),
     )
 
 

@@ -1,6 +1,7 @@
 """The farm's backlog: jobs accepted but not yet started, and whether the farm takes more.
 
-A job waits as its task message in a queue list (``tts``, or Celery's default ``celery``) until a
+A job waits as its task message in a queue list (``tts``, ``tts.interactive``, ``tts.bulk`` by its
+priority, or Celery's default ``celery``) until a
 worker with a free thread takes it; a worker takes one only when it can hold it (prefetch 1), so the
 lists' lengths are the jobs waiting, wherever they were sent from. To them are added the jobs a web
 process has admitted and not yet sent (:data:`chattts_farm.redis_keys.ADMISSIONS`, each with a
@@ -26,10 +27,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chattts_farm import redis_keys
-from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE
+from chattts_farm.contract import JOB_QUEUES
 from chattts_farm.settings import Settings
 
-WAITING_QUEUES = (DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE)
+WAITING_QUEUES = JOB_QUEUES
 
 # A Lua function of the jobs waiting now, for every script that counts them (so that the web's check
 # and its admission are one atomic step): the admissions' set, then the queue lists. Admissions past

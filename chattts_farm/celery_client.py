@@ -8,9 +8,11 @@ the visibility timeout, result expiry, events). Workers build their app from it 
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
 
-from chattts_farm.contract import DEFAULT_QUEUE
+from chattts_farm.contract import DEFAULT_PRIORITY, DEFAULT_QUEUE, PRIORITY_QUEUES, TASK_NAME
 from chattts_farm.settings import Settings
 
 
@@ -23,6 +25,12 @@ def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celer
         # Sweep for such jobs every interval (kombu's default is ~100 s between real sweeps).
         "unacked_restore_interval": settings.unacked_restore_interval_s,
         "unacked_restore_throttle": 1,
+        # A worker reads its queues in the order it is given them (worker.supervisor), not round-robin:
+        # interactive jobs before normal ones before bulk ones. One queue per priority rather than
+        # Redis's priority steps: a message that names no priority lands on the steps' first list, so
+        # any plain Celery client's job would pass ahead of the bulk and the normal ones; a plain
+        # client's job lands on the normal queue here, and the queues' names say what waits on them.
+        "queue_order_strategy": "priority",
     }
     app = Celery("chattts_farm", broker=settings.redis_url, backend=settings.redis_url, include=list(include))
     app.conf.update(
@@ -43,5 +51,15 @@ def create_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celer
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        task_routes=(route_by_priority,),
     )
     return app
+
+
+def route_by_priority(name: str, args: Any, kwargs: dict | None, options: dict, **_: Any) -> dict | None:
+    """A synthesis job goes to its priority's queue (an unknown priority to the normal queue, where the
+    task refuses it); a queue given to ``send_task`` wins over this."""
+    if name != TASK_NAME:
+        return None
+    priority = (kwargs or {}).get("priority", DEFAULT_PRIORITY)
+    return {"queue": PRIORITY_QUEUES.get(priority.lower() if isinstance(priority, str) else priority, DEFAULT_QUEUE)}

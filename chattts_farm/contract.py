@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chattts_farm.callbacks import CallbackPolicy, CallbackRefused
 from chattts_farm.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
 
 TASK_NAME = "chattts.synthesize"
@@ -26,6 +27,22 @@ SPEAKER_SAMPLE_TASK_NAME = "chattts.speaker_sample"
 DEFAULT_QUEUE = "tts"
 # Workers consume Celery's own default queue too, so a plain send_task without routing reaches them.
 CELERY_DEFAULT_QUEUE = "celery"
+# A job's priority, first to last: interactive jobs (someone waits at a form or a speech call) take the
+# next free engine slot ahead of waiting normal and bulk ones (see worker/engine/scheduler.py for how
+# bulk work still progresses), and each class waits on a Celery queue of its own (PRIORITY_QUEUES).
+PRIORITIES = ("interactive", "normal", "bulk")
+DEFAULT_PRIORITY = "normal"
+# A normal job waits on the farm's queue as jobs did before priorities (so a caller that names no
+# queue or no priority gets a normal one); the two others on their own. Workers read the queues in
+# this order (see chattts_farm.celery_client).
+PRIORITY_QUEUES = {
+    "interactive": f"{DEFAULT_QUEUE}.interactive",
+    "normal": DEFAULT_QUEUE,
+    "bulk": f"{DEFAULT_QUEUE}.bulk",
+}
+# The queues jobs wait on, in the order workers read them (Celery's default queue takes a plain
+# client's job sent without the farm's routing: a normal one).
+JOB_QUEUES = (PRIORITY_QUEUES["interactive"], DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, PRIORITY_QUEUES["bulk"])
 # The state a running synthesis reports, with meta {"progress": 0..1, "segment": i, "segments": n}.
 PROGRESS_STATE = "PROGRESS"
 
@@ -33,7 +50,9 @@ PROGRESS_STATE = "PROGRESS"
 # store (chattts_farm.audio_store, CHATTTS_FARM_AUDIO_STORE) under ``audio_key``, the store's key made
 # from the job's id (a Redis key, or a path under the store's directory or prefix); ``audio_url`` says
 # where a caller finds it (a file: or s3:// URL; None for the Redis store). fetch_audio(result) in
-# chattts_farm.audio_store reads it from any store.
+# chattts_farm.audio_store reads it from any store. ``timeline`` places each segment in the audio:
+# [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, pauses between
+# segments included (sentence-level: ChatTTS's codes say nothing of where its words fall).
 RESULT_FIELDS = (
     "job_id",
     "format",
@@ -53,6 +72,7 @@ RESULT_FIELDS = (
     "voice_embedding",
     "timings",
     "memory",
+    "timeline",
     "started_at",
     "finished_at",
 )
@@ -178,6 +198,10 @@ class SynthesisFailed(FarmError):
     """Synthesis of this job failed even when it ran alone; the message says how."""
 
 
+class CallbackFailed(FarmError):
+    """A job's callback could not be delivered: its address was refused, or every attempt failed."""
+
+
 class EngineLost(SynthesisFailed):
     """The engine process running this job died more often than ``CHATTTS_FARM_ENGINE_RETRIES`` allows."""
 
@@ -240,6 +264,9 @@ class SynthesisRequest:
     refine_text: RefineText | None = None
     seed: int | None = None
     stream: bool = False  # send the audio to the job's Redis stream as it is made (see chattts_farm.streams)
+    # Where the job's status is POSTed, signed, when it ends (see chattts_farm.callbacks).
+    callback_url: str | None = None
+    priority: str = DEFAULT_PRIORITY  # one of PRIORITIES
     request_id: str = field(default="", compare=False)
 
     @property
@@ -248,12 +275,18 @@ class SynthesisRequest:
 
     @classmethod
     def from_arguments(
-        cls, arguments: dict[str, Any], *, max_text_chars: int, request_id: str = ""
+        cls,
+        arguments: dict[str, Any],
+        *,
+        max_text_chars: int,
+        callbacks: CallbackPolicy | None = None,
+        request_id: str = "",
     ) -> SynthesisRequest:
         """Validate loosely typed arguments (task kwargs, JSON) into a request.
 
-        Raises :class:`InvalidRequest` naming the first offending field. ``request_id`` is the job's
-        own id, given by the task, never by the caller.
+        Raises :class:`InvalidRequest` naming the first offending field. ``callbacks`` is where this
+        farm sends callbacks (a ``callback_url`` is refused without it). ``request_id`` is the job's own
+        id, given by the task, never by the caller.
         """
         known = {
             "text",
@@ -270,6 +303,8 @@ class SynthesisRequest:
             "break",
             "seed",
             "stream",
+            "callback_url",
+            "priority",
         }
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -299,13 +334,18 @@ class SynthesisRequest:
             refine_text=levels if refine else None,
             seed=None if given("seed") is None else _integer(given("seed"), "seed", 0, MAX_SEED),
             stream=_boolean(given("stream"), "stream"),
+            callback_url=_callback_url(given("callback_url"), callbacks),
+            priority=_choice(given("priority"), "priority", PRIORITIES),
             request_id=request_id,
         )
 
     def as_arguments(self) -> dict[str, Any]:
-        """The plain keyword arguments that rebuild this request (the task's, without the job's id)."""
+        """The plain keyword arguments that rebuild this request (the task's, without the job's id; without
+        a callback when it has none)."""
         arguments = {**asdict(self), "voice": voice_argument(self.voice)}
         del arguments["request_id"]
+        if self.callback_url is None:
+            del arguments["callback_url"]
         refine = arguments.pop("refine_text")
         arguments["refine_text"] = refine is not None
         if refine is not None:
@@ -474,6 +514,17 @@ def _text(value: Any, max_chars: int) -> str:
     if not is_speakable(text):
         raise InvalidRequest("text", NOTHING_SPEAKABLE)
     return text
+
+
+def _callback_url(value: Any, callbacks: CallbackPolicy | None) -> str | None:
+    if value is None:
+        return None
+    if callbacks is None:
+        raise InvalidRequest("callback_url", "is not taken here")
+    try:
+        return callbacks.check(value)
+    except CallbackRefused as refusal:
+        raise InvalidRequest("callback_url", str(refusal)) from None
 
 
 def _choice(value: Any, name: str, choices: tuple[str, ...]) -> str:

@@ -53,6 +53,13 @@ def delivery(job_id: str) -> str:
     return "chattts:delivery:" + job_id
 
 
+def callback_attempts(record_id: str) -> str:
+    """The attempts to deliver a callback (a list, oldest first, of JSON objects: ``attempt``, ``at``
+    (Unix time), ``status_code``, ``error``, ``outcome`` (``delivered``, ``retrying`` or ``failed``) and
+    ``retry_in_s``), written by the worker delivering it; ``record_id`` is the job's id."""
+    return "chattts:callback:" + record_id
+
+
 def heartbeat(worker_name: str) -> str:
     return HEARTBEAT_PREFIX + worker_name
 

@@ -94,6 +94,36 @@ class Settings:
         4096, "most chunks one job's stream keeps; older ones are trimmed (the whole audio is kept apart)", minimum=16
     )
 
+    # Callbacks: the web checks a job's callback_url at submit, the workers deliver it.
+    callback_secret: str = _setting(
+        "",
+        "signs every callback (`X-Chattts-Farm-Signature: sha256=<HMAC-SHA256 of the body>`); unset, a job "
+        "with a `callback_url` is refused (400): the farm sends no unsigned callbacks",
+        shown_default="none",
+        secret=True,
+    )
+    callback_allowed_hosts: str = _setting(
+        "",
+        "hosts (comma-separated, as written in the URL) a callback may reach though they are not public "
+        "addresses: loopback, private, link-local and the like are refused otherwise",
+        shown_default="none",
+    )
+    callback_attempts: int = _setting(
+        10, "times a callback is tried before it is given up as failed", minimum=1, role="worker"
+    )
+    callback_backoff_s: float = _setting(
+        5.0,
+        "wait before a callback's second attempt, doubling after each (5 s: the tenth is ~43 minutes after the first)",
+        minimum=0.01,
+        role="worker",
+    )
+    callback_timeout_s: float = _setting(
+        10.0,
+        "a callback attempt's bound on connecting, on each wait for its receiver, and on the whole attempt",
+        minimum=0.1,
+        role="worker",
+    )
+
     # Workers: the model and synthesis.
     device: str = _setting("auto", "`auto` (CUDA when present), `cpu`, `cuda`, `cuda:1`, ...", role="worker")
     cuda_dtype: str = _setting(
@@ -162,7 +192,9 @@ class Settings:
     asr_whisper_model: str = _setting(
         "tiny",
         "the Whisper model ASR uses: a name whose weights are in `~/.cache/whisper` (`tiny`, `base`, ...) or a "
-        "checkpoint's path (`.pt`); never downloaded",
+        "checkpoint's path (`.pt`); never downloaded. `synthetic-tiny` and `synthetic-base` are a benchmark's aid "
+        "(bench/asr_cost.py): the real architecture with random weights, whose verdicts are meaningless; only "
+        "ASR=whisper uses them",
         role="worker",
     )
 

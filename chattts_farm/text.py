@@ -44,6 +44,11 @@ def is_ssml(text: str) -> bool:
     return bool(_SSML_TAG.search(text))
 
 
+def caption_of(text: str) -> str:
+    """Text as a caption shows it: without control tags (effects, not words), its whitespace one space."""
+    return " ".join(_CONTROL_TAG.sub(" ", text).split())
+
+
 def is_speakable(text: str) -> bool:
     """Whether text holds anything ChatTTS can pronounce (Latin letters or CJK characters)."""
     return bool(_SPEAKABLE.search(_CONTROL_TAG.sub("", text)))

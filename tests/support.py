@@ -1,6 +1,7 @@
 """Small helpers shared by fixtures and tests."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,6 +18,7 @@ WEB_START_TIMEOUT_S = 120
 # The bucket of the tests' S3 server (the s3_endpoint fixture).
 S3_BUCKET = "farm-audio"
 CLI = str(Path(sys.executable).parent / "chattts-farm")
+README = Path(__file__).resolve().parents[1] / "README.md"
 # The voices OpenAI's API reference lists for /v1/audio/speech, lower-case as its SDK's examples send them.
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 
@@ -194,3 +196,13 @@ def markdown_table(lines: list[str], header_start: str) -> list[dict[str, str]]:
             break
         rows.append(dict(zip(columns, (cell.strip() for cell in line.strip("|").split("|")), strict=True)))
     return rows
+
+
+def readme_callback_check():
+    """The README's recipe for checking a callback's signature, run as it is printed there (five lines)."""
+    section = README.read_text().split("### Signed callbacks", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    assert len([line for line in code.splitlines() if line.strip()]) <= 5
+    namespace: dict = {}
+    exec(code, namespace)  # noqa: S102 - the project's own documentation
+    return namespace["is_from_the_farm"]

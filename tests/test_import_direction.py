@@ -101,6 +101,7 @@ CELERY_SIDE = [
     "worker.failover",
     "worker.audio",
     "worker.results",
+    "worker.callbacks",
 ]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 from chattts_farm import redis_keys
-from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, queue_of_worker
+from chattts_farm.contract import JOB_QUEUES, queue_of_worker
 from web import backends
 
 
@@ -21,8 +21,6 @@ def workers() -> list[dict]:
 
 
 def queue_depths(known_workers: list[dict]) -> dict[str, int]:
-    names = [DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE] + sorted(
-        {queue_of_worker(report["worker"]) for report in known_workers}
-    )
+    names = [*JOB_QUEUES] + sorted({queue_of_worker(report["worker"]) for report in known_workers})
     client = backends.current().redis
     return {name: int(client.llen(name)) for name in names}

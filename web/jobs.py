@@ -3,25 +3,29 @@ with the task's state in Celery."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import uuid
+from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
 from celery.result import AsyncResult
+from flask import current_app, has_request_context
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
-from chattts_farm.contract import DEFAULT_QUEUE, PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
+from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
 from chattts_farm.speech_length import expected_seconds
-from web import access, admission, backends
+from web import access, admission, backends, callbacks
 from web.access import limits
 from web.delivery import Delivery
 from web.errors import ApiError
-from web.models import ApiKey, Job, JobStatus, Voice, db, utcnow
+from web.job_status import describe
+from web.models import ApiKey, CallbackState, Job, JobStatus, Voice, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +98,8 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
         voice_embedding=request.voice if isinstance(request.voice, str) else None,
         voice_mix=arguments["voice"] if isinstance(request.voice, Blend) else None,
         voice_sample=arguments["voice"] if isinstance(request.voice, SpeakerSample) else None,
-        parameters={k: v for k, v in arguments.items() if k not in ("text", "voice")},
+        parameters={k: v for k, v in arguments.items() if k not in ("text", "voice", "callback_url")},
+        callback_url=request.callback_url,
         format=request.format,
         status=JobStatus.QUEUED,
         api_key_id=api_key.id if api_key else None,
@@ -103,10 +108,12 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
 
 def enqueue(job: Job) -> None:
     """Send the job's task under the job's own id, with the arguments its row records (so the
-    reconciler sends a lost job again exactly as it was first sent)."""
+    reconciler sends a lost job again exactly as it was first sent), to its priority's queue
+    (chattts_farm.celery_client routes it). Not its callback: the web calls
+    that back itself, with the job's status as its API answers it (web.callbacks)."""
     voice = job.voice_mix or job.voice_sample or (job.voice_embedding if job.voice_seed is None else job.voice_seed)
     backends.current().celery.send_task(
-        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id, queue=DEFAULT_QUEUE
+        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id
     )
 
 
@@ -131,8 +138,9 @@ def recent(limit: int, status: str | None = None) -> list[Job]:
 
 
 def refresh(job: Job) -> Job:
-    """Bring an unfinished job's row up to date with its task's state."""
+    """Bring an unfinished job's row up to date with its task's state (a finished one's callback too)."""
     if job.status in JobStatus.FINISHED:
+        callbacks.settle(job)
         return job
     # One read of the task's state and payload together: two reads race the task's end.
     meta = backends.current().celery.backend.get_task_meta(job.id)
@@ -200,12 +208,35 @@ def _finish(job: Job, status: str, error: str | None = None, charged_s: float = 
     charged its duration, a cancelled one ``charged_s``, the audio its listeners were sent; a failed one
     gives its reservation back) and free its key's place in the queue. Of the requests that see a
     job finish at once, only the one whose update moves the row settles it. The write is committed before
-    Redis is called: no database lock is held across a network call."""
+    Redis is called: no database lock is held across a network call. That request also hands the job's
+    callback, if it has one, to the delivery queue: once per ending."""
+    if job.callback_url is not None:
+        outcome["callback_state"] = CallbackState.PENDING
     moved = _move(job, status=status, error=error, finished_at=utcnow(), **outcome)
     db.session.commit()
     if moved:
         limits.settle_audio(job, outcome.get("duration_s", charged_s))
         admission.release(db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None, job.id)
+        if job.callback_url is not None:
+            call_back(job)
+
+
+def call_back(job: Job) -> None:
+    """Hand a finished job's status to its callback's delivery queue."""
+    # The reconciler notices ends outside any request: its status's URLs are the paths a request's are.
+    with nullcontext() if has_request_context() else current_app.test_request_context():
+        body = json.dumps(describe(job))
+    callbacks.send(job, body)
+
+
+def watch_for_callbacks() -> None:
+    """Notice the end of every unfinished job with a callback (nobody may be polling it), and queue the
+    callbacks still pending of finished jobs (their queue could not be reached as they ended)."""
+    unfinished = db.select(Job).where(Job.callback_url.is_not(None), Job.status.not_in(JobStatus.FINISHED))
+    for job in db.session.execute(unfinished).scalars().all():
+        refresh(job)
+    for job in callbacks.pending():
+        call_back(job)
 
 
 def _move(job: Job, **values: Any) -> bool:

@@ -18,10 +18,12 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    case,
     event,
     false,
 )
 from sqlalchemy.engine import Engine
+from sqlalchemy.ext.hybrid import hybrid_property
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -82,6 +84,16 @@ class Tag(db.Model):
     name: Mapped[str] = mapped_column(String(64), unique=True)  # always lower-case
 
 
+class VoiceKind:
+    """What a catalog voice is made of, derived from its fields (:attr:`Voice.kind`)."""
+
+    SEED = "seed"  # a seed, and the embedding a worker drew from it
+    EMBEDDING = "embedding"  # a speaker-embedding string alone
+    CLIP = "clip"  # a reference clip's speaker sample (Voice.spk_smp) and its transcript (Voice.txt_smp)
+    BLEND = "blend"  # a weighted mix of other voices (Voice.mix), and the embedding a worker mixed
+    ALL = (SEED, EMBEDDING, CLIP, BLEND)
+
+
 class Voice(db.Model):
     __tablename__ = "voices"
 
@@ -107,14 +119,29 @@ class Voice(db.Model):
     # The key that made the voice, when keys are on. None for voices made with keys off or before
     # voices had owners: with keys on, only admin keys may change those.
     owner_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    owner: Mapped[ApiKey | None] = relationship()
+    # A blend's parts as mixed: [{"voice": seed or embedding, "weight", "voice_id"?}, ...], voice_id naming
+    # the catalog voice a part was (its embedding is the part's voice). None for every other kind: SQL's
+    # NULL, not JSON's null, so that the kind can be asked of the database.
+    mix: Mapped[list[dict] | None] = mapped_column(JSON(none_as_null=True))
 
-    @property
+    @hybrid_property
     def kind(self) -> str:
-        """What the voice is made of: ``clip`` (a reference clip's speaker sample), ``seed`` (the embedding
-        a seed names) or ``embedding`` (an embedding given as such, or mixed from a blend)."""
         if self.spk_smp is not None:
-            return "clip"
-        return "seed" if self.seed is not None else "embedding"
+            return VoiceKind.CLIP
+        if self.mix is not None:
+            return VoiceKind.BLEND
+        return VoiceKind.SEED if self.seed is not None else VoiceKind.EMBEDDING
+
+    @kind.inplace.expression
+    @classmethod
+    def _kind_in_sql(cls):
+        return case(
+            (cls.spk_smp.is_not(None), VoiceKind.CLIP),
+            (cls.mix.is_not(None), VoiceKind.BLEND),
+            (cls.seed.is_not(None), VoiceKind.SEED),
+            else_=VoiceKind.EMBEDDING,
+        )
 
     def may_be_changed_by(self, api_key: ApiKey | None) -> bool:
         """Every key may read and speak a voice; only its owner or an admin key may change or delete it.
@@ -147,6 +174,16 @@ class JobStatus:
     ALL = (QUEUED, RUNNING, DONE, FAILED, CANCELLED)
 
 
+class CallbackState:
+    """How far a finished job's callback got (the web's side; the worker's attempts add retrying)."""
+
+    PENDING = "pending"  # the job has ended; its delivery is not yet in the queue
+    QUEUED = "queued"  # its delivery is in the workers' hands: their record says how it goes
+    DELIVERED = "delivered"
+    FAILED = "failed"
+    OVER = (DELIVERED, FAILED)
+
+
 class Job(db.Model):
     __tablename__ = "jobs"
 
@@ -177,5 +214,11 @@ class Job(db.Model):
     # A voice's preview: kept and given again to the same key (or, with keys off, to anyone) while its
     # audio lives, so each voice is previewed once per key.
     is_preview: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+
+    # Where the job's status is POSTed when it ends (see web.callbacks), and how far that got: None until
+    # it ends, then CallbackState's; the attempts (worker.callbacks' records) once its delivery is over.
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    callback_state: Mapped[str | None] = mapped_column(String(16), index=True)
+    callback_attempts: Mapped[list | None] = mapped_column(JSON)
 
     voice: Mapped[Voice | None] = relationship()

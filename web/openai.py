@@ -74,6 +74,8 @@ def speech():
                 "format": "wav" if sent_format == "pcm" else sent_format,
                 "speed": chattts_speed(speed),
                 "stream": True,
+                # Its caller waits for the audio on the open response.
+                "priority": "interactive",
             },
             max_text_chars=settings.max_text_chars,
         )

@@ -1,4 +1,5 @@
-"""The reconciler: jobs the database holds as unfinished but Redis has lost are enqueued again.
+"""The reconciler: jobs the database holds as unfinished but Redis has lost are enqueued again; and the
+end of each job with a callback is noticed, though nobody polls it (see web.callbacks).
 
 Redis is the queue, the database is the record. If Redis loses its data (FLUSHALL, a restart without
 persistence), a job can be unfinished in the database with no message anywhere and no state in the
@@ -69,8 +70,9 @@ def lost_jobs() -> list[Job]:
 
 
 def reconcile() -> list[str]:
-    """Enqueue every lost job again under its own id; returns their ids. While another reconciler is
-    at work, leaves it to that one and returns none."""
+    """Enqueue every lost job again under its own id; returns their ids. Then hand the callbacks of jobs
+    that have ended to the delivery queue. While another reconciler is at work, leaves it to that one and
+    returns none."""
     lock = backends.current().redis.lock(redis_keys.RECONCILER_LOCK, timeout=LOCK_TIMEOUT_S, blocking=False)
     if not lock.acquire():
         logger.info("another reconciler is at work: leaving this round to it")
@@ -84,6 +86,7 @@ def reconcile() -> list[str]:
             logger.warning("job %s was lost by Redis: enqueued again", job.id)
             resent.append(job.id)
         db.session.commit()
+        jobs.watch_for_callbacks()
         return resent
     finally:
         try:

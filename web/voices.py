@@ -1,4 +1,8 @@
-"""The voice catalog: create, find by tags and text, edit, export and import.
+"""The voice catalog: create, find by tags, text and kind, edit, export and import.
+
+A voice is of one kind (:class:`web.models.VoiceKind`): a seed, an embedding, a clip or a blend of
+other voices. Every kind but a clip keeps the embedding jobs speak (a clip voice keeps its speaker sample
+and the clip's words instead); a blend also keeps its parts, which it is shown and exported by.
 
 The catalog is shared: every key finds, reads and speaks every voice. A voice belongs to the key that
 made it (by create, import or from a job), and only that key or an admin key may change or delete it.
@@ -9,6 +13,7 @@ texts: control and invisible characters are dropped (:func:`chattts_farm.text.dr
 from __future__ import annotations
 
 import secrets
+from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import or_
@@ -32,7 +37,7 @@ from chattts_farm.contract import (
 from chattts_farm.text import drop_invisible
 from web import access, backends, clips
 from web.errors import ApiError
-from web.models import Job, JobStatus, Tag, Voice, db, voice_tags
+from web.models import Job, JobStatus, Tag, Voice, VoiceKind, db, voice_tags
 
 EMBEDDING_TIMEOUT_S = 60
 # Encoding a clip is a few convolutions over its mel spectrogram: well under a second on a worker's CPU.
@@ -48,14 +53,33 @@ WORKSHOP_VOICES_MAX = 16
 MAX_NAME_CHARS = 100
 MAX_TAG_CHARS = 64
 _TEXT_FIELDS = {"description": 2000, "gender": 20, "age": 20}
+_DETAILS = (*_TEXT_FIELDS, "rating", "favourite")
 # The search text is matched literally: LIKE's wildcards and its escape character are escaped.
 _LIKE_ESCAPE = "\\"
 _LIKE_SPECIAL = str.maketrans({"%": "\\%", "_": "\\_", "\\": "\\\\"})
+# What a voice is made of, as create and import take it (one of these), and as an export carries each
+# kind: enough to make the voice again in another farm. A seed's embedding travels with it, as the seed
+# is the voice only on the model build that drew it; a blend travels as its parts, mixed again where it
+# is imported. A clip voice travels as its speaker sample and transcript (made here only from an uploaded
+# clip, :func:`create_from_clip`, or by import).
+_MADE_OF = ("seed", "spk_emb", "mix")
+_CLIP_MADE_OF = ("spk_smp", "txt_smp")
+_EXPORTED_BY_KIND = {
+    VoiceKind.SEED: ("seed", "spk_emb"),
+    VoiceKind.EMBEDDING: ("spk_emb",),
+    VoiceKind.CLIP: _CLIP_MADE_OF,
+    VoiceKind.BLEND: ("mix",),
+}
 
 
-def find(tags: list[str], query: str | None) -> list[Voice]:
-    """Voices carrying every tag given and whose name or description contains the query text."""
+def find(tags: list[str], query: str | None, kind: str | None = None) -> list[Voice]:
+    """Voices carrying every tag given, whose name or description contains the query text, of the kind
+    given (any when None; a 400 naming ``kind`` for a kind there is not)."""
     select = db.select(Voice).order_by(Voice.favourite.desc(), Voice.rating.desc(), Voice.name)
+    if kind is not None:
+        if kind not in VoiceKind.ALL:
+            raise ApiError(400, f"kind must be one of {', '.join(VoiceKind.ALL)}", "kind")
+        select = select.where(Voice.kind == kind)
     for tag in normalise_tags(tags):
         select = select.where(Voice.tags.any(Tag.name == tag))
     query = drop_invisible(query or "").strip()
@@ -125,66 +149,121 @@ def blend(value: dict, field: str = "voice") -> Blend:
     """A blend whose parts name voices as jobs do, catalog voices among them (each mixed as its embedding);
     a 422 naming ``field`` for a part naming no voice, :class:`InvalidRequest` for any other fault (a
     voice from a reference clip among them: it has no embedding to mix)."""
-    parts = []
+    return _catalog_blend(value, field)[0]
+
+
+def _catalog_blend(value: dict, field: str) -> tuple[Blend, list[dict]]:
+    """The blend (as :func:`blend` reads it) and its parts as a catalog voice keeps them (``Voice.mix``):
+    each part's seed or embedding and weight, and the id of the catalog voice it named, if it named one."""
+    parts, sources = [], []
     for number, part in enumerate(mix_parts(value, field), 1):
-        if isinstance(part["voice"], str):
-            voice = to_speak(part["voice"], field)
-            if isinstance(voice, Voice) and voice.kind == "clip":
-                raise InvalidRequest(
-                    field,
-                    f"part {number} of the blend, {voice.name!r}, is a voice from a reference clip: a speaker"
-                    " sample, not a speaker embedding, so it does not mix",
-                )
-            part = {**part, "voice": argument(voice)}
-        parts.append(part)
-    return parse_voice({"mix": parts}, field)
+        named_voice = to_speak(part["voice"], field) if isinstance(part["voice"], str) else part["voice"]
+        if isinstance(named_voice, Voice) and named_voice.kind == VoiceKind.CLIP:
+            raise InvalidRequest(
+                field,
+                f"part {number} of the blend, {named_voice.name!r}, is a voice from a reference clip: a speaker"
+                " sample, not a speaker embedding, so it does not mix",
+            )
+        parts.append({**part, "voice": argument(named_voice)} if isinstance(part["voice"], str) else part)
+        sources.append(named_voice.id if isinstance(named_voice, Voice) else None)
+    mixed = parse_voice({"mix": parts}, field)
+    kept = [
+        {**asdict(part), **({"voice_id": source} if source is not None else {})}
+        for part, source in zip(mixed.mix, sources, strict=True)
+    ]
+    return mixed, kept
+
+
+def blend_parts(voice: Voice) -> list[dict[str, Any]]:
+    """A blend's parts as ``POST /api/voices`` takes them: a catalog voice it mixed by its name (and
+    ``voice_id``) while that voice is still in the catalog under a name that speaks it, any other part as
+    the seed or embedding it mixed. Empty for voices of other kinds."""
+    parts = []
+    for part in voice.mix or []:
+        source = by_id(part["voice_id"]) if "voice_id" in part else None
+        if source is not None and source.spk_emb == part["voice"] and _spoken_by_name(source):
+            parts.append({"voice": source.name, "weight": part["weight"], "voice_id": source.id})
+        else:
+            parts.append({"voice": part["voice"], "weight": part["weight"]})
+    return parts
+
+
+def _spoken_by_name(voice: Voice) -> bool:
+    """Whether a job naming the voice's name gets this voice: a name that reads as a seed or an OpenAI
+    voice name (only an admin can give those) would get that instead."""
+    try:
+        return resolve(voice.name) is voice
+    except InvalidRequest:
+        return False
 
 
 def to_speak(value: Any, field: str = "voice") -> Voice | int | str | Blend | SpeakerSample:
     """A voice a job may speak in (as :func:`resolve` reads it); a 422 naming ``field`` for a name that is
     neither an OpenAI voice name nor a catalog voice's (:class:`InvalidRequest`, a 400, for a value that
     is no voice at all)."""
-    voice = resolve(value, field)
-    if voice is None:
-        # A 422: the request is well formed, the name unknown.
-        raise ApiError(
-            422,
-            f"{field}: {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
-            " a catalog voice's name, a seed nor an embedding",
-            field,
-        )
-    return voice
+    return all_to_speak([value], field)[0]
+
+
+def all_to_speak(values: list[Any], field: str) -> list[Voice | int | str | Blend | SpeakerSample]:
+    """Voices as :func:`to_speak` reads each, every value's form checked (a 400) before an unknown name is
+    refused (a 422): a list with a name unknown and a value no voice at all is malformed first."""
+    voices = [resolve(value, field) for value in values]
+    for value, voice in zip(values, voices, strict=True):
+        if voice is None:
+            # A 422: the request is well formed, the name unknown.
+            raise ApiError(
+                422,
+                f"{field}: {value.strip()!r} is neither an OpenAI voice name ({', '.join(OPENAI_VOICE_SEEDS)}),"
+                " a catalog voice's name, a seed nor an embedding",
+                field,
+            )
+    return voices
 
 
 def argument(voice: Voice | int | str | Blend | SpeakerSample) -> int | str | dict:
     """What a job's ``voice`` argument holds for a voice: a catalog voice's embedding (or, for one from a
     reference clip, its speaker sample and words), else the seed, embedding, blend or sample itself."""
     if isinstance(voice, Voice):
-        return voice_argument(SpeakerSample(voice.spk_smp, voice.txt_smp)) if voice.kind == "clip" else voice.spk_emb
+        clip = voice.kind == VoiceKind.CLIP
+        return voice_argument(SpeakerSample(voice.spk_smp, voice.txt_smp)) if clip else voice.spk_emb
     return voice_argument(voice)
 
 
 def create(fields: dict[str, Any]) -> Voice:
     """A new voice from a name and a seed, an embedding or a blend (``mix``, the parts of a blend as jobs
-    take it); the embedding is always stored, a blend's mixed by a worker as jobs speak it."""
+    take it); the embedding is always stored, a blend's mixed by a worker as jobs speak it, and a blend
+    keeps its parts."""
     name = _name(fields.get("name"))
-    given = sorted({"seed", "spk_emb", "mix"} & set(fields))
+    given = sorted(set(_MADE_OF) & set(fields))
     if len(given) != 1:
         raise ApiError(400, "give exactly one of seed, spk_emb or mix", given[1] if given else "seed")
     seed = _seed(fields["seed"]) if "seed" in fields else None
-    mixed = blend({"mix": fields["mix"]}, "mix") if "mix" in fields else None
-    voice = Voice(
-        name=name,
+    mixed, kept_mix = _catalog_blend({"mix": fields["mix"]}, "mix") if "mix" in fields else (None, None)
+    voice = _new_voice(
+        name,
+        fields,
         seed=seed,
         spk_emb=_embedding(fields["spk_emb"]) if "spk_emb" in fields else None,
-        owner_key_id=_caller_key_id(),
+        mix=kept_mix,
     )
-    update(voice, {k: v for k, v in fields.items() if k not in ("name", "seed", "spk_emb", "mix")}, commit=False)
     # Only once every field is valid: a worker may take up to a minute to answer.
     if voice.spk_emb is None:
         voice.spk_emb = embedding_from_worker(seed if seed is not None else mixed, given[0])
+    return _add(voice)
+
+
+def _new_voice(name: str, fields: dict[str, Any], **made_of: Any) -> Voice:
+    """A voice of the caller's, not yet added: what it is made of as given, its details from ``fields``
+    (every field but its name and what it is made of; a 400 naming one that is not a detail)."""
+    voice = Voice(name=name, owner_key_id=_caller_key_id(), **made_of)
+    details = {key: value for key, value in fields.items() if key not in ("name", *_MADE_OF)}
+    update(voice, details, commit=False)
+    return voice
+
+
+def _add(voice: Voice) -> Voice:
     db.session.add(voice)
-    _commit_unique(name)
+    _commit_unique(voice.name)
     return voice
 
 
@@ -273,7 +352,9 @@ def preview(voice: Voice, max_text_chars: int) -> Job:
             return kept
     job = jobs.submit(
         SynthesisRequest.from_arguments(
-            {"text": PREVIEW_TEXT, "voice": argument(voice)}, max_text_chars=max_text_chars
+            # Someone waits at the voice's page to hear it.
+            {"text": PREVIEW_TEXT, "voice": argument(voice), "priority": "interactive"},
+            max_text_chars=max_text_chars,
         ),
         voice,
     )
@@ -295,7 +376,7 @@ def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
     named_voices = fields.get("voices", [])
     if not isinstance(named_voices, list) or len(named_voices) > WORKSHOP_VOICES_MAX:
         raise ApiError(400, f"voices must be a list of at most {WORKSHOP_VOICES_MAX} voices", "voices")
-    chosen = [to_speak(value, "voices") for value in named_voices]
+    chosen = all_to_speak(named_voices, "voices")
     count = as_integer(fields.get("count", 0 if chosen else WORKSHOP_VOICES_DEFAULT))
     if "count" in fields and (count is None or not 1 <= count <= WORKSHOP_VOICES_MAX):
         raise ApiError(400, f"count must be a whole number of voices from 1 to {WORKSHOP_VOICES_MAX}", "count")
@@ -306,7 +387,7 @@ def workshop(fields: dict[str, Any], max_text_chars: int) -> list[Job]:
     requests = [
         (
             SynthesisRequest.from_arguments(
-                {"text": text, "voice": argument(voice)},
+                {"text": text, "voice": argument(voice), "priority": "interactive"},  # heard at the workshop
                 max_text_chars=max_text_chars,
             ),
             voice if isinstance(voice, Voice) else None,
@@ -322,8 +403,9 @@ def delete(voice: Voice) -> None:
 
 
 def from_job(job: Job, fields: dict[str, Any]) -> Voice:
-    """Keep the voice a finished job used, with the embedding the worker reported."""
-    given = sorted({"seed", "spk_emb"} & set(fields))
+    """Keep the voice a finished job used, with the embedding the worker reported: a blend with its parts
+    as the job sent them (seeds and embeddings)."""
+    given = sorted(set(_MADE_OF) & set(fields))
     if given:
         raise ApiError(400, f"{given[0]} comes from the job: give only the voice's name and details", given[0])
     if job.voice_sample is not None:
@@ -332,6 +414,9 @@ def from_job(job: Job, fields: dict[str, Any]) -> Voice:
         )
     if not job.voice_embedding:
         raise ApiError(409, f"job {job.id} has not reported its voice yet (it is {job.status})")
+    if job.voice_mix is not None:
+        kept_mix = job.voice_mix["mix"]
+        return _add(_new_voice(_name(fields.get("name")), fields, spk_emb=job.voice_embedding, mix=kept_mix))
     return create(
         {**fields, "spk_emb": job.voice_embedding} if job.voice_seed is None else {**fields, "seed": job.voice_seed}
     )
@@ -346,6 +431,7 @@ def describe(voice: Voice) -> dict[str, Any]:
         "spk_emb": voice.spk_emb,
         "spk_smp": voice.spk_smp,
         "txt_smp": voice.txt_smp,
+        "mix": blend_parts(voice) if voice.kind == VoiceKind.BLEND else None,
         "tags": [tag.name for tag in voice.tags],
         "description": voice.description,
         "gender": voice.gender,
@@ -355,52 +441,106 @@ def describe(voice: Voice) -> dict[str, Any]:
         "created_at": voice.created_at.isoformat(),
         "updated_at": voice.updated_at.isoformat(),
         "editable": voice.may_be_changed_by(access.current_key()),
+        # The name of the key that made the voice; None with keys off, or when it was made before voices
+        # had owners.
+        "owner": voice.owner.name if voice.owner is not None else None,
     }
 
 
 def export() -> list[dict[str, Any]]:
+    """Every voice as import takes it: its name, kind, details and what it is made of (``_EXPORTED_BY_KIND``),
+    a blend's parts by the names of the catalog voices it mixed, so that they resolve where it is imported."""
     exported = []
     for voice in find([], None):
-        entry = describe(voice)
-        # What import reads back: an embedding (and its seed), or a clip's sample and words.
-        made_of = ("seed", "spk_emb") if voice.kind == "clip" else ("spk_smp", "txt_smp")
-        for key in ("id", "kind", "created_at", "updated_at", "editable", *made_of):
-            del entry[key]
-        exported.append(entry)
+        described = describe(voice)
+        details = {key: described[key] for key in ("name", "kind", "tags", *_DETAILS)}
+        made_of = {key: described[key] for key in _EXPORTED_BY_KIND[voice.kind]}
+        if voice.kind == VoiceKind.BLEND:  # ids are this farm's
+            made_of["mix"] = [{"voice": part["voice"], "weight": part["weight"]} for part in made_of["mix"]]
+        exported.append({**details, **made_of})
     return exported
 
 
 def import_(entries: Any) -> dict[str, list[str]]:
     """Add exported voices; a name already in the catalog is skipped, never overwritten. Every entry is
-    checked whole, skipped or not: a list is imported all or none, whatever the catalog holds."""
+    checked whole, skipped or not: a list is imported all or none, whatever the catalog holds. A blend's
+    parts may name voices of the catalog or of the same list (a 422 naming ``mix`` and the part for one
+    naming neither); a worker mixes its embedding here."""
     if not isinstance(entries, list):
         raise ApiError(400, "the body must be a JSON list of voices (as GET /api/voices/export gives)", "body")
+    checked = [_imported(position, entry) for position, entry in enumerate(entries)]
+    # A tag new to the catalog is one row, however many of the list's voices carry it.
+    new_tags: dict[str, Tag] = {}
+    for voice, _ in checked:
+        voice.tags = [new_tags.setdefault(tag.name, tag) for tag in voice.tags]
     added, skipped = [], []
-    for position, entry in enumerate(entries):
-        # An embedding (with the seed that named it, if any), or a clip's sample and words (a seed beside
-        # them names nothing, and is not kept).
-        given = set(entry) & {"spk_emb", "spk_smp", "txt_smp"} if isinstance(entry, dict) else set()
-        if given not in ({"spk_emb"}, {"spk_smp", "txt_smp"}):
-            raise ApiError(
-                400, f"voice {position} must be an object with a name and spk_emb, or spk_smp and txt_smp", "body"
-            )
-        voice = Voice(name=_name(entry.get("name")), owner_key_id=_caller_key_id())
-        seed = _seed(entry["seed"]) if entry.get("seed") is not None else None
-        if given == {"spk_emb"}:
-            voice.seed, voice.spk_emb = seed, _embedding(entry["spk_emb"])
-        else:
-            sample = parse_voice({"spk_smp": entry["spk_smp"], "txt_smp": entry["txt_smp"]}, "body")
-            voice.spk_smp, voice.txt_smp = sample.spk_smp, sample.txt_smp
-        # What the voice is made of is set above; the rest as an edit would.
-        made_of = ("name", "seed", "spk_emb", "spk_smp", "txt_smp")
-        update(voice, {k: v for k, v in entry.items() if k not in made_of}, commit=False)
+    # Blends last: their parts may name voices of this list (no blend mixes another).
+    for position, (voice, exported_blend) in sorted(enumerate(checked), key=lambda numbered: bool(numbered[1][1])):
+        mixed = None
+        if exported_blend:
+            mixed, voice.mix = _imported_blend(position, voice.name, exported_blend)
         if named(voice.name) is not None:
             skipped.append(voice.name)
             continue
+        if mixed is not None:
+            voice.spk_emb = embedding_from_worker(mixed, "mix")
         db.session.add(voice)
         added.append(voice.name)
     db.session.commit()
     return {"added": added, "skipped": skipped}
+
+
+def _imported(position: int, entry: Any) -> tuple[Voice, dict | None]:
+    """An exported voice, checked but not added, and for a blend its parts as exported (``{"mix": ...}``),
+    resolved only once the list's other voices are in. A 400 naming ``body`` for an entry of no kind or a
+    clip's sample and words that are none, ``kind`` for one of a kind its fields are not, and a field that
+    is no part of its kind (a blend's or a clip voice's seed or embedding)."""
+    from_clip = isinstance(entry, dict) and any(key in entry for key in _CLIP_MADE_OF)
+    if not isinstance(entry, dict) or not ("mix" in entry or entry.get("spk_emb") or from_clip):
+        raise ApiError(
+            400, f"voice {position} must be an object with a name and spk_emb, mix, or spk_smp and txt_smp", "body"
+        )
+    if "mix" in entry:
+        kind = VoiceKind.BLEND
+    elif from_clip:
+        kind = VoiceKind.CLIP
+    else:
+        kind = VoiceKind.SEED if entry.get("seed") is not None else VoiceKind.EMBEDDING
+    if entry.get("kind", kind) != kind:
+        raise ApiError(
+            400, f"voice {position}: its kind {entry['kind']!r} is not what its fields make it ({kind!r})", "kind"
+        )
+    name = _name(entry.get("name"))
+    fields = {key: value for key, value in entry.items() if key not in ("kind", *_CLIP_MADE_OF)}
+    if kind == VoiceKind.BLEND:
+        given = sorted({"seed", "spk_emb", *_CLIP_MADE_OF} & set(entry))
+        if given:
+            raise ApiError(400, f"voice {position} is a blend: its {given[0]} comes from its parts (mix)", given[0])
+        return _new_voice(name, fields), {"mix": entry["mix"]}
+    if kind == VoiceKind.CLIP:
+        given = sorted({"seed", "spk_emb"} & set(entry))
+        if given:
+            raise ApiError(
+                400, f"voice {position} is a clip voice: it is a speaker sample and words, with no {given[0]}", given[0]
+            )
+        try:
+            sample = parse_voice({key: entry[key] for key in _CLIP_MADE_OF if key in entry}, "body")
+        except InvalidRequest as error:
+            raise InvalidRequest("body", f"voice {position} ({name!r}): {error.message}") from None
+        return _new_voice(name, fields, spk_smp=sample.spk_smp, txt_smp=sample.txt_smp), None
+    seed = _seed(entry["seed"]) if entry.get("seed") is not None else None
+    return _new_voice(name, fields, seed=seed, spk_emb=_embedding(entry["spk_emb"])), None
+
+
+def _imported_blend(position: int, name: str, exported: dict) -> tuple[Blend, list[dict]]:
+    """An imported blend's parts resolved in this catalog (:func:`_catalog_blend`); a fault names the voice
+    of the list, and the field ``mix``."""
+    try:
+        return _catalog_blend(exported, "mix")
+    except InvalidRequest as error:
+        raise InvalidRequest("mix", f"voice {position} ({name!r}): {error.message}") from None
+    except ApiError as error:
+        raise ApiError(error.status, f"voice {position} ({name!r}): {error.message}", "mix") from None
 
 
 def embedding_from_worker(voice: int | Blend, field: str) -> str:

@@ -227,7 +227,8 @@ class EngineClient:
             channel.send(
                 "submit",
                 job=job.request.request_id,
-                arguments=job.request.as_arguments(),
+                # The engine synthesises; this side sends the job's callback.
+                arguments=replace(job.request, callback_url=None).as_arguments(),
                 stream=job.on_audio is not None,
                 started_at=job.started_at,
                 started_wall=job.started_wall,

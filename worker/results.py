@@ -36,6 +36,24 @@ def joined(pieces: list[np.ndarray], pause_samples: int) -> np.ndarray:
     return np.concatenate(parts)
 
 
+def timeline(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, captions: list[str]) -> list[dict]:
+    """Where each segment lies in the audio :func:`joined` makes of the pieces, counted in its samples:
+    one entry a segment, ``{"index", "text", "start_s", "end_s"}`` (``text``: its caption), to the millisecond."""
+    entries, start = [], 0
+    for index, (piece, caption) in enumerate(zip(pieces, captions, strict=True)):
+        end = start + piece.size
+        entries.append(
+            {
+                "index": index,
+                "text": caption,
+                "start_s": round(start / sample_rate, 3),
+                "end_s": round(end / sample_rate, 3),
+            }
+        )
+        start = end + pause_samples
+    return entries
+
+
 def encode_joined(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, audio_format: str) -> bytes:
     """Join and encode: what a process of the encoder pool runs (a module-level function, to be sent there)."""
     return audio.encode(joined(pieces, pause_samples), sample_rate, audio_format)
@@ -62,6 +80,7 @@ class SynthesisResult:
     quality: dict
     model: dict
     memory: dict
+    timeline: list[dict]  # each segment's place in the audio (see timeline())
 
     @functools.cached_property
     def samples(self) -> np.ndarray:

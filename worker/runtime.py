@@ -24,7 +24,7 @@ from redis.retry import Retry
 
 from chattts_farm import audio_store, ops_series, redis_keys
 from chattts_farm.audio_store import AudioStore
-from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, queue_of_worker
+from chattts_farm.contract import JOB_QUEUES, queue_of_worker
 from chattts_farm.settings import Settings
 from worker import failover
 from worker.encoders import encoder_pool
@@ -91,7 +91,7 @@ class WorkerRuntime:
     def sample(self, health: dict) -> ops_series.Sample:
         """The jobs finished since the last sample, the GPU now and the depth of this worker's queues."""
         taken = [self.finished.popleft() for _ in range(len(self.finished))]
-        queues = (DEFAULT_QUEUE, CELERY_DEFAULT_QUEUE, queue_of_worker(self.hostname))
+        queues = (*JOB_QUEUES, queue_of_worker(self.hostname))
         pipeline = self.redis.pipeline(transaction=False)
         for queue in queues:
             pipeline.llen(queue)

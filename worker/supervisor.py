@@ -21,7 +21,8 @@ import sys
 import time
 from dataclasses import dataclass
 
-from chattts_farm.contract import CELERY_DEFAULT_QUEUE, DEFAULT_QUEUE, worker_queue
+from chattts_farm.callbacks import CALLBACK_QUEUE
+from chattts_farm.contract import JOB_QUEUES, worker_queue
 from chattts_farm.kept_alive import KeptAlive, sigterm_when_this_process_dies
 from chattts_farm.settings import Settings
 from worker.cuda import configure_allocator
@@ -82,11 +83,14 @@ class WorkerSpec:
             "threads",
             "--concurrency",
             str(math.ceil(self.jobs_in_flight(settings) / self.processes)),
-            # Celery's own default queue too: a plain client's send_task without routing lands there.
             "--hostname",
             f"{self.name}@{settings.node_name or '%h'}",
+            # Read in this order (see chattts_farm.celery_client): the callbacks' deliveries (they wait
+            # between attempts in Redis, holding no thread, and are quick) and the jobs pinned to this
+            # worker first, then the jobs by priority, Celery's own default queue (a plain client's
+            # send_task without routing lands there) with the normal ones.
             "--queues",
-            f"{DEFAULT_QUEUE},{CELERY_DEFAULT_QUEUE},{self.queue}",
+            ",".join((CALLBACK_QUEUE, self.queue, *JOB_QUEUES)),
             "--prefetch-multiplier",
             "1",
             "--task-events",

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 import time
+from dataclasses import asdict
 from typing import Any
 
 import redis
@@ -13,13 +15,16 @@ from celery.concurrency import get_implementation
 from celery.exceptions import Ignore
 from celery.signals import task_postrun, task_received, task_revoked, worker_init, worker_shutting_down
 from celery.worker import state as worker_state
+from kombu.exceptions import OperationalError
 
+from chattts_farm.callbacks import CALLBACK_QUEUE, DELIVERY_TASK_NAME, CallbackPolicy
 from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     HEALTH_TASK_NAME,
     PROGRESS_STATE,
     SPEAKER_SAMPLE_TASK_NAME,
     TASK_NAME,
+    CallbackFailed,
     FarmError,
     InvalidRequest,
     JobCancelled,
@@ -27,7 +32,7 @@ from chattts_farm.contract import (
     clip_samples,
     parse_voice,
 )
-from worker import runtime
+from worker import callbacks, runtime
 from worker.celery_app import app, settings
 
 logger = logging.getLogger(__name__)
@@ -98,7 +103,10 @@ def synthesize(self, **arguments) -> dict:
     job_id = self.request.id
     try:
         request = SynthesisRequest.from_arguments(
-            arguments, max_text_chars=held.settings.max_text_chars, request_id=job_id
+            arguments,
+            max_text_chars=held.settings.max_text_chars,
+            callbacks=CallbackPolicy.from_settings(held.settings),
+            request_id=job_id,
         )
     except InvalidRequest as error:
         if arguments.get("stream") is True:  # its reader waits on the stream
@@ -132,8 +140,10 @@ def synthesize(self, **arguments) -> dict:
         held.streams.failed(job_id, outcome)
     if isinstance(outcome, JobCancelled):
         self.backend.mark_as_revoked(job_id, reason="revoked", request=self.request)
+        _send_callback(request, "cancelled", error="cancelled")
         raise Ignore()
     if isinstance(outcome, Exception):
+        _send_callback(request, "failed", error=str(outcome))
         raise outcome
     key = held.audio_store.key(job_id, request.format)
     held.audio_store.write(key, outcome.encoded_by(held.encoders))
@@ -155,7 +165,38 @@ def synthesize(self, **arguments) -> dict:
     if request.stream:
         held.streams.end(job_id, result)
     held.job_finished(handle, outcome.duration_s)
+    _send_callback(request, "done", result=result)
     return result
+
+
+def _send_callback(
+    request: SynthesisRequest, status: str, error: str | None = None, result: dict | None = None
+) -> None:
+    """A Celery caller's job that named a callback_url has it called as it ends. (The web's jobs are sent
+    without one: the web calls theirs, with the status its API answers.)"""
+    if request.callback_url is None:
+        return
+    body = json.dumps({"id": request.request_id, "status": status, "error": error, "result": result})
+    arguments = {"url": request.callback_url, "body": body, "record_id": request.request_id}
+    try:
+        app.send_task(DELIVERY_TASK_NAME, kwargs=arguments, queue=CALLBACK_QUEUE)
+    except (OperationalError, redis.RedisError) as failure:  # the job's own outcome stands
+        logger.error("job %s: its callback could not be queued: %s", request.request_id, failure)
+
+
+# A failed delivery is the caller's to read in the record (redis_keys.callback_attempts): no traceback.
+@app.task(bind=True, name=DELIVERY_TASK_NAME, throws=(CallbackFailed,))
+def deliver_callback(self, url: str, body: str, record_id: str) -> dict:
+    """POST ``body`` (a finished job's status, JSON) to ``url``, signed; again after a backoff while
+    attempts fail, up to CALLBACK_ATTEMPTS. Between attempts the delivery waits in Redis, holding no thread."""
+    attempt = callbacks.attempt_delivery(
+        url, body, record_id, number=self.request.retries + 1, settings=settings, client=app.backend.client
+    )
+    if attempt.outcome == callbacks.RETRYING:
+        raise self.retry(countdown=attempt.retry_in_s, max_retries=None)
+    if attempt.outcome == callbacks.FAILED:
+        raise CallbackFailed(f"the callback of {record_id} to {url} failed: {attempt.error}")
+    return asdict(attempt)
 
 
 def _report_progress() -> None:

@@ -5,7 +5,7 @@ clip's words (txt_smp) instead of a speaker embedding, so spk_emb may be empty. 
 it (spk_smp and txt_smp, as sent) so the reconciler can send a lost job again as it was first sent.
 
 Revision ID: 5d2e8f1a9c47
-Revises: c3a9d51e0f27
+Revises: d5e2f8a14b60
 Create Date: 2026-12-02 13:00:00.000000
 
 """
@@ -15,7 +15,7 @@ from alembic import op
 
 # revision identifiers, used by Alembic.
 revision = "5d2e8f1a9c47"
-down_revision = "c3a9d51e0f27"
+down_revision = "d5e2f8a14b60"
 branch_labels = None
 depends_on = None
 

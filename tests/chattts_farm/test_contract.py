@@ -42,6 +42,7 @@ def test_defaults_follow_the_contract():
     assert (request.voice, request.format, request.speed) == (DEFAULT_VOICE_SEED, "wav", 5)
     assert (request.temperature, request.top_p, request.top_k) == (0.3, 0.7, 20)
     assert request.refine_text is None and request.seed is None
+    assert request.priority == "normal"
 
 
 def test_a_voice_is_a_seed_or_an_embedding_string():
@@ -168,6 +169,8 @@ def test_an_unparseable_voice_names_the_voice_field(voice):
         ({"refine_text": True, "oral": 10}, "oral"),
         ({"seed": -5}, "seed"),
         ({"colour": "blue"}, "colour"),
+        ({"priority": "urgent"}, "priority"),
+        ({"priority": 1}, "priority"),
     ],
 )
 def test_each_bad_argument_is_refused_naming_its_field(arguments, field):
@@ -183,7 +186,7 @@ def test_refine_text_carries_its_levels_into_a_chattts_prompt():
 
 
 def test_arguments_round_trip():
-    request = build(voice=7, format="mp3", refine_text=True, seed=9)
+    request = build(voice=7, format="mp3", refine_text=True, seed=9, priority="bulk")
     assert SynthesisRequest.from_arguments(request.as_arguments(), max_text_chars=100) == request
 
 

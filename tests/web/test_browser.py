@@ -66,6 +66,7 @@ def test_fill_the_form_watch_progress_then_see_the_jobs_details_waveform_and_aud
     assert "in the queue" in facts["Started"] and "of synthesis" in facts["Finished"]
     assert facts["First audio"].endswith("s after it was queued (streamed)")  # the form streams its jobs
     assert page.get_attribute("#job-download", "download") == f"chattts-{job_id}.wav"
+    assert not page.is_visible("#job-asr")  # no recogniser listened (synthetic weights: ASR auto is off)
 
     # Polled from here: Playwright's wait_for_function evaluates a string in the page, which the
     # farm's Content-Security-Policy (no 'unsafe-eval') rightly refuses.
@@ -195,6 +196,67 @@ def test_the_workshop_speaks_openai_voices_by_name_beside_no_new_ones(watched_pa
     assert cards.locator(".card-named").all_inner_texts() == ["alloy:", "nova:"]
     assert cards.locator(".card-seed").all_inner_texts() == ["390000000", "2730000000"]
     assert problems == []
+
+
+def wait_until_playable(audio, failure: str) -> None:
+    """Until an audio element is shown with audio of some length loaded."""
+    audio.wait_for(state="visible", timeout=120_000)
+    deadline = time.monotonic() + 60
+    while not audio.evaluate("a => a.readyState >= 1 && a.duration > 0"):
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.1)
+
+
+def test_compose_a_blend_of_catalog_voices_see_the_apis_refusals_in_the_form_hear_it_then_keep_it(
+    watched_page, web_server
+):
+    for name, seed in (("Part one", 11), ("Part two", 12)):
+        requests.post(f"{web_server}/api/voices", json={"name": name, "seed": seed}, timeout=60).raise_for_status()
+    page, problems = watched_page(web_server + "/voices")
+    parts = page.locator("#blend-parts .blend-part")
+    assert parts.count() == 2 and page.locator(".blend-remove:enabled").count() == 0  # two voices at least
+    page.fill("#blend-name", "Page blend")
+    page.fill("#blend-tags", "mixed")
+    parts.nth(0).locator(".blend-voice").fill("Part one")
+    parts.nth(1).locator(".blend-voice").fill("Part two")
+    for weight in parts.locator(".blend-weight").all():
+        weight.fill("0")
+    page.click("#new-blend-submit")
+    page.wait_for_selector("#blend-message:has-text('a weight above 0')")
+
+    parts.nth(0).locator(".blend-weight").fill("1")
+    parts.nth(1).locator(".blend-weight").fill("3")
+    page.click("#blend-add")
+    parts.nth(2).locator(".blend-voice").fill("Part three")
+    page.click("#new-blend-submit")
+    page.wait_for_selector("#blend-message:has-text(\"'Part three' is neither\")")
+    assert page.text_content("#blend-message").endswith("(mix)")
+
+    while parts.count() < 8:
+        page.click("#blend-add")
+    assert page.is_disabled("#blend-add")  # eight voices at most
+    while parts.count() > 2:
+        parts.nth(2).locator(".blend-remove").click()
+    page.click("#blend-hear")  # heard in the workshop before it is kept
+    wait_until_playable(page.locator("#blend-audio"), "the blend never played in the workshop")
+    assert page.text_content("#blend-message") == ""
+    with page.expect_navigation():
+        page.click("#new-blend-submit")
+
+    row = page.locator("tr.voice[data-voice-name='Page blend']")
+    assert row.locator(".voice-kind").get_attribute("data-kind") == "blend"
+    assert row.locator(".voice-parts li").all_inner_texts() == ["Part one 25%", "Part two 75%"]
+    row.locator(".voice-preview").click()  # the catalog's preview of the blend
+    wait_until_playable(row.locator(".voice-audio"), "the blend's preview never loaded")
+    kept = requests.get(f"{web_server}/api/voices?kind=blend&q=Page+blend", timeout=10).json()["voices"]
+    assert [[(part["voice"], part["weight"]) for part in voice["mix"]] for voice in kept] == [
+        [("Part one", 1.0), ("Part two", 3.0)]
+    ]
+    # The two refusals, as the browser saw them (a console error each), and nothing else went wrong.
+    refusals = [problem for problem in problems if "/api/voices" in problem and problem.startswith(("400", "422"))]
+    assert [problem[:3] for problem in refusals] == ["400", "422"]
+    others = [problem for problem in problems if problem not in refusals]
+    assert all("status of 400" in problem or "status of 422" in problem for problem in others), others
 
 
 def test_a_voice_named_like_markup_shows_as_text_and_runs_nothing(browser, web_server):

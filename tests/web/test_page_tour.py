@@ -27,10 +27,13 @@ def screenshots(request, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def farm_with_history(web_server):
-    """A farm that has done some work: a tagged voice, a streamed job and a finished job to look at."""
+    """A farm that has done some work: tagged voices and a blend of them, a streamed job and a finished job
+    to look at."""
     for name, seed, tags in (("Calm narrator", 11, ["calm", "narrator"]), ("Bright host", 12, ["bright"])):
         added = requests.post(web_server + "/api/voices", json={"name": name, "seed": seed, "tags": tags}, timeout=30)
         added.raise_for_status()
+    blend = {"name": "Calm and bright", "mix": [{"voice": "Calm narrator", "weight": 2}, {"voice": "Bright host"}]}
+    requests.post(web_server + "/api/voices", json=blend, timeout=30).raise_for_status()
     requests.post(web_server + "/api/jobs", json={"text": LONG_TEXT[:200], "stream": True}, timeout=10)
     job = requests.post(
         web_server + "/api/jobs", json={"text": LONG_TEXT[:300], "voice": "Calm narrator"}, timeout=10

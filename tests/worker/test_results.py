@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 
 from worker.audio import SAMPLE_RATE, decode
-from worker.results import SynthesisResult
+from worker.results import SynthesisResult, timeline
 
 
 def a_result() -> SynthesisResult:
@@ -30,6 +30,7 @@ def a_result() -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": [{"ok": True}, {"ok": True}]},
         model={"kind": "synthetic", "device": "cpu"},
         memory={},
+        timeline=timeline([tone, tone[: SAMPLE_RATE // 2]], SAMPLE_RATE // 4, SAMPLE_RATE, ["One.", "Two."]),
     )
 
 
@@ -48,6 +49,19 @@ def test_the_samples_are_the_pieces_with_a_pause_between_and_the_audio_is_them_e
     decoded, rate = decode(result.audio)
     assert rate == SAMPLE_RATE and np.allclose(decoded, result.samples, atol=1 / 16_000)
     assert "encode_s" in result.summary()["timings"]
+
+
+def test_the_timeline_places_each_segment_where_the_joined_samples_have_it_pauses_counted():
+    result = a_result()
+    assert result.timeline == [
+        {"index": 0, "text": "One.", "start_s": 0.0, "end_s": 1.0},
+        {"index": 1, "text": "Two.", "start_s": 1.25, "end_s": 1.75},
+    ]
+    first, second = result.timeline
+    assert np.array_equal(result.samples[:SAMPLE_RATE], result.pieces[0])
+    assert not result.samples[round(first["end_s"] * SAMPLE_RATE) : round(second["start_s"] * SAMPLE_RATE)].any()
+    assert np.array_equal(result.samples[round(second["start_s"] * SAMPLE_RATE) :], result.pieces[1])
+    assert second["end_s"] == result.samples.size / SAMPLE_RATE
 
 
 def test_a_costly_format_is_encoded_by_a_process_of_the_pool_and_the_audio_is_the_same():

@@ -11,7 +11,7 @@ def test_cpu_workers_are_named_and_queued_by_index():
     specs = plan_workers(None, 2)
     assert [spec.name for spec in specs] == ["cpu0", "cpu1"]
     command = specs[1].command(Settings.from_env({}, max_jobs_in_flight=8), "INFO")
-    assert command[command.index("--queues") + 1] == "tts,celery,cpu1"
+    assert command[command.index("--queues") + 1] == "callbacks,cpu1,tts.interactive,tts,celery,tts.bulk"
     assert command[command.index("--hostname") + 1] == "cpu1@%h"
     assert command[command.index("--pool") + 1] == "threads"
     assert command[command.index("--concurrency") + 1] == "8"
@@ -37,7 +37,7 @@ def test_a_gpu_gets_three_celery_processes_by_default_the_first_starting_its_eng
     # All take the GPU's jobs, and share the jobs it holds at once: by default as many as its slots can be.
     assert first["CHATTTS_FARM_MAX_JOBS_IN_FLIGHT"] == "2048"
     command = specs[4].command(settings, "INFO")
-    assert command[command.index("--queues") + 1] == "tts,celery,gpu2"
+    assert command[command.index("--queues") + 1] == "callbacks,gpu2,tts.interactive,tts,celery,tts.bulk"
     assert command[command.index("--hostname") + 1] == "gpu2.1@%h"
     assert command[command.index("--concurrency") + 1] == "683"
     command = specs[4].command(Settings.from_env({}, max_jobs_in_flight=9), "INFO")

@@ -1,6 +1,7 @@
 """The Celery tasks end to end: real Redis, real worker processes (synthetic-tiny weights, CPU)."""
 
 import base64
+import dataclasses
 import json
 import os
 import re
@@ -16,6 +17,7 @@ import pytest
 import redis
 
 from chattts_farm.audio_store import fetch_audio
+from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import (
     CLIP_SAMPLE_RATE,
     EMBEDDING_TASK_NAME,
@@ -112,6 +114,42 @@ def test_bad_arguments_fail_readably_and_the_worker_keeps_serving(workers):
     with pytest.raises(Exception, match="text: is empty"):
         empty.get(timeout=60)
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_an_unknown_priority_fails_naming_priority_and_the_worker_keeps_serving(workers):
+    bad = workers.client.send_task(TASK_NAME, kwargs={"text": "Fine text.", "priority": "urgent"})
+    with pytest.raises(InvalidRequest) as caught:
+        bad.get(timeout=60)
+    assert caught.value.field == "priority" and "interactive, normal, bulk" in caught.value.message
+    assert workers.client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
+
+
+def test_an_interactive_job_sent_after_30_bulk_ones_finishes_while_most_of_them_still_wait(
+    own_redis_url, data_dir, tiny_settings, tmp_path
+):
+    # Every job reaches the engine at once (64 in flight), so its admission alone decides who goes first.
+    worker = Workers.start(
+        own_redis_url,
+        data_dir,
+        tmp_path / "worker.log",
+        count=1,
+        CHATTTS_FARM_SLOTS="4",
+        CHATTTS_FARM_MAX_JOBS_IN_FLIGHT="64",
+        CHATTTS_FARM_TASK_SOFT_TIME_LIMIT_S="300",
+        CHATTTS_FARM_TASK_TIME_LIMIT_S="310",
+    )
+    try:
+        client = create_celery(dataclasses.replace(tiny_settings, redis_url=own_redis_url))
+        text = "Every job of this test says the same words, at the same length."
+        bulk = [client.send_task(TASK_NAME, kwargs={"text": text, "voice": i, "priority": "bulk"}) for i in range(30)]
+        wait_until(lambda: any(job.state == PROGRESS_STATE for job in bulk), 60, "the first bulk jobs running")
+        interactive = client.send_task(TASK_NAME, kwargs={"text": text, "voice": 99, "priority": "interactive"})
+        assert interactive.get(timeout=120)["duration_s"] > 0
+        finished_before = sum(job.ready() for job in bulk)
+        assert finished_before < 10, f"{finished_before} of 30 bulk jobs finished before the interactive one"
+        assert all(job.get(timeout=300)["duration_s"] > 0 for job in bulk)
+    finally:
+        worker.stop()
 
 
 def test_an_openai_voice_name_from_a_plain_caller_speaks_as_its_fixed_seed_does(workers):

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 from flask import Response, current_app, request, url_for
 
+from chattts_farm.callbacks import CallbackPolicy
 from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, Blend, SynthesisRequest, as_integer
-from web import audio_formats, audio_responses, jobs, streaming, voices
+from web import audio_formats, audio_responses, captions, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
+from web.job_status import describe
 from web.json_body import json_object
 from web.models import Job, JobStatus, Voice
 from web.waiting import WaitSlot
@@ -41,58 +41,15 @@ def visible_job(job_id: str) -> Job:
     return job
 
 
-def describe(job: Job) -> dict:
-    audio_url = url_for("api.job_audio", job_id=job.id, _external=False)
-    result = None
-    if job.status == JobStatus.DONE and job.result:
-        result = {
-            "duration_s": job.duration_s,
-            "format": job.format,
-            "mime_type": MIME_TYPES[job.format],
-            "sample_rate": job.result.get("sample_rate"),
-            "segments": job.result.get("segments"),
-            "batch_size": job.result.get("batch_size"),
-            "worker": job.result.get("worker"),
-            "started_at": _iso(job.result.get("started_at")),
-            "first_chunk_s": (job.result.get("timings") or {}).get("first_chunk_s"),
-            "model": job.result.get("model"),
-            "seed": job.result.get("seed"),
-            "quality": job.result.get("quality"),
-            "audio_url": audio_url,
-        }
-    return {
-        "id": job.id,
-        "status": job.status,
-        "progress": round(job.progress, 3),
-        "error": job.error,
-        "created_at": job.created_at.isoformat(),
-        "finished_at": job.finished_at.isoformat() if job.finished_at else None,
-        "text": job.text,
-        "voice": {
-            "catalog_id": job.voice_id,
-            "name": job.voice.name if job.voice else None,
-            "seed": job.voice_seed,
-            "mix": job.voice_mix["mix"] if job.voice_mix else None,
-        },
-        "format": job.format,
-        "parameters": job.parameters,
-        "status_url": url_for("api.get_job", job_id=job.id),
-        "audio_url": audio_url,
-        "result": result,
-    }
-
-
-def _iso(epoch_seconds: float | None) -> str | None:
-    return None if epoch_seconds is None else datetime.fromtimestamp(epoch_seconds, UTC).isoformat()
-
-
 @bp.post("/jobs")
 def create_job():
     arguments = json_object()
     voice = _voice(arguments)
     arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voices.argument(voice)}
     settings = current_app.config["SETTINGS"]
-    synthesis = SynthesisRequest.from_arguments(arguments, max_text_chars=settings.max_text_chars)
+    synthesis = SynthesisRequest.from_arguments(
+        arguments, max_text_chars=settings.max_text_chars, callbacks=CallbackPolicy.from_settings(settings)
+    )
     job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
     body = {
         "id": job.id,
@@ -167,6 +124,25 @@ def job_stream(job_id: str):
         slot.held_while(streaming.cut_off_when_broken(streaming.encoded(audio, stream_format))),
         mimetype=audio_formats.MIME_TYPES[stream_format],
         headers={"X-Sample-Rate": str(audio.sample_rate), "X-Job-Id": audio.job_id, "Cache-Control": "no-store"},
+    )
+
+
+@bp.get("/jobs/<job_id>/captions")
+def job_captions(job_id: str):
+    """A finished job's captions: one cue per segment of its text (``format``: vtt, the default, or srt)."""
+    caption_format = request.args.get("format", "vtt")
+    if caption_format not in captions.FORMATS:
+        raise ApiError(400, f"format must be one of {', '.join(captions.FORMATS)}", "format")
+    job = jobs.refresh(visible_job(job_id))
+    if job.status != JobStatus.DONE:
+        raise ApiError(409, f"job {job.id} is {job.status}, not done: it has no captions")
+    timeline = (job.result or {}).get("timeline")
+    if timeline is None:
+        raise ApiError(409, f"job {job.id} finished before the farm recorded where its segments fall: no captions")
+    return Response(
+        captions.WRITERS[caption_format](timeline),
+        content_type=f"{captions.MIME_TYPES[caption_format]}; charset=utf-8",
+        headers={"Content-Disposition": f'inline; filename="chattts-{job.id}.{caption_format}"'},
     )
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from flask import current_app
 
+from chattts_farm.callbacks import MAX_URL_CHARS, SIGNATURE_HEADER
 from chattts_farm.contract import (
+    DEFAULT_PRIORITY,
     EMBEDDING_PATTERN,
     FORMATS,
     MAX_CLIP_S,
@@ -21,6 +23,7 @@ from chattts_farm.contract import (
     MAX_TRANSCRIPT_CHARS,
     MIN_CLIP_S,
     OPENAI_VOICE_SEEDS,
+    PRIORITIES,
 )
 from chattts_farm.text import SPEAKABLE_CHARACTER
 from web.access import PUBLIC_PATHS, SAFE_METHODS
@@ -29,7 +32,7 @@ from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
 from web.clips import MAX_CLIP_BYTES
-from web.models import JobStatus
+from web.models import JobStatus, VoiceKind
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
@@ -185,7 +188,8 @@ def _json(schema: dict, description: str = "ok") -> dict:
     return {"description": description, "content": {"application/json": {"schema": schema}}}
 
 
-def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
+def openapi_description(max_text_chars: int, keys_required: bool, callbacks: bool = False) -> dict:
+    """The API this farm serves: with ``callbacks`` (a callback secret is set) a job takes a callback_url."""
     text = {
         "type": "string",
         "minLength": 1,
@@ -218,6 +222,60 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "break": {"type": "integer", "minimum": 0, "maximum": 7},
             "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
             "stream": {"type": "boolean"},
+            "priority": {
+                "type": "string",
+                "enum": list(PRIORITIES),
+                "default": DEFAULT_PRIORITY,
+                "description": (
+                    "interactive jobs take the next free engine slot ahead of waiting normal and bulk ones; "
+                    "a waiting job goes up a class for each 30 s it waits, so bulk work still progresses. "
+                    "The speak form and /v1/audio/speech send interactive jobs."
+                ),
+            },
+        },
+    }
+    if callbacks:
+        job_request["properties"]["callback_url"] = {
+            "type": "string",
+            "format": "uri",
+            "pattern": "^[Hh][Tt][Tt][Pp][Ss]?://",
+            "maxLength": MAX_URL_CHARS,
+            "description": (
+                "Where the job's status (this API's Job) is POSTed when it ends (done, failed or cancelled), "
+                f"signed: {SIGNATURE_HEADER}: sha256=<hex HMAC-SHA256 of the raw body> under "
+                "CHATTTS_FARM_CALLBACK_SECRET (a farm without one lists no callback_url and refuses it). "
+                "http or https to a public address only: "
+                "loopback, private, link-local, multicast, reserved and unspecified addresses are refused "
+                "(400 naming callback_url), and checked again once the host name is resolved, unless the host "
+                "is in CHATTTS_FARM_CALLBACK_ALLOWED_HOSTS. Retried with backoff on errors, time-outs and any "
+                "answer but a 2xx; redirects are not followed."
+            ),
+        }
+    callback = {
+        "type": ["object", "null"],
+        "description": "The job's callback (null without a callback_url) and how its delivery goes.",
+        "properties": {
+            "url": {"type": "string"},
+            "state": {
+                "type": "string",
+                "enum": ["waiting", "pending", "queued", "retrying", "delivered", "failed"],
+                "description": "waiting while the job runs; pending until its delivery is queued; then queued, "
+                "retrying after a failed attempt, and at last delivered or failed.",
+            },
+            "attempts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "attempt": {"type": "integer", "minimum": 1},
+                        "at": {"type": "number", "description": "Unix time"},
+                        "status_code": {"type": ["integer", "null"]},
+                        "error": {"type": ["string", "null"]},
+                        "outcome": {"type": "string", "enum": ["delivered", "retrying", "failed"]},
+                        "retry_in_s": {"type": ["number", "null"]},
+                    },
+                },
+            },
         },
     }
     voice_fields = {
@@ -257,31 +315,68 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             "mix": _BLEND_PARTS,
         },
     }
+    kind = {
+        "type": "string",
+        "enum": list(VoiceKind.ALL),
+        "description": (
+            "What the voice is made of: a seed (and the embedding drawn from it), an embedding, a reference clip "
+            "(its speaker sample and words: spk_smp, txt_smp), or a blend of other voices (mix)."
+        ),
+    }
+    # An exported voice is made again from what its kind is made of; kind, when given, must say so.
     exported_voice = {
         "type": "object",
         "required": ["name"],
         "additionalProperties": False,
-        # A speaker embedding (with the seed that named it, if any), or a reference clip's sample and words.
+        # One kind's fields, and none of another's (a seed is an embedding's, null or absent elsewhere).
         "oneOf": [
-            {"required": ["spk_emb"], "not": {"anyOf": [{"required": ["spk_smp"]}, {"required": ["txt_smp"]}]}},
-            {"required": ["spk_smp", "txt_smp"], "not": {"required": ["spk_emb"]}},
+            {
+                "required": ["seed", "spk_emb"],
+                "properties": {"kind": {"const": VoiceKind.SEED}, "seed": {"type": "integer"}},
+                "not": {"anyOf": [{"required": ["mix"]}, {"required": ["spk_smp"]}, {"required": ["txt_smp"]}]},
+            },
+            {
+                "required": ["spk_emb"],
+                "properties": {"kind": {"const": VoiceKind.EMBEDDING}, "seed": {"type": "null"}},
+                "not": {"anyOf": [{"required": ["mix"]}, {"required": ["spk_smp"]}, {"required": ["txt_smp"]}]},
+            },
+            {
+                "required": ["spk_smp", "txt_smp"],
+                "properties": {"kind": {"const": VoiceKind.CLIP}},
+                "not": {"anyOf": [{"required": ["seed"]}, {"required": ["spk_emb"]}, {"required": ["mix"]}]},
+            },
+            {
+                "required": ["mix"],
+                "properties": {"kind": {"const": VoiceKind.BLEND}},
+                "not": {
+                    "anyOf": [
+                        {"required": ["seed"]},
+                        {"required": ["spk_emb"]},
+                        {"required": ["spk_smp"]},
+                        {"required": ["txt_smp"]},
+                    ]
+                },
+            },
         ],
         "properties": {
             **voice_fields,
-            "seed": {
-                "type": ["integer", "null"],
-                "minimum": 0,
-                "maximum": MAX_SEED,
-                "description": "The seed that named the embedding; beside a clip's sample it names nothing and is "
-                "not kept.",
-            },
+            "kind": kind,
+            "seed": {"type": ["integer", "null"], "minimum": 0, "maximum": MAX_SEED},
             "spk_emb": _EMBEDDING,
             "spk_smp": _SPEAKER_SAMPLE,
             "txt_smp": _TRANSCRIPT,
+            "mix": {
+                **_BLEND_PARTS,
+                "description": (
+                    f"{_BLEND_PARTS['description']} Catalog voices are named: the names of this catalog or of the "
+                    "voices imported with it (a 422 naming mix for a name that is neither). A worker mixes it here."
+                ),
+            },
         },
     }
     voice = {"$ref": "#/components/schemas/Voice"}
     job = {"$ref": "#/components/schemas/Job"}
+    timeline_entry = {"$ref": "#/components/schemas/TimelineEntry"}
     # Only with keys on are voices owned: with keys off anyone may change any voice.
     owner_only = {"403": _error(403, _NOT_THE_OWNER)} if keys_required else {}
     # Only with keys on are there admin keys: with keys off anyone may give any name.
@@ -381,6 +476,28 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     },
                 },
             },
+            "/api/jobs/{job_id}/captions": {
+                "get": {
+                    "summary": "A finished job's captions",
+                    "description": (
+                        "One cue per segment of the job's text (its caption: the text as sent, control tags "
+                        "left out), from the segment's start to its end in the audio (the result's timeline: "
+                        "counted in the audio's samples, the pauses between segments included). Sentence-level: "
+                        "ChatTTS's audio says nothing of where its words fall. 409 until the job is done."
+                    ),
+                    "parameters": [
+                        *job_id,
+                        {"name": "format", "in": "query", "schema": {"type": "string", "enum": ["vtt", "srt"]}},
+                    ],
+                    "responses": {
+                        "200": {
+                            "description": "the captions, WebVTT or SubRip",
+                            "content": {"text/vtt": {}, "application/x-subrip": {}},
+                        },
+                        **_errors(400, 404, 409, 503),
+                    },
+                },
+            },
             "/api/voices": {
                 "get": {
                     "summary": "Find voices",
@@ -398,9 +515,11 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                             "schema": {"type": "string"},
                             "description": "Text the name or the description holds, matched literally (no wildcards).",
                         },
+                        {"name": "kind", "in": "query", "schema": kind},
                     ],
                     "responses": {
-                        "200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}})
+                        "200": _json({"type": "object", "properties": {"voices": {"type": "array", "items": voice}}}),
+                        **_errors(400),
                     },
                 },
                 "post": {
@@ -516,7 +635,10 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                 },
             },
             "/api/voices/export": {
-                "get": {"summary": "All voices as JSON", "responses": {"200": _json({"type": "array"})}}
+                "get": {
+                    "summary": "All voices as JSON, each as import takes it",
+                    "responses": {"200": _json({"type": "array", "items": exported_voice})},
+                }
             },
             "/api/ops": {
                 "get": {
@@ -566,9 +688,21 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
             },
             "/api/voices/import": {
                 "post": {
-                    "summary": "Add exported voices (existing names are skipped)",
+                    "summary": "Add exported voices (existing names are skipped; all or none are added)",
                     "requestBody": _json_body({"type": "array", "items": exported_voice}),
-                    "responses": {"200": _json({"type": "object"}), **_errors(400, 413), **name_reserved},
+                    "responses": {
+                        "200": _json(
+                            {
+                                "type": "object",
+                                "properties": {
+                                    "added": {"type": "array", "items": {"type": "string"}},
+                                    "skipped": {"type": "array", "items": {"type": "string"}},
+                                },
+                            }
+                        ),
+                        **_errors(400, 413, 422, 503),
+                        **name_reserved,
+                    },
                 }
             },
             "/v1/audio/voices": {
@@ -643,22 +777,49 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                     "type": "object",
                     "properties": {
                         "id": {"type": "integer"},
-                        "kind": {
-                            "type": "string",
-                            "enum": ["seed", "embedding", "clip"],
-                            "description": "What the voice is made of: a seed's embedding, an embedding given "
-                            "(or mixed from a blend), or a reference clip's speaker sample (spk_smp, txt_smp).",
-                        },
+                        "kind": kind,
                         "seed": {"type": ["integer", "null"]},
-                        "spk_emb": {"type": ["string", "null"]},
-                        "spk_smp": {"type": ["string", "null"]},
-                        "txt_smp": {"type": ["string", "null"]},
+                        "spk_emb": {"type": ["string", "null"], "description": "Null for a clip voice alone."},
+                        "spk_smp": {"type": ["string", "null"], "description": "A clip voice's speaker sample."},
+                        "txt_smp": {"type": ["string", "null"], "description": "A clip voice's words."},
+                        "mix": {
+                            "type": ["array", "null"],
+                            "description": (
+                                "A blend's parts (null for other kinds): a catalog voice by its name and voice_id "
+                                "while it is in the catalog, any other part (or one deleted) as the seed or "
+                                "embedding mixed."
+                            ),
+                            "items": {
+                                "type": "object",
+                                "required": ["voice", "weight"],
+                                "properties": {
+                                    "voice": {"type": ["integer", "string"]},
+                                    "weight": {"type": "number"},
+                                    "voice_id": {"type": "integer"},
+                                },
+                            },
+                        },
                         **voice_fields,
                         "editable": {
                             "type": "boolean",
                             "description": "Whether the caller may change and delete the voice: its owner or an "
                             "admin key may (anyone, with keys off); every key may read and speak it.",
                         },
+                        "owner": {
+                            "type": ["string", "null"],
+                            "description": "The name of the API key that made the voice (null with keys off, or "
+                            "for voices made before voices had owners).",
+                        },
+                    },
+                },
+                "TimelineEntry": {
+                    "type": "object",
+                    "required": ["index", "text", "start_s", "end_s"],
+                    "properties": {
+                        "index": {"type": "integer", "description": "The segment's place in the text, from 0."},
+                        "text": {"type": "string", "description": "Its text as sent, control tags left out."},
+                        "start_s": {"type": "number", "description": "Where its audio starts, in seconds."},
+                        "end_s": {"type": "number", "description": "Where its audio ends; a pause follows."},
                     },
                 },
                 "Job": {
@@ -668,9 +829,19 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
                         "status": {"type": "string", "enum": list(JobStatus.ALL)},
                         "progress": {"type": "number"},
                         "error": {"type": ["string", "null"]},
-                        "result": {"type": ["object", "null"]},
+                        "result": {
+                            "type": ["object", "null"],
+                            "description": "A done job's result: its audio's description, and where each "
+                            "segment of its text lies in the audio (timeline).",
+                            "properties": {
+                                "duration_s": {"type": "number"},
+                                "timeline": {"type": ["array", "null"], "items": timeline_entry},
+                                "captions_url": {"type": "string"},
+                            },
+                        },
                         "status_url": {"type": "string"},
                         "audio_url": {"type": "string"},
+                        "callback": callback,
                     },
                 },
             }
@@ -686,4 +857,6 @@ def openapi_description(max_text_chars: int, keys_required: bool) -> dict:
 @bp.get("/openapi.json")
 def openapi():
     settings = current_app.config["SETTINGS"]
-    return openapi_description(settings.max_text_chars, keys_required=settings.require_api_key)
+    return openapi_description(
+        settings.max_text_chars, keys_required=settings.require_api_key, callbacks=bool(settings.callback_secret)
+    )

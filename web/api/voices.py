@@ -9,14 +9,16 @@ from flask import Response, current_app, request
 
 from web import access, clips, jobs, takes_uploads_up_to, voices
 from web.api import bp
-from web.api.jobs import describe, visible_job
+from web.api.jobs import visible_job
+from web.job_status import describe
 from web.json_body import json_body, json_object
 from web.models import JobStatus
 
 
 @bp.get("/voices")
 def list_voices():
-    return {"voices": [voices.describe(v) for v in voices.find(request.args.getlist("tag"), request.args.get("q"))]}
+    found = voices.find(request.args.getlist("tag"), request.args.get("q"), request.args.get("kind"))
+    return {"voices": [voices.describe(voice) for voice in found]}
 
 
 # The form's other fields (name, tags, transcript, details) and its boundaries, beside the clip.

@@ -4,13 +4,22 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, redirect, render_template, request, send_from_directory, url_for
 
-from chattts_farm.contract import MAX_CLIP_S, MAX_TRANSCRIPT_CHARS, MIN_CLIP_S, OPENAI_VOICE_SEEDS
+from chattts_farm.contract import (
+    MAX_CLIP_S,
+    MAX_MIX_PARTS,
+    MAX_MIX_WEIGHT,
+    MAX_TRANSCRIPT_CHARS,
+    MIN_CLIP_S,
+    OPENAI_VOICE_SEEDS,
+)
 from web import clips, jobs, voices
 from web.access import api_keys, sessions
-from web.models import Job, JobStatus, db
+from web.models import Job, JobStatus, Voice, VoiceKind, db
 from web.pages import bp
 
 RECENT_JOBS = 100
+# The page composes blends of at least two voices (the API takes one: a blend of one voice is that voice).
+BLEND_MIN_PARTS = 2
 NOT_A_LOCAL_TARGET = "The page to go to after sign-in is not a page of this site: sign in to go to the home page."
 
 
@@ -49,21 +58,35 @@ def job_list():
 def voice_catalog():
     tags = voices.normalise_tags([tag for tag in request.args.get("tags", "").split(",") if tag.strip()])
     query = request.args.get("q", "").strip()
+    kind = request.args.get("kind") or None
     # Each chip is a link to the catalog with its tag toggled: the filter works without scripts.
     chips = [
         {
             "name": tag,
             "active": tag in tags,
-            "href": url_for("pages.voice_catalog", tags=",".join(sorted(set(tags) ^ {tag})) or None, q=query or None),
+            "href": url_for(
+                "pages.voice_catalog", tags=",".join(sorted(set(tags) ^ {tag})) or None, q=query or None, kind=kind
+            ),
         }
         for tag in voices.tags_in_use()
     ]
     return render_template(
         "voices.html",
-        voices=voices.find(tags, query or None),
+        voices=voices.find(tags, query or None, kind),
         tags=", ".join(tags),
         query=query,
+        kind=kind,
+        kinds=VoiceKind.ALL,
         chips=chips,
+        blend_parts=_blend_parts_shown,
+        # A clip voice has no embedding to mix.
+        blendable=[
+            *OPENAI_VOICE_SEEDS,
+            *(voice.name for voice in voices.find([], None) if voice.kind != VoiceKind.CLIP),
+        ],
+        blend_min=BLEND_MIN_PARTS,
+        blend_max=MAX_MIX_PARTS,
+        blend_max_weight=int(MAX_MIX_WEIGHT),
         workshop_text=voices.WORKSHOP_TEXT,
         workshop_default=voices.WORKSHOP_VOICES_DEFAULT,
         workshop_max=voices.WORKSHOP_VOICES_MAX,
@@ -73,6 +96,13 @@ def voice_catalog():
         clip_max_mb=clips.MAX_CLIP_BYTES // 10**6,
         clip_transcript_chars=MAX_TRANSCRIPT_CHARS,
     )
+
+
+def _blend_parts_shown(voice: Voice) -> list[dict]:
+    """A blend's parts (:func:`web.voices.blend_parts`), each with its share of the mix in percent."""
+    parts = voices.blend_parts(voice)
+    total = sum(part["weight"] for part in parts)
+    return [{**part, "share": round(100 * part["weight"] / total)} for part in parts]
 
 
 @bp.get("/favicon.ico")

@@ -1,10 +1,12 @@
 """The recognisers the ASR gate listens with, and which one the settings choose.
 
-- ``whisper``: OpenAI's Whisper (``openai-whisper``), Chinese and English, on the engine's device.
-  Its weights are read from Whisper's own cache (``$XDG_CACHE_HOME/whisper``, else
-  ``~/.cache/whisper``, where ``whisper.load_model`` leaves them) or a checkpoint's path, and never
-  downloaded: a farm's hosts may not reach the internet, and a check that fetches 70 MB on its first
-  segment is worse than none.
+- ``whisper``: OpenAI's Whisper (``openai-whisper``), Chinese and English, on the engine's device
+  (on a CUDA stream of its own there). Its weights are read from Whisper's own cache
+  (``$XDG_CACHE_HOME/whisper``, else ``~/.cache/whisper``, where ``whisper.load_model`` leaves them)
+  or a checkpoint's path, and never downloaded: a farm's hosts may not reach the internet, and a
+  check that fetches 70 MB on its first segment is worse than none. ``synthetic-tiny`` and
+  ``synthetic-base`` build the real architectures with random weights instead, for benchmarks of the
+  gate's cost where no weights can be had (bench/asr_cost.py): what they hear is meaningless.
 - ``offline``: pocketsphinx's English model from its wheel, needing nothing but PyPI. Its general
   language model hears synthetic speech as other words, so it decodes against a grammar made from the
   expected text (docs/quality-gate.md has the measurements): it catches wrong or missing speech, and
@@ -13,8 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -39,6 +43,11 @@ class Backend(Protocol):
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
         """The text heard in mono float samples; ``expected_text`` is what they should say."""
+
+    def transcribe_batch(
+        self, clips: Sequence[np.ndarray], sample_rate: int, expected_texts: Sequence[str]
+    ) -> list[str]:
+        """What ``transcribe`` hears in each clip, all at once: the same texts as one at a time."""
 
 
 class Offline:
@@ -78,30 +87,148 @@ class Offline:
         hypothesis = self._decoder.hyp()
         return hypothesis.hypstr if hypothesis is not None else ""
 
+    def transcribe_batch(
+        self, clips: Sequence[np.ndarray], sample_rate: int, expected_texts: Sequence[str]
+    ) -> list[str]:
+        # pocketsphinx decodes one utterance at a time, each against its own grammar.
+        return [self.transcribe(clip, sample_rate, text) for clip, text in zip(clips, expected_texts, strict=True)]
+
 
 class Whisper:
-    """Whisper, told the language the expected text is in."""
+    """Whisper, told the language the expected text is in, decoding greedily and no further than the
+    expected text could need (:func:`token_limit`)."""
 
     name = "whisper"
 
-    def __init__(self, checkpoint: Path, device: torch.device):
+    def __init__(self, model, device: torch.device):
+        """``model``: a ``whisper.model.Whisper`` (see :func:`load_whisper`), on ``device``."""
         import whisper
 
-        self._model = whisper.load_model(str(checkpoint), device=device)
+        self._whisper = whisper
+        self._model = model
         self._fp16 = device.type == "cuda"
+        self._device = device
+        # Beside the engine's stream, not behind it (nor it behind this one).
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def hears(self, text: str) -> bool:
         return True
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
+        return self.transcribe_batch([samples], sample_rate, [expected_text])[0]
+
+    def transcribe_batch(
+        self, clips: Sequence[np.ndarray], sample_rate: int, expected_texts: Sequence[str]
+    ) -> list[str]:
+        """Clips of up to 30 s (Whisper's window) as one padded batch of log-mel spectrograms a language;
+        a longer one alone, window by window."""
+        heard: list[str | None] = [None] * len(clips)
+        batches: dict[str, list[int]] = {}
+        audio = [at_16k(clip, sample_rate) for clip in clips]
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            for index, text in enumerate(expected_texts):
+                if audio[index].size > self._whisper.audio.N_SAMPLES:
+                    heard[index] = self._transcribe_long(audio[index], text)
+                else:
+                    batches.setdefault(_language(text), []).append(index)
+            for language, indices in batches.items():
+                texts = self._decode(language, [audio[i] for i in indices], [expected_texts[i] for i in indices])
+                for index, text in zip(indices, texts, strict=True):
+                    heard[index] = text
+        return heard
+
+    def _decode(self, language: str, audio: list[np.ndarray], expected_texts: list[str]) -> list[str]:
+        whisper = self._whisper
+        tokenizer = self._tokenizer(language)
+        limits = [token_limit(tokenizer, text) for text in expected_texts]
+        # Each clip's spectrogram on its own: log_mel_spectrogram scales by the loudest value it is
+        # given, and a batch's loudest clip must not change how the others are heard.
+        mels = torch.stack(
+            [
+                whisper.log_mel_spectrogram(
+                    whisper.pad_or_trim(torch.from_numpy(clip)), self._model.dims.n_mels, device=self._device
+                )
+                for clip in audio
+            ]
+        )
+        options = whisper.DecodingOptions(
+            language=language, temperature=0.0, sample_len=max(limits), without_timestamps=True, fp16=self._fp16
+        )
+        results = whisper.decode(self._model, mels, options)
+        # A row decoded past its own limit (the batch ran to the longest's) is cut where it would have stopped alone.
+        return [tokenizer.decode(result.tokens[:limit]).strip() for result, limit in zip(results, limits, strict=True)]
+
+    def _transcribe_long(self, audio: np.ndarray, expected_text: str) -> str:
+        language = _language(expected_text)
         heard = self._model.transcribe(
-            at_16k(samples, sample_rate),
-            language="zh" if is_chinese(expected_text) else "en",
+            audio,
+            language=language,
+            temperature=0.0,
+            sample_len=token_limit(self._tokenizer(language), expected_text),
             fp16=self._fp16,
             # One segment is one utterance; carrying text over between its windows invites repetition.
             condition_on_previous_text=False,
         )
         return heard["text"]
+
+    def _tokenizer(self, language: str):
+        return self._whisper.tokenizer.get_tokenizer(
+            self._model.is_multilingual, num_languages=self._model.num_languages, language=language, task="transcribe"
+        )
+
+
+def token_limit(tokenizer, expected_text: str) -> int:
+    """The most tokens Whisper may decode for a segment of this text: twice the text's own, and ten
+    more. Past that it is no longer hearing the text (a hallucinated loop, or random weights' garbage,
+    which would run on to Whisper's own limit of 224 tokens a window)."""
+    return 2 * len(tokenizer.encode(normalise(expected_text))) + 10
+
+
+def _language(text: str) -> str:
+    return "zh" if is_chinese(text) else "en"
+
+
+# The real architectures of Whisper tiny and base (their checkpoints' ``dims``), for random weights.
+SYNTHETIC_WHISPER_DIMS = {
+    "synthetic-tiny": {"n_audio_state": 384, "n_audio_head": 6, "n_audio_layer": 4},
+    "synthetic-base": {"n_audio_state": 512, "n_audio_head": 8, "n_audio_layer": 6},
+}
+
+
+def synthetic_whisper(name: str):
+    """Whisper tiny or base as the architecture goes, with random weights (the same each time): a
+    benchmark's stand-in that costs what the real one costs and hears nothing meaningful."""
+    from whisper.model import ModelDimensions
+    from whisper.model import Whisper as WhisperModel
+
+    audio = SYNTHETIC_WHISPER_DIMS[name]
+    dims = ModelDimensions(
+        n_mels=80,
+        n_audio_ctx=1500,
+        n_vocab=51865,
+        n_text_ctx=448,
+        n_text_state=audio["n_audio_state"],
+        n_text_head=audio["n_audio_head"],
+        n_text_layer=audio["n_audio_layer"],
+        **audio,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = WhisperModel(dims)
+        # Whisper leaves its decoder's positional embedding as torch.empty made it (a checkpoint fills
+        # it): whatever the memory held, NaN included.
+        torch.nn.init.normal_(model.decoder.positional_embedding, std=0.01)
+    return model
+
+
+def load_whisper(model: str, device: torch.device):
+    """The Whisper model ASR_WHISPER_MODEL names: random weights for a synthetic one, else its
+    checkpoint's (:func:`whisper_checkpoint`, which must exist)."""
+    import whisper
+
+    if model in SYNTHETIC_WHISPER_DIMS:
+        return synthetic_whisper(model).to(device)
+    return whisper.load_model(str(whisper_checkpoint(model)), device=device)
 
 
 def whisper_checkpoint(model: str) -> Path:
@@ -119,6 +246,12 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -
         return None
     if choice == "offline":
         return Offline()
+    if settings.asr_whisper_model in SYNTHETIC_WHISPER_DIMS:
+        if choice == "auto":  # random weights hear nothing: only a benchmark asks for them, outright
+            logger.info("Whisper %s has random weights: the ASR check is off", settings.asr_whisper_model)
+            return None
+        logger.warning("Whisper %s has random weights: its verdicts are meaningless", settings.asr_whisper_model)
+        return Whisper(load_whisper(settings.asr_whisper_model, device), device)
     checkpoint = whisper_checkpoint(settings.asr_whisper_model)
     if not checkpoint.is_file():
         if choice == "auto":
@@ -129,7 +262,7 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -
             f"{ENV_PREFIX}ASR_WHISPER_MODEL to a checkpoint's path, or fetch it once where the internet is "
             f"reachable (python -c 'import whisper; whisper.load_model(\"{settings.asr_whisper_model}\")')"
         )
-    return Whisper(checkpoint, device)
+    return Whisper(load_whisper(settings.asr_whisper_model, device), device)
 
 
 def at_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:

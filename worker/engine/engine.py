@@ -2,11 +2,14 @@
 
 ``add`` queues segments; each ``step`` gives the running segments the cache blocks of the steps
 ahead (preempting the newest when the pool runs dry), admits waiting segments into free slots
-(their prompts run as one prefill pass), runs SYNC_EVERY decode steps for every running slot, then
-reads which slots finished (one small device-to-host copy) and retires them with their output,
-moving the running segments down into the freed slots when that lets the steps cover fewer rows. A
-segment that arrives while others run starts at the next step; one that ends frees its slot and
-its blocks for the next.
+(their prompts run as one prefill pass), launches SYNC_EVERY decode steps for every running slot,
+and retires the segments that finished with their output, moving the running segments down into the
+freed slots when that lets the steps cover fewer rows. Which slots finished is read from a snapshot
+of their state (one small device-to-host copy) taken after a step's decode steps; on a GPU the host
+reads it while the next step's decode steps run, so that the device never waits for the host's
+bookkeeping (a segment leaves one step after it ended, its output copied beside that step). A
+segment that arrives while others run starts at the next step; one that ends frees its slot and its
+blocks for the next.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch.nn.functional as F
 
 from chattts_farm.contract import InvalidRequest
 from worker.engine.blocks import blocks_for
-from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, bucket_for, row_buckets
+from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, StateSnapshot, bucket_for, row_buckets
 from worker.engine.sampler import RowSampling
 from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
@@ -77,6 +80,10 @@ class Engine:
         # step's attention bucket from these, without asking the device.
         self._joined: dict[int, tuple[int, int]] = {}
         self._deepest_start = 0
+        # The slots' state after the last step's decode steps, not read yet; and the decode steps
+        # whose results the host has read (what is known drawn).
+        self._snapshot: StateSnapshot | None = None
+        self._steps_read = 0
 
     @property
     def has_work(self) -> bool:
@@ -91,18 +98,27 @@ class Engine:
             self.scheduler.add(segment)
 
     def tokens_drawn(self, segment: Segment) -> int:
-        """How many steps a running segment has drawn (at most: it may have ended since the last look)."""
+        """How many steps a running segment is known to have drawn, by the last snapshot read (at most:
+        it may have ended since)."""
         if segment.slot is None:
             return 0
-        return 1 + self.decode_steps - self._joined[segment.slot][1]
+        # A snapshot taken after its prefill covers its step 0 and the decode steps since.
+        joined = self._joined[segment.slot][1]
+        return 1 + self._steps_read - joined if self._steps_read > joined else 0
 
     @property
     def running_segments(self) -> list[Segment]:
         return list(self.scheduler.running.values())
 
     def hidden_states(self, segment: Segment, start: int, stop: int) -> torch.Tensor:
-        """A copy of a running segment's hidden states of steps [start, stop) (drawn ones: see tokens_drawn)."""
-        return self.runner.hiddens[segment.slot, start:stop].clone()
+        """A copy of a running segment's hidden states of steps [start, stop) (drawn ones: see tokens_drawn),
+        made beside the steps launched since (see :meth:`copying_outputs`)."""
+        return self.runner.copy_hiddens(segment.slot, start, stop)
+
+    def copying_outputs(self):
+        """The context in which work on the segments' outputs and hidden states is to be launched: on a
+        GPU, a stream that does not wait for the decode steps launched after those outputs were drawn."""
+        return self.runner.copying_outputs()
 
     def cancel(self, should_stop: Callable[[Segment], bool]) -> list[Segment]:
         """Stop matching segments: waiting ones leave now (returned); running ones end at the next step."""
@@ -117,6 +133,7 @@ class Engine:
         if self.scheduler.running:
             self.runner.interrupt(list(self.scheduler.running))
         dropped.extend(self._retire(list(self.scheduler.running)))
+        self._snapshot = None
         return dropped
 
     def _demand(self, segment: Segment) -> tuple[int, int]:
@@ -141,24 +158,45 @@ class Engine:
 
     @torch.inference_mode()
     def step(self) -> list[Segment]:
-        """Admit, decode SYNC_EVERY steps, retire; returns the segments that left the engine.
+        """Admit, launch SYNC_EVERY decode steps, retire; returns the segments that left the engine.
 
         A segment leaves with its ``output``, or with ``error`` set when it could not run at all.
         """
         left = []
+        if self._snapshot is not None and self._snapshot.ready():
+            # The device has run dry: free the finished slots before admitting.
+            left.extend(self._take_snapshot())
         admitted = self._admit()
         per_pass = self.scheduler.max_admissions
         for first in range(0, len(admitted), per_pass):
             left.extend(self._prefill(admitted[first : first + per_pass]))
-        if not self.scheduler.running:
-            return left
-        for _ in range(SYNC_EVERY):
-            self._decode_step()
-        # The next admissions' prompts are tokenised while the device runs the steps just queued.
-        for segment in self.scheduler.waiting.next(self.scheduler.max_admissions):
-            encode_prompt(self.model, segment)
-        finished, lengths, ended_by = self.runner.read_state(self.scheduler.rows_in_use)
-        retired = [slot for slot in self.scheduler.running if finished[slot]]
+        launched = bool(self.scheduler.running)
+        if launched:
+            for _ in range(SYNC_EVERY):
+                self._decode_step()
+            # The next admissions' prompts are tokenised while the device runs the steps just queued.
+            for segment in self.scheduler.waiting.next(self.scheduler.max_admissions):
+                encode_prompt(self.model, segment)
+        if self._snapshot is not None:
+            left.extend(self._take_snapshot())
+        if launched and self.scheduler.running:
+            self._snapshot = self.runner.snapshot_state(self.scheduler.rows_in_use, self.decode_steps)
+            if self._snapshot.ready():  # off CUDA the steps have run already
+                left.extend(self._take_snapshot())
+        return left
+
+    def _take_snapshot(self) -> list[Segment]:
+        """Read the last snapshot (waiting for its steps) and retire the segments it shows finished."""
+        snapshot, self._snapshot = self._snapshot, None
+        finished, lengths, ended_by = self.runner.read_snapshot(snapshot)
+        self._steps_read = snapshot.clock
+        # A slot whose segment was admitted after the snapshot was taken is not the one it shows.
+        retired = [
+            slot
+            for slot in self.scheduler.running
+            if slot < snapshot.rows and finished[slot] and self._joined[slot][1] < snapshot.clock
+        ]
+        left = []
         for slot, segment in zip(retired, self._retire(retired), strict=True):
             hiddens, codes = self.runner.output(slot, lengths[slot])
             segment.output = SegmentOutput(

@@ -23,7 +23,9 @@ whole cache, while this step attends over the columns in use rounded up to a buc
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -68,6 +70,20 @@ def row_buckets(slots: int) -> list[int]:
         rows *= 2
     buckets.extend(range(rows, slots, ROW_STEP))
     return [*buckets, slots]
+
+
+@dataclass
+class StateSnapshot:
+    """The first ``rows`` slots' finished flags, lengths and endings as they stand once the decode steps
+    launched before it (``clock`` of them) have run: copied to host memory without waiting for them."""
+
+    clock: int
+    rows: int
+    host: torch.Tensor  # (3, rows or more): finished, lengths, ended_by
+    done: torch.cuda.Event | None  # None: the copy is there already (off CUDA)
+
+    def ready(self) -> bool:
+        return self.done is None or self.done.query()
 
 
 class ModelRunner:
@@ -184,6 +200,13 @@ class ModelRunner:
         # the buffers above) and never run side by side, so each uses the pool as scratch.
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         self.capture_stream = torch.cuda.Stream(device) if self.use_graphs else None
+        # Where a snapshot of the slots' state lands (pinned: copied while the steps run), and the
+        # stream the finished slots' outputs are copied on: it waits only for the steps a snapshot
+        # covers, so that those copies and the vocoder behind them need not wait for the steps
+        # launched since (see Engine.step).
+        on_cuda = device.type == "cuda"
+        self._snapshot_host = torch.empty((3, slots + 1), dtype=torch.long, pin_memory=on_cuda)
+        self.output_stream = torch.cuda.Stream(device) if on_cuda else None
 
     @staticmethod
     def bytes_per_block(model: LoadedModel, *, kv_bytes: int) -> int:
@@ -208,6 +231,7 @@ class ModelRunner:
         block table's row go with them; the sources are left finished, their tables at the scratch block."""
         if not moves:
             return
+        self._after_output_copies()
         sources, targets = torch.tensor(moves, dtype=torch.long).T.to(self.device)
         for state in self._slot_state:
             state[targets] = state[sources]
@@ -230,6 +254,7 @@ class ModelRunner:
         end_at: torch.Tensor,
     ) -> None:
         """Start segments in ``slots``: run their right-padded prompts (rows, length, width), draw step 0."""
+        self._after_output_copies()
         index = torch.tensor(slots, dtype=torch.long, device=self.device)
         for name in sampling.__dataclass_fields__:
             getattr(self.sampling, name)[index] = getattr(sampling, name).to(getattr(self.sampling, name).dtype)
@@ -348,14 +373,53 @@ class ModelRunner:
         self.ended_by[index] = torch.where(running, INTERRUPTED, self.ended_by[index])
         self.finished[index] = True
 
-    def read_state(self, rows: int) -> tuple[list[bool], list[int], list[int]]:
-        """The finished flags, lengths and endings of the first ``rows`` slots: one small host copy."""
-        state = torch.stack([self.finished[:rows].long(), self.lengths[:rows], self.ended_by[:rows]]).tolist()
-        return [bool(flag) for flag in state[0]], state[1], state[2]
+    def snapshot_state(self, rows: int, clock: int) -> StateSnapshot:
+        """The first ``rows`` slots' state once the steps launched so far (``clock`` of them) have run.
+
+        Read it (:meth:`read_snapshot`) before taking the next: there is one host buffer."""
+        state = torch.stack([self.finished[:rows].long(), self.lengths[:rows], self.ended_by[:rows]])
+        if self.output_stream is None:
+            return StateSnapshot(clock, rows, state, None)
+        self._snapshot_host[:, :rows].copy_(state, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return StateSnapshot(clock, rows, self._snapshot_host, done)
+
+    def read_snapshot(self, snapshot: StateSnapshot) -> tuple[list[bool], list[int], list[int]]:
+        """A snapshot's finished flags, lengths and endings (waiting for its steps); the outputs copied
+        from now on are those of its steps."""
+        if snapshot.done is not None:
+            snapshot.done.synchronize()
+            if self.output_stream is not None:
+                self.output_stream.wait_event(snapshot.done)
+        finished, lengths, ended_by = snapshot.host[:, : snapshot.rows].tolist()
+        return [bool(flag) for flag in finished], lengths, ended_by
+
+    @contextlib.contextmanager
+    def copying_outputs(self) -> Iterator[None]:
+        """Where copies of slots' outputs (and the work on them launched here) go: on CUDA the output
+        stream, beside the steps launched after the last snapshot read."""
+        if self.output_stream is None:
+            yield
+            return
+        with torch.cuda.stream(self.output_stream):
+            yield
 
     def output(self, slot: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Copies of a finished slot's hidden states and codes (the slot may be reused at once)."""
-        return self.hiddens[slot, :length].clone(), self.codes[slot, :length].long()
+        with self.copying_outputs():
+            return self.hiddens[slot, :length].clone(), self.codes[slot, :length].long()
+
+    def copy_hiddens(self, slot: int, start: int, stop: int) -> torch.Tensor:
+        """A copy of a slot's hidden states of steps [start, stop), drawn by the last snapshot read."""
+        with self.copying_outputs():
+            return self.hiddens[slot, start:stop].clone()
+
+    def _after_output_copies(self) -> None:
+        """Make the steps' stream wait for the output copies launched so far before it writes a slot
+        again: a retired slot's next segment, or a segment moved there, would overwrite what they read."""
+        if self.output_stream is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self.output_stream)
 
     @property
     def _scale(self) -> float:

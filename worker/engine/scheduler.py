@@ -1,8 +1,10 @@
 """Which segments hold the engine's slots and its KV cache's blocks: torch-free bookkeeping.
 
-Segments wait in the order their audio is wanted (:attr:`Segment.due`, then arrival: a streamed
+Segments wait by priority (interactive before normal before bulk, see :class:`WaitingQueue`: a
+segment that waits long enough goes up a class, so none waits forever behind a stream of higher
+ones), then in the order their audio is wanted (:attr:`Segment.due`, then arrival: a streamed
 request's first segment before the later segments of requests that came first, whose audio is not
-played for seconds yet) and take the lowest free slots, so the running slots stay packed at the front
+played for seconds yet), and take the lowest free slots, so the running slots stay packed at the front
 and a decode step runs on as few rows as possible. A running segment's cache grows by one
 position a decode step: at the engine's clock ``c`` (the decode steps it will have run at the end of
 this round) it fills ``min(start + c, end)`` positions, ``start`` and ``end`` fixed when it is
@@ -27,6 +29,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from chattts_farm.contract import PRIORITIES
 from worker.engine.blocks import BLOCK_POSITIONS, BlockPool, blocks_for
 from worker.engine.segment import Segment, SegmentStatus
 
@@ -35,6 +38,13 @@ from worker.engine.segment import Segment, SegmentStatus
 # round or two after it arrives, not one pass's worth of streams a round (256 streams at 64 a pass:
 # the last heard 4 rounds after the first).
 PASSES_FOR_DUE = 4
+
+# A waiting segment goes up one priority class for each this many seconds its audio has been due: a
+# bulk one counts as normal after 30 s and as interactive after 60 s, where it goes before every
+# interactive segment that came after it. Interactive work takes the slots first, yet bulk work
+# still progresses under a stream of it that would fill every slot. Running segments are never
+# preempted for a waiting one's priority: only a dry KV pool preempts.
+PRIORITY_AGING_S = 30.0
 
 # demand(segment) -> (start, end): the positions a segment just admitted fills at clock c are min(start + c, end)
 Demand = Callable[[Segment], tuple[int, int]]
@@ -56,41 +66,64 @@ class Admission(NamedTuple):
 
 
 class WaitingQueue:
-    """Segments waiting for a slot: earliest due first, in arrival order among equals; a preempted
-    segment before all of those, in the order the preempted were admitted."""
+    """Segments waiting for a slot: a preempted segment before all others, in the order the preempted
+    were admitted; then by priority class (its request's, raised one for each PRIORITY_AGING_S its
+    audio has been due as of :attr:`now`), earliest due first within a class, in arrival order among
+    equals."""
 
     def __init__(self) -> None:
-        self._heap: list[tuple[float, int, Segment]] = []
+        self._preempted: list[tuple[int, Segment]] = []
+        # One heap per priority class, by (due, arrival): each heap's head has waited longest, so it
+        # is raised at least as far as any other of its class, and the first of all is one of the heads.
+        self._classes: list[list[tuple[float, int, Segment]]] = [[] for _ in PRIORITIES]
         self._arrivals = itertools.count()
+        self.now = float("-inf")  # the clock segments are aged by: the scheduler's, at each round
 
     def add(self, segment: Segment) -> None:
-        heapq.heappush(self._heap, (segment.due, next(self._arrivals), segment))
+        heapq.heappush(self._classes[PRIORITIES.index(segment.priority)], (segment.due, next(self._arrivals), segment))
 
     def put_back(self, segment: Segment, admission: int) -> None:
-        heapq.heappush(self._heap, (float("-inf"), admission, segment))
+        heapq.heappush(self._preempted, (admission, segment))
 
     def first(self) -> Segment:
-        return self._heap[0][2]
+        return self._first_heap()[0][-1]
 
     def pop(self) -> Segment:
-        return heapq.heappop(self._heap)[2]
+        return heapq.heappop(self._first_heap())[-1]
 
     def next(self, count: int) -> list[Segment]:
         """The ``count`` segments that come up next, in order."""
-        return [entry[2] for entry in heapq.nsmallest(count, self._heap)]
+        preempted = [entry[-1] for entry in heapq.nsmallest(count, self._preempted)]
+        waiting = (entry for heap in self._classes for entry in heap)
+        return preempted + [entry[-1] for entry in heapq.nsmallest(count - len(preempted), waiting, key=self._rank)]
 
     def drop(self, should_drop: Callable[[Segment], bool]) -> list[Segment]:
-        dropped = [entry[2] for entry in self._heap if should_drop(entry[2])]
-        if dropped:
-            self._heap = [entry for entry in self._heap if not should_drop(entry[2])]
-            heapq.heapify(self._heap)
+        dropped = []
+        for heap in (self._preempted, *self._classes):
+            kept = [entry for entry in heap if not should_drop(entry[-1])]
+            if len(kept) < len(heap):
+                dropped += [entry[-1] for entry in heap if should_drop(entry[-1])]
+                heap[:] = kept
+                heapq.heapify(heap)
         return dropped
 
+    def _rank(self, entry: tuple[float, int, Segment]) -> tuple[int, float, int]:
+        due, arrival, segment = entry
+        raised = int((self.now - due) // PRIORITY_AGING_S) if self.now > due else 0
+        return max(PRIORITIES.index(segment.priority) - raised, 0), due, arrival
+
+    def _first_heap(self) -> list:
+        if self._preempted:
+            return self._preempted
+        return min((heap for heap in self._classes if heap), key=lambda heap: self._rank(heap[0]))
+
     def __iter__(self) -> Iterator[Segment]:
-        return (entry[2] for entry in sorted(self._heap))
+        preempted = (entry[-1] for entry in sorted(self._preempted))
+        waiting = sorted((entry for heap in self._classes for entry in heap), key=self._rank)
+        return itertools.chain(preempted, (entry[-1] for entry in waiting))
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._preempted) + sum(len(heap) for heap in self._classes)
 
 
 class Scheduler:
@@ -117,6 +150,7 @@ class Scheduler:
         the blocks it fills by ``clock`` (its ``demand``): ``max_admissions`` of them, or up to
         PASSES_FOR_DUE times that while the next is due by ``now``."""
         schedule = Schedule()
+        self.waiting.now = now
         while self._due and self._due[0][0] <= clock:
             _, number = heapq.heappop(self._due)
             slot = self._slot_of.get(number)

@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chattts_farm.contract import FarmError, SynthesisRequest
+from chattts_farm.contract import DEFAULT_PRIORITY, FarmError, SynthesisRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,6 +58,11 @@ class Segment:
     # and the clip's words, which go before the text.
     sample: torch.Tensor | None = None
     transcript: str = ""
+    # Its request's priority (chattts_farm.contract.PRIORITIES): which waiting segments go first.
+    priority: str = DEFAULT_PRIORITY
+    # Its piece of the request's text as the caller wrote it (``text`` is what the model reads: normalised,
+    # perhaps refined): what its caption shows.
+    caption: str = ""
 
     @property
     def pinned_tokens(self) -> int | None:
@@ -111,6 +116,7 @@ class AsrCheck:
     """What the ASR gate (worker.asr) heard in a segment's audio, against the text it was to say."""
 
     backend: str
+    said: str  # the segment's text as the engine was given it (split, normalised, refined if asked)
     heard: str
     error_rate: float
     passed: bool

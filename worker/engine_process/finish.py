@@ -14,14 +14,14 @@ import torch
 from chattts_farm.contract import MIME_TYPES
 from worker.audio import SAMPLE_RATE
 from worker.engine_process.synthesis import Synthesis
-from worker.results import SynthesisResult
+from worker.results import SynthesisResult, timeline
 
 
 def finish(entry: Synthesis, *, pause_samples: int, model: dict, memory: dict) -> SynthesisResult:
     """A synthesis whose segments are all done, as its request's result (``model``: the model's
     description, ``memory``: :func:`memory_report`)."""
     pieces = [segment.samples for segment in entry.segments]
-    total_samples = sum(piece.size for piece in pieces) + pause_samples * (len(pieces) - 1)
+    segment_times = timeline(pieces, pause_samples, SAMPLE_RATE, [segment.caption for segment in entry.segments])
     flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
     timings = {
         "text_s": entry.text_s,
@@ -35,7 +35,7 @@ def finish(entry: Synthesis, *, pause_samples: int, model: dict, memory: dict) -
         format=entry.request.format,
         mime_type=MIME_TYPES[entry.request.format],
         sample_rate=SAMPLE_RATE,
-        duration_s=round(total_samples / SAMPLE_RATE, 3),
+        duration_s=segment_times[-1]["end_s"],
         tokens=sum(s.output.tokens for s in entry.segments),
         segments=len(entry.segments),
         seed=entry.seed,
@@ -50,6 +50,7 @@ def finish(entry: Synthesis, *, pause_samples: int, model: dict, memory: dict) -
         },
         model=model,
         memory=memory,
+        timeline=segment_times,
     )
 
 

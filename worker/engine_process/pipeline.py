@@ -83,6 +83,8 @@ class Synthesizer:
     def __init__(self, model: LoadedModel, settings: Settings):
         self.model = model
         self.settings = settings
+        # Loaded before the engine sizes its cache from the memory left free: a recogniser on the GPU takes some.
+        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
         self.engine = Engine(
             model,
             **engine_capacity(model, settings),
@@ -94,7 +96,6 @@ class Synthesizer:
         self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
         self.preparer = Preparer(model, settings)
-        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
         self.listener = Listener(backend, settings.asr_max_error_rate) if backend is not None else None
         self.gates = GateCounts()
         self.stream_context_frames = (
@@ -249,7 +250,9 @@ class Synthesizer:
         if any(entry.stream for entry in self.in_flight.values()):
             pieces.extend(self._cut_streams())
         if pieces:
-            self.decoder.submit(pieces)
+            # Their hidden states were copied beside the decode steps launched since they were drawn.
+            with self.engine.copying_outputs():
+                self.decoder.submit(pieces)
         return failed
 
     def _cut_streams(self) -> list[Piece]:

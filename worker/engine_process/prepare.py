@@ -13,7 +13,7 @@ import secrets
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
 from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
-from chattts_farm.text import NOTHING_SPEAKABLE, is_speakable
+from chattts_farm.text import NOTHING_SPEAKABLE, caption_of, is_speakable
 from worker.engine.segment import Segment, segment_seed
 from worker.engine_process import voices
 from worker.engine_process.segmenting import split_segments
@@ -38,9 +38,10 @@ class Preparer:
             )
         voice = voices.spoken_voice(self.model.chat, request.voice)
         audio_seed = request.seed if request.seed is not None else secrets.randbits(32)
-        texts = [self._normalise(piece) for piece in split_segments(request.text, self.settings.max_segment_chars)]
-        texts = [text for text in texts if is_speakable(text)]
-        if not texts:
+        pieces = split_segments(request.text, self.settings.max_segment_chars)
+        spoken = [(self._normalise(piece), piece) for piece in pieces]
+        spoken = [(text, piece) for text, piece in spoken if is_speakable(text)]
+        if not spoken:
             raise InvalidRequest("text", NOTHING_SPEAKABLE)
         segments = [
             Segment(
@@ -55,8 +56,10 @@ class Preparer:
                 expected_tokens=expected_tokens(text, request.speed),
                 max_tokens=self.settings.max_new_tokens,
                 pinned=self.model.is_synthetic,
+                priority=request.priority,
+                caption=caption_of(piece),
             )
-            for index, text in enumerate(texts)
+            for index, (text, piece) in enumerate(spoken)
         ]
         return Synthesis(request, number, audio_seed, voice.embedding, segments)
 

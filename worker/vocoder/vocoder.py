@@ -186,7 +186,10 @@ class WindowGraphs:
             self.network(inputs)
         stream.wait_stream(warm_up)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        # Thread-local, as the engine's captures: the ASR gate's Whisper runs on a thread of its own
+        # (worker.asr.listener) and a worker's heartbeat asks the GPU for free memory; either's CUDA
+        # calls while this thread captures would break a capture in the default global mode.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             audio = self.network(inputs)
         return graph, inputs, audio
 

@@ -14,7 +14,7 @@ import requests
 from sqlalchemy import create_engine
 
 from chattts_farm import redis_keys
-from chattts_farm.contract import MAX_SEED
+from chattts_farm.contract import JOB_QUEUES, MAX_SEED
 from cli.local_services import free_port
 from tests.edge_texts import EDGE_TEXTS
 from tests.support import Web, wait_until
@@ -116,6 +116,7 @@ def test_recent_jobs_are_listed_newest_first_and_filtered_by_status(client, work
         ({"text": "Hi.", "voice": True}, "voice"),
         ({"text": "Hi.", "top_p": "high"}, "top_p"),
         ({"text": "Hi.", "colour": "red"}, "colour"),
+        ({"text": "Hi.", "priority": "urgent"}, "priority"),
         ([1, 2, 3], "body"),
     ],
 )
@@ -125,6 +126,16 @@ def test_bad_input_is_a_400_naming_the_field_and_records_no_job(client, app, bod
     assert answer.get_json()["field"] == field and answer.get_json()["error"]
     with app.app_context():
         assert db.session.execute(db.select(Job)).first() is None
+
+
+def test_a_job_waits_on_the_queue_of_its_priority_normal_by_default(make_app, idle_redis_url):
+    client = make_app(redis_url=idle_redis_url).test_client()
+    for priority in ("interactive", "bulk", "bulk"):
+        assert client.post("/api/jobs", json={"text": "Hi.", "priority": priority}).status_code == 202
+    assert client.post("/api/jobs", json={"text": "Hi."}).status_code == 202
+    with redis.Redis.from_url(idle_redis_url) as queues:
+        depths = {queue: queues.llen(queue) for queue in JOB_QUEUES}
+    assert depths == {"tts.interactive": 1, "tts": 1, "celery": 0, "tts.bulk": 2}
 
 
 def test_awkward_text_is_refused_at_submit_naming_text_or_spoken_to_the_end(client, workers):

@@ -36,6 +36,7 @@ CHECKS = [
 NO_WORKER = {
     ("POST", "/api/voices"): 503,  # a seed's embedding comes from a worker
     ("POST", "/api/voices/from-job/{job_id}"): 503,
+    ("POST", "/api/voices/import"): 503,  # a blend's embedding comes from a worker
     ("POST", "/v1/audio/speech"): 504,  # it waits for its job's audio: here for no time at all
     ("GET", "/api/jobs/{job_id}/stream"): 504,
 }
@@ -48,6 +49,7 @@ ALSO_ACCEPTED = {
     ("POST", "/v1/audio/speech"): ["422"],
     ("POST", "/api/voices/workshop"): ["422"],
     ("POST", "/api/voices"): ["422", "400"],  # a blend's voices; a clip's audio
+    ("POST", "/api/voices/import"): ["422"],  # a blend's voices
 }
 
 

@@ -2,9 +2,18 @@
 
 import pytest
 import torch
+from whisper.tokenizer import get_tokenizer
 
 from chattts_farm.settings import Settings, SettingsError
-from worker.asr.backends import Offline, Whisper, load_backend, whisper_checkpoint
+from worker.asr.backends import (
+    Offline,
+    Whisper,
+    load_backend,
+    load_whisper,
+    synthetic_whisper,
+    token_limit,
+    whisper_checkpoint,
+)
 from worker.asr.text import error_rate, normalise
 
 CPU = torch.device("cpu")
@@ -38,6 +47,16 @@ def test_the_offline_backend_hears_numbers_as_the_words_said(offline, speak):
     )
 
 
+def test_the_offline_backend_hears_a_batch_as_it_hears_each_clip_alone(offline, speak):
+    spoken = [SAID, OTHER, "the train leaves at 42 minutes past"]
+    expected = [SAID, SAID, spoken[2]]  # the second clip says something else than expected
+    clips = [speak(text) for text in spoken]
+    rate = clips[0][1]
+    alone = [offline.transcribe(samples, rate, text) for (samples, _), text in zip(clips, expected, strict=True)]
+    assert offline.transcribe_batch([samples for samples, _ in clips], rate, expected) == alone
+    assert heard_error_rate(offline, clips[1], SAID) > MAX_ERROR_RATE >= heard_error_rate(offline, clips[0], SAID)
+
+
 def test_the_offline_backend_knows_english_alone(offline):
     assert offline.hears("Hello there.") and not offline.hears("你好，世界。")
 
@@ -47,7 +66,7 @@ def test_the_offline_backend_knows_english_alone(offline):
     reason="Whisper tiny's weights are not in Whisper's cache, and they are never downloaded (none can be here)",
 )
 def test_whisper_hears_the_right_text_and_flags_another(speak):
-    whisper = Whisper(whisper_checkpoint("tiny"), CPU)
+    whisper = Whisper(load_whisper("tiny", CPU), CPU)
     assert heard_error_rate(whisper, speak(SAID), SAID) <= MAX_ERROR_RATE
     assert heard_error_rate(whisper, speak(OTHER), SAID) > MAX_ERROR_RATE
 
@@ -80,3 +99,37 @@ def test_a_whisper_model_is_a_name_in_whispers_cache_or_a_checkpoints_path(tmp_p
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert whisper_checkpoint("base") == tmp_path / "whisper" / "base.pt"
     assert whisper_checkpoint("/models/tiny.en.pt").as_posix() == "/models/tiny.en.pt"
+
+
+def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_at_its_texts_limit(speak):
+    """Random weights (synthetic-tiny, Whisper tiny's architecture: no weights can be had here) hear
+    garbage, which without a limit runs on to 224 tokens a clip."""
+    settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
+    whisper = load_backend(settings, synthetic=True, device=CPU)
+    clips = [speak(SAID), speak(OTHER)]
+    rate = clips[0][1]
+    heard = whisper.transcribe_batch([samples for samples, _ in clips], rate, [SAID, OTHER])
+    assert heard == [
+        whisper.transcribe(samples, rate, text) for (samples, _), text in zip(clips, [SAID, OTHER], strict=True)
+    ]
+    tokenizer = get_tokenizer(True, language="en", task="transcribe")
+    for text, said in zip(heard, [SAID, OTHER], strict=True):
+        # Decoding and encoding again need not give back the same tokens: within twice the limit.
+        assert 0 < len(tokenizer.encoding.encode(text, allowed_special="all")) <= 2 * token_limit(tokenizer, said)
+
+
+def test_random_weights_are_used_only_when_asked_for_outright():
+    settings = Settings.from_env({"CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
+    assert load_backend(settings, synthetic=False, device=CPU) is None  # auto
+
+
+def test_random_whisper_weights_have_tinys_architecture_are_finite_and_the_same_each_time():
+    first, second = synthetic_whisper("synthetic-tiny"), synthetic_whisper("synthetic-tiny")
+    assert (first.dims.n_audio_state, first.dims.n_audio_layer, first.dims.n_text_head, first.dims.n_vocab) == (
+        384,
+        4,
+        6,
+        51865,
+    )
+    for (name, weight), again in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
+        assert torch.isfinite(weight).all() and torch.equal(weight, again), name

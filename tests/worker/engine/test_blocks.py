@@ -1,15 +1,24 @@
 """The KV cache's bookkeeping (worker.engine.blocks, worker.engine.scheduler): blocks are taken as segments
 grow and given back when they leave, and a pool that runs dry preempts the newest segments, which wait at
-the head of the queue to start over."""
+the head of the queue to start over. Waiting segments go by priority, each raised a class as it ages."""
 
 from worker.engine.blocks import BLOCK_POSITIONS, BlockPool, blocks_for
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import PRIORITY_AGING_S, Scheduler
 from worker.engine.segment import Segment, SegmentStatus
 
 
-def segment(owner: int, due: float = 0.0) -> Segment:
+def segment(owner: int, due: float = 0.0, priority: str = "normal") -> Segment:
     return Segment(
-        owner=owner, index=0, text="", request=None, speaker=None, seed=owner, expected_tokens=1, max_tokens=1, due=due
+        owner=owner,
+        index=0,
+        text="",
+        request=None,
+        speaker=None,
+        seed=owner,
+        expected_tokens=1,
+        max_tokens=1,
+        due=due,
+        priority=priority,
     )
 
 
@@ -141,3 +150,43 @@ def test_compacting_moves_the_highest_running_segments_into_the_lowest_free_slot
     # Slot 0 now holds the newest (admitted third): it goes first when the pool runs dry.
     preempted = starved.schedule(4 * BLOCK_POSITIONS, fixed(1)).preempted
     assert [(slot, s.owner) for slot, s in preempted] == [(0, 2)]
+
+
+def test_interactive_segments_take_free_slots_ahead_of_waiting_normal_and_bulk_ones_and_running_ones_stay():
+    scheduler = Scheduler(slots=2, max_admissions=8, kv_blocks=64)
+    for owner, priority in enumerate(["bulk", "normal", "bulk", "interactive", "normal"]):
+        scheduler.add(segment(owner, priority=priority))
+    assert [s.owner for s in scheduler.schedule(0, fixed(1), now=1.0).admitted] == [3, 1]
+    assert [s.owner for s in scheduler.waiting] == [4, 0, 2]
+    assert [s.owner for s in scheduler.waiting.next(2)] == [4, 0]
+    # A later interactive segment waits for a slot to free: no running segment is preempted for it.
+    scheduler.add(segment(5, due=1.0, priority="interactive"))
+    schedule = scheduler.schedule(0, fixed(1), now=2.0)
+    assert (schedule.admitted, schedule.preempted) == ([], [])
+    scheduler.retire(0)
+    assert [s.owner for s in scheduler.schedule(0, fixed(1), now=3.0).admitted] == [5]
+
+
+def test_a_waiting_segment_goes_up_a_class_for_each_aging_period_its_audio_has_been_due():
+    scheduler = Scheduler(slots=1, max_admissions=1, kv_blocks=64)
+    scheduler.add(segment(0, due=0.0, priority="bulk"))
+    scheduler.add(segment(1, due=PRIORITY_AGING_S + 10, priority="interactive"))
+    scheduler.add(segment(2, due=PRIORITY_AGING_S + 5, priority="normal"))
+    scheduler.waiting.now = PRIORITY_AGING_S + 15  # the bulk one counts as normal, and was due first
+    assert [s.owner for s in scheduler.waiting] == [1, 0, 2]
+    scheduler.waiting.now = 2 * PRIORITY_AGING_S + 5  # it counts as interactive, and so does the normal one
+    assert [s.owner for s in scheduler.waiting] == [0, 2, 1]
+
+
+def test_bulk_work_progresses_under_a_stream_of_interactive_work_that_fills_every_slot():
+    scheduler = Scheduler(slots=1, max_admissions=1, kv_blocks=64)
+    scheduler.add(segment(0, due=0.0, priority="bulk"))
+    admitted = []
+    for second in range(0, 4 * int(PRIORITY_AGING_S), 5):
+        # Each round an interactive segment arrives and the running one ends.
+        scheduler.add(segment(100 + second, due=second, priority="interactive"))
+        for slot in list(scheduler.running):
+            scheduler.retire(slot)
+        admitted += [(second, s.owner) for s in scheduler.schedule(0, fixed(1), now=float(second)).admitted]
+    assert (2 * PRIORITY_AGING_S, 0) in admitted
+    assert [owner for _, owner in admitted].count(0) == 1

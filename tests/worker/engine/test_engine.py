@@ -148,8 +148,30 @@ def mixed_segments(make_request):
     return make
 
 
-def new_engine(model, slots, **options):
-    return Engine(model, slots=slots, max_admissions=slots, max_prompt_tokens=128, max_new_tokens=160, **options)
+class NotThereUntilWaitedFor:
+    """A snapshot's copy as a GPU makes it: there only once the host waits for it, while the next
+    step's decode steps run. On the CPU the copy is made at once; this stands in for the GPU, which
+    cannot run here."""
+
+    def query(self):
+        return False
+
+    def synchronize(self):
+        pass
+
+
+def new_engine(model, slots, *, state_read="at once", **options):
+    """An engine; ``state_read="a step late"`` makes it read each step's state during the next, as on a GPU."""
+    engine = Engine(model, slots=slots, max_admissions=slots, max_prompt_tokens=128, max_new_tokens=160, **options)
+    if state_read == "a step late":
+        snapshot_state = engine.runner.snapshot_state
+        engine.runner.snapshot_state = lambda rows, clock: dataclasses.replace(
+            snapshot_state(rows, clock), done=NotThereUntilWaitedFor()
+        )
+    return engine
+
+
+STATE_READS = pytest.mark.parametrize("state_read", ["at once", "a step late"])
 
 
 def run(engine, segments, join_at_step=None, joining=()):
@@ -171,27 +193,29 @@ def assert_same_outputs(outputs, expected):
         torch.testing.assert_close(output.hiddens, reference.hiddens, atol=1e-4, rtol=1e-4)
 
 
+@STATE_READS
 @pytest.mark.parametrize(
     ("slots", "kv_bucket"),
     [(8, runner.KV_BUCKET), (8, 32), (2, runner.KV_BUCKET), (1, 32)],
     ids=["all-at-once", "small-attention-buckets", "two-slots", "one-at-a-time"],
 )
 def test_each_segment_draws_what_the_eager_loop_drew_whatever_its_batch(
-    synthesizer, mixed_segments, slots, kv_bucket, monkeypatch
+    synthesizer, mixed_segments, slots, kv_bucket, monkeypatch, state_read
 ):
     # Small buckets make the attention's window grow several times while a segment runs.
     monkeypatch.setattr(runner, "KV_BUCKET", kv_bucket)
     expected = eager_reference(synthesizer.model, mixed_segments())
-    outputs = run(new_engine(synthesizer.model, slots), mixed_segments())
+    outputs = run(new_engine(synthesizer.model, slots, state_read=state_read), mixed_segments())
     assert_same_outputs(outputs, expected)
     # The mix covers every way a segment can end.
     assert {output.ended_by for output in expected} >= {"length_rule", "token_limit", "eos"}
 
 
-def test_segments_that_join_mid_flight_draw_what_they_would_alone(synthesizer, mixed_segments):
+@STATE_READS
+def test_segments_that_join_mid_flight_draw_what_they_would_alone(synthesizer, mixed_segments, state_read):
     expected = eager_reference(synthesizer.model, mixed_segments())
     segments = mixed_segments()
-    engine = new_engine(synthesizer.model, 8)
+    engine = new_engine(synthesizer.model, 8, state_read=state_read)
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
 
@@ -240,6 +264,29 @@ def test_a_cancelled_segment_keeps_what_it_drew_and_frees_its_slot(synthesizer, 
     expected = eager_reference(synthesizer.model, mixed_segments())[5]
     assert torch.equal(stopped.output.codes, expected.codes[: stopped.output.tokens])
     assert 5 not in {segment.owner for segment in engine.scheduler.running.values()}
+
+
+def test_read_a_step_late_a_segment_leaves_a_step_after_it_ended_and_counts_only_steps_read(
+    synthesizer, mixed_segments
+):
+    segments = mixed_segments()
+    at_once, late = (new_engine(synthesizer.model, 8, state_read=read) for read in ("at once", "a step late"))
+    at_once.add(segments[:1])
+    late.add(mixed_segments()[:1])
+    late.step()
+    # Nothing of the first step is known yet: its prefill and decode steps may still be running.
+    assert late.tokens_drawn(late.running_segments[0]) == 0
+    late.step()
+    assert late.tokens_drawn(late.running_segments[0]) == 1 + SYNC_EVERY
+    at_once_steps = late_steps = 0
+    while at_once.has_work:
+        at_once.step()
+        at_once_steps += 1
+    late_steps = 2
+    while late.has_work:
+        late.step()
+        late_steps += 1
+    assert late_steps == at_once_steps + 1
 
 
 def test_prompts_encoded_one_by_one_and_ahead_are_the_tokenizers_batch(synthesizer, mixed_segments):
@@ -297,13 +344,14 @@ def long_running(segments, *, greedy=False):
     ]
 
 
+@STATE_READS
 @pytest.mark.parametrize("greedy", [False, True], ids=["sampled", "greedy"])
 def test_segments_preempted_when_the_cache_runs_dry_start_over_and_draw_what_they_would_alone(
-    synthesizer, mixed_segments, greedy
+    synthesizer, mixed_segments, greedy, state_read
 ):
     expected = eager_reference(synthesizer.model, long_running(mixed_segments(), greedy=greedy))
     # Eight slots over a pool that holds the longest segment a slot may run: two or three of these at once.
-    engine = new_engine(synthesizer.model, 8, kv_blocks=blocks_for(128 + 160))
+    engine = new_engine(synthesizer.model, 8, kv_blocks=blocks_for(128 + 160), state_read=state_read)
     segments = long_running(mixed_segments(), greedy=greedy)
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert engine.preemptions > 0
@@ -313,9 +361,12 @@ def test_segments_preempted_when_the_cache_runs_dry_start_over_and_draw_what_the
     assert set(engine.runner.block_table.flatten().tolist()) == {engine.runner.scratch_block}
 
 
-def test_segments_moved_down_into_freed_slots_draw_what_they_would_alone(synthesizer, mixed_segments, monkeypatch):
+@STATE_READS
+def test_segments_moved_down_into_freed_slots_draw_what_they_would_alone(
+    synthesizer, mixed_segments, monkeypatch, state_read
+):
     expected = eager_reference(synthesizer.model, long_running(mixed_segments()))
-    engine = new_engine(synthesizer.model, 8)
+    engine = new_engine(synthesizer.model, 8, state_read=state_read)
     moves = []
     compact = engine.scheduler.compact
 

@@ -36,6 +36,44 @@ function showFacts(section, job) {
   if (result.first_chunk_s === null || result.first_chunk_s === undefined) fact("first-chunk").textContent = "not streamed";
 }
 
+// What the ASR gate heard in each segment it checked, beside the text the segment was asked to say, and
+// whether a segment kept was still heard saying something else (the result's asr_mismatch flag). A job
+// no recogniser listened to shows none of it.
+function showHeard(section, quality) {
+  const checked = (quality?.segments || []).map((segment, index) => ({ index, asr: segment.asr })).filter((s) => s.asr);
+  if (!checked.length) return;
+  const rows = section.querySelector("#job-asr-segments");
+  rows.replaceChildren(...checked.map(({ index, asr }) => {
+    const row = document.createElement("tr");
+    row.className = asr.passed ? "asr-passed" : "asr-failed";
+    const cells = [String(index + 1), asr.said ?? "–", asr.heard || "(nothing)", `${Math.round(asr.error_rate * 100)}%`,
+      asr.passed ? "yes" : "no"];
+    for (const text of cells) {
+      const cell = document.createElement("td");
+      cell.textContent = text;
+      row.append(cell);
+    }
+    return row;
+  }));
+  const mismatch = (quality.flags || []).includes("asr_mismatch");
+  const verdict = section.querySelector("#job-asr-verdict");
+  verdict.className = mismatch ? "error" : "";
+  verdict.textContent = mismatch
+    ? "asr_mismatch: a segment kept was still heard saying something else after its retries."
+    : `Every segment checked was heard as asked (${checked[0].asr.backend}).`;
+  section.querySelector("#job-asr").hidden = false;
+}
+
+// How the job's callback goes: its state, its attempts so far and the last one's error.
+function showCallback(section, callback) {
+  const attempts = callback.attempts;
+  const last = attempts[attempts.length - 1];
+  let text = callback.state;
+  if (attempts.length) text += ` after ${attempts.length} attempt${attempts.length === 1 ? "" : "s"}`;
+  if (last && last.error) text += ` (${last.error})`;
+  section.querySelector("#fact-callback").textContent = text;
+}
+
 // The audio's waveform on a canvas: the lowest and highest sample under each column of pixels, in the
 // page's accent colour, sharp on high-density screens; a playhead follows playback and a click seeks.
 class Waveform {
@@ -108,6 +146,7 @@ function setUpJobPage(section) {
   const audio = section.querySelector("#job-audio");
   const waveform = new Waveform(section.querySelector("#job-waveform"), audio);
   let listening = false;
+  let shown = false;
   async function poll() {
     let job;
     try {
@@ -125,14 +164,21 @@ function setUpJobPage(section) {
       playLive(section);
     }
     error.textContent = job.error && job.status !== "cancelled" ? job.error : "";
-    if (job.status === "done") {
+    if (job.callback) showCallback(section, job.callback);
+    const finished = !(job.status === "queued" || job.status === "running");
+    if (job.status === "done" && !shown) {
+      shown = true;
       audio.src = job.result.audio_url;
       result.hidden = false;
       section.querySelector("#save-voice").hidden = false;
       showFacts(section, job);
+      showHeard(section, job.result.quality);
       waveform.load(job.result.audio_url).catch((failure) => { error.textContent = failure.message; });
-    } else if (job.status === "queued" || job.status === "running") {
+    }
+    if (!finished) {
       window.setTimeout(poll, 500);
+    } else if (job.callback && !["delivered", "failed"].includes(job.callback.state)) {
+      window.setTimeout(poll, 2000);  // its callback is still on its way
     }
   }
   poll();

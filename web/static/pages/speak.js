@@ -39,6 +39,7 @@ function setUpSpeakForm(form) {
       refine_text: form.querySelector("#refine_text").checked,
       seed: numberOrNull(form.querySelector("#audio-seed")),
       stream: true,  // the job page plays it as it is made
+      priority: "interactive",  // someone waits at the page for it
     };
     try {
       const job = await sendJson("POST", "/api/jobs", body);

@@ -37,7 +37,8 @@ function addCatalogRow(voice) {
   row.className = "voice kept";
   row.dataset.voiceId = String(voice.id);
   row.dataset.voiceName = voice.name;
-  for (const text of [voice.name, voice.tags.join(", "), String(voice.rating), voice.seed === null ? "" : String(voice.seed), "new"]) {
+  const kind = voice.kind === "seed" ? `seed ${voice.seed}` : voice.kind;
+  for (const text of [voice.name, kind, voice.tags.join(", "), String(voice.rating), voice.owner ?? "—", "new"]) {
     const cell = document.createElement("td");
     cell.textContent = text;
     row.append(cell);
@@ -223,6 +224,72 @@ function setUpClipVoice(form) {
   });
 }
 
+// Composes a blend of 2 to 8 voices with their weights, to hear in the workshop and keep as a catalog
+// voice; the API's refusals (all weights 0, a voice it does not know) are shown in the form.
+function setUpBlend(form) {
+  const list = form.querySelector("#blend-parts");
+  const template = form.querySelector("#blend-part");
+  const message = form.querySelector("#blend-message");
+  const addButton = form.querySelector("#blend-add");
+  const [fewest, most] = [Number(list.dataset.min), Number(list.dataset.max)];
+
+  function countChanged() {
+    addButton.disabled = list.children.length >= most;
+    for (const remove of list.querySelectorAll(".blend-remove")) remove.disabled = list.children.length <= fewest;
+  }
+  function addPart() {
+    const part = template.content.firstElementChild.cloneNode(true);
+    part.querySelector(".blend-remove").addEventListener("click", () => { part.remove(); countChanged(); });
+    list.append(part);
+    countChanged();
+  }
+  for (let count = 0; count < fewest; count += 1) addPart();
+  addButton.addEventListener("click", addPart);
+  const mix = () => Array.from(list.children, (part) => ({
+    voice: part.querySelector(".blend-voice").value.trim(),
+    weight: Number(part.querySelector(".blend-weight").value),
+  }));
+
+  // Heard before it is kept: the workshop speaks its sample sentence in the blend.
+  const hear = form.querySelector("#blend-hear");
+  hear.addEventListener("click", async () => {
+    // The parts must be filled in; the name need not be, until the blend is kept.
+    if (!Array.from(list.querySelectorAll("input")).every((input) => input.reportValidity())) return;
+    const audio = form.querySelector("#blend-audio");
+    hear.disabled = true;
+    message.textContent = "";
+    try {
+      const made = await sendJson("POST", hear.dataset.url, {voices: [{mix: mix()}]});
+      audio.src = (await finished(made.jobs[0])).result.audio_url;
+      audio.hidden = false;
+      await audio.play().catch(() => {});  // a browser that wants a click on the player first shows it
+    } catch (failure) {
+      message.textContent = failure.message;
+    } finally {
+      hear.disabled = false;
+    }
+  });
+
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const submit = form.querySelector("#new-blend-submit");
+    submit.disabled = true;
+    message.textContent = "";
+    try {
+      await sendJson("POST", "/api/voices", {
+        name: form.querySelector("#blend-name").value,
+        tags: splitTags(form.querySelector("#blend-tags").value),
+        mix: mix(),
+      });
+      window.location.reload();
+    } catch (failure) {
+      message.textContent = failure.message;
+      submit.disabled = false;
+    }
+  });
+}
+
 onPage("voices", setUpVoices);
+onPage("blend", setUpBlend);
 onPage("clip-voice", setUpClipVoice);
 onPage("workshop", setUpWorkshop);

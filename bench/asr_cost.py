@@ -1,0 +1,173 @@
+"""What the ASR gate costs the engine: the standard workload with the gate off and on, side by side, in one run.
+
+    python -m bench.asr_cost --model synthetic-full --device cuda --jobs 1024 --asr off,whisper \\
+        --whisper-model synthetic-tiny
+    python -m bench.asr_cost --model synthetic-tiny --device cpu --jobs 2 --seconds 1-2 \\
+        --asr off,whisper --whisper-model synthetic-tiny
+
+From the repository root (``bench`` is not an installed package; ``python -m`` puts the root on the path).
+
+The recognisers (``--asr``: ``off``, ``whisper``, ``offline``, comma-separated, in the order run) are
+loaded first, on the engine's device, so that the engine sizes its cache around them as a worker's
+does; then the model. For each: the synthesizer gets that recogniser's listener (none for ``off``),
+warms up on a workload of other jobs, and runs the workload in one synthesize call, as
+``bench.standard``'s "engine alone" does. A request is done once its segments are heard, so the
+listener's time past the engine's last step counts in the wall.
+
+Whisper's weights cannot be had everywhere: ``--whisper-model synthetic-tiny`` (or ``synthetic-base``)
+is the real architecture with random weights, which costs what the real one costs per forward pass
+and hears garbage. Every segment is then heard wrong; quality retries are off (as in
+``bench.standard``), so it is reported, not generated again: the figures are the cost of listening,
+with every decode running to its limit (twice the text's tokens and ten more), the most it can cost.
+
+Prints one Markdown table: the engine's audio-s/s with each choice and its ratio to the first
+choice's, and what the listener did in the timed run: the segments it heard (one a job: none is
+generated again), its batches, segments a batch, ms a batch, segments/s while busy, and the share of
+the wall it was busy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import platform
+
+from worker.cuda import configure_allocator
+
+configure_allocator()
+
+import torch  # noqa: E402 - the allocator setting must come first
+
+from bench.standard import WARM_UP_JOBS, cell, progress, run_engine, seconds_range, synthesize_timed  # noqa: E402
+from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
+from chattts_farm.settings import Settings  # noqa: E402
+from worker.asr.backends import Backend, load_backend  # noqa: E402
+from worker.asr.listener import MAX_BATCH, Listener, ListenerFigures  # noqa: E402
+from worker.engine_process.pipeline import Synthesizer  # noqa: E402
+from worker.model.loading import pick_device  # noqa: E402
+
+WORKLOAD_SEED = 0
+WARM_UP_SEED = 1
+CHOICES = ("off", "whisper", "offline")
+
+
+@dataclasses.dataclass
+class Run:
+    asr: str
+    jobs: int
+    done: int
+    audio_per_wall: float
+    wall_s: float
+    heard: ListenerFigures | None  # what the listener did in the timed run; None with the gate off
+
+
+def asr_choices(text: str) -> list[str]:
+    choices = [choice.strip() for choice in text.split(",") if choice.strip()]
+    unknown = [choice for choice in choices if choice not in CHOICES]
+    if not choices or unknown:
+        raise argparse.ArgumentTypeError(f"{text!r}: want some of {', '.join(CHOICES)}, comma-separated")
+    return choices
+
+
+def run(synthesizer: Synthesizer, asr: str, backend: Backend | None, max_batch: int, jobs: int, seconds) -> Run:
+    listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
+    synthesizer.listener = listener
+    progress(f"ASR {asr}: warming up")
+    synthesize_timed(synthesizer, standard_requests(min(jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds))
+    before = dataclasses.replace(listener.figures) if listener else None
+    progress(f"ASR {asr}: the workload")
+    result = run_engine(synthesizer, f"ASR {asr}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
+    heard = None
+    if listener is not None:
+        after = listener.figures
+        heard = ListenerFigures(
+            after.batches - before.batches, after.attempts - before.attempts, after.busy_s - before.busy_s
+        )
+    return Run(asr, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard)
+
+
+def print_table(runs: list[Run]) -> None:
+    print(
+        f"| ASR | jobs | done | wall s | audio-s/s | vs {runs[0].asr} | segments heard | listener batches "
+        "| segments a batch | ms a batch | listener segments/s | listener busy |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in runs:
+        heard = r.heard
+        batches = heard.batches if heard else 0
+        cells = (
+            r.asr,
+            r.jobs,
+            r.done,
+            cell(r.wall_s, 2),
+            cell(r.audio_per_wall, 1),
+            cell(r.audio_per_wall / runs[0].audio_per_wall, 3),
+            heard.attempts if heard else "-",
+            batches if heard else "-",
+            cell(heard.attempts / batches if batches else None, 1),
+            cell(1000 * heard.busy_s / batches if batches else None, 1),
+            cell(heard.attempts / heard.busy_s if heard and heard.busy_s else None, 1),
+            cell(heard.busy_s / r.wall_s if heard else None, 3),
+        )
+        print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="synthetic-full")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--jobs", type=int, default=1024, help="Jobs of the workload, all submitted at once.")
+    parser.add_argument(
+        "--slots", type=int, default=0, help="Segments the engine runs at once (0: as many as the memory holds)."
+    )
+    parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
+    parser.add_argument("--asr", type=asr_choices, default=["off", "whisper"], help="off, whisper, offline.")
+    parser.add_argument(
+        "--whisper-model",
+        default="synthetic-tiny",
+        help="ASR_WHISPER_MODEL for whisper: synthetic-tiny or synthetic-base (random weights), a name in "
+        "Whisper's cache or a checkpoint's path.",
+    )
+    parser.add_argument("--asr-batch", type=int, default=MAX_BATCH, help="Most segments the listener hears at once.")
+    arguments = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+
+    settings = Settings.from_env(
+        model=arguments.model,
+        device=arguments.device,
+        slots=arguments.slots,
+        max_segment_chars=STANDARD_SEGMENT_CHARS,
+        quality_retries=0,
+        asr="off",
+        asr_whisper_model=arguments.whisper_model,
+    )
+    device = pick_device(settings.device)
+    backends = {
+        asr: load_backend(
+            dataclasses.replace(settings, asr=asr), synthetic=arguments.model.startswith("synthetic"), device=device
+        )
+        for asr in dict.fromkeys(arguments.asr)
+    }
+    progress(f"loading {arguments.model}")
+    synthesizer = Synthesizer.load(settings)
+    runs = [
+        run(synthesizer, asr, backends[asr], arguments.asr_batch, arguments.jobs, arguments.seconds)
+        for asr in arguments.asr
+    ]
+
+    info = synthesizer.model.info
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    seconds = arguments.seconds
+    print(
+        f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
+        f"torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s of speech, "
+        f"{synthesizer.engine.runner.slots} slots; Whisper {arguments.whisper_model}, the listener's batches "
+        f"up to {arguments.asr_batch}; quality retries off\n"
+    )
+    print_table(runs)
+
+
+if __name__ == "__main__":
+    main()
