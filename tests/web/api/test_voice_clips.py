@@ -141,9 +141,22 @@ def test_a_clip_voice_does_not_mix_into_a_blend(client, workers):
     assert stored.status_code == 400 and stored.get_json()["field"] == "mix"
 
 
+@pytest.mark.database  # the kind is asked of the database (Voice.kind in SQL)
+def test_a_clip_voice_is_found_by_its_kind(client, workers):
+    upload(client, clip())
+    client.post("/api/voices", json={"name": "seeded", "seed": 42})
+    kinds = {
+        kind: [v["name"] for v in client.get(f"/api/voices?kind={kind}").get_json()["voices"]]
+        for kind in ("clip", "seed")
+    }
+    assert kinds == {"clip": ["my voice"], "seed": ["seeded"]}
+
+
 def test_a_clip_voice_is_exported_and_imported_with_its_sample_and_words(client, workers):
     made = upload(client, clip()).get_json()
     exported = client.get("/api/voices/export").get_json()
+    (entry,) = exported
+    assert entry["kind"] == "clip" and not {"seed", "spk_emb", "mix"} & set(entry)
     client.delete(f"/api/voices/{made['id']}")
     assert client.post("/api/voices/import", json=exported).get_json() == {"added": ["my voice"], "skipped": []}
     (imported,) = client.get("/api/voices").get_json()["voices"]
@@ -162,3 +175,18 @@ def test_a_clip_voice_is_previewed_and_spoken_by_name_on_the_openai_endpoint_as_
     assert job["voice"]["catalog_id"] == voice["id"]
     # It streams: its chunks join to the unstreamed audio up to 16-bit rounding at their seams.
     np.testing.assert_allclose(spoken(client, "my voice", seed=job["result"]["seed"]), spoken_there, atol=1e-4)
+
+
+def test_an_imported_clip_voice_is_its_sample_and_words_alone_and_mixes_into_no_imported_blend(client, workers):
+    made = upload(client, clip()).get_json()
+    entry = {"name": "copy", "spk_smp": made["spk_smp"], "txt_smp": TRANSCRIPT}
+    for beside in ("seed", "spk_emb"):
+        refused = client.post("/api/voices/import", json=[{**entry, beside: None}])
+        assert refused.status_code == 400 and refused.get_json()["field"] == beside, refused.get_json()
+    without_words = client.post("/api/voices/import", json=[{"name": "copy", "spk_smp": made["spk_smp"]}])
+    assert without_words.status_code == 400 and without_words.get_json()["field"] == "body"
+    blend = {"name": "blend", "mix": [{"voice": "my voice"}, {"voice": 42}]}
+    refused = client.post("/api/voices/import", json=[blend])
+    assert refused.status_code == 400 and refused.get_json()["field"] == "mix"
+    assert "reference clip" in refused.get_json()["error"]
+    assert [voice["name"] for voice in client.get("/api/voices").get_json()["voices"]] == ["my voice"]
