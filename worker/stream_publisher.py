@@ -24,6 +24,7 @@ from chattts_farm import streams
 from chattts_farm.contract import FarmError
 from worker import audio
 from worker.audio import SAMPLE_RATE
+from worker.batches import take_all
 
 logger = logging.getLogger(__name__)
 
@@ -66,12 +67,7 @@ class StreamPublisher:
 
     def _serve(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            items = take_all(self._queue)
             by_job: dict[str, list[streams.StreamEntry]] = {}
             begun: set[str] = set()
             for job_id, item, _ in items:
