@@ -30,7 +30,6 @@ from worker import failover
 from worker.encoders import encoder_pool
 from worker.engine_client import EngineClient, Job
 from worker.failover import HeldMessages
-from worker.job_states import JobStates
 from worker.stream_publisher import StreamPublisher
 
 logger = logging.getLogger(__name__)
@@ -56,7 +55,6 @@ class WorkerRuntime:
     instance: str
     held_messages: HeldMessages
     encoders: Executor | None  # where results in costly formats are encoded (see worker.results)
-    job_states: JobStates
     # Jobs finished since the last heartbeat took them: (audio seconds, latency s, first-chunk latency s).
     finished: deque = field(default_factory=deque)
     jobs_done: int = 0  # by this process (the engine's own count is its Celery processes' together)
@@ -166,17 +164,7 @@ def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRu
     held_messages = HeldMessages(client, hostname, instance, ttl_s=settings.visibility_timeout_s)
     encoders = encoder_pool(settings)
     _runtime = WorkerRuntime(
-        settings,
-        hostname,
-        engine,
-        client,
-        publisher,
-        store,
-        celery_app,
-        instance,
-        held_messages,
-        encoders,
-        JobStates(celery_app.backend),
+        settings, hostname, engine, client, publisher, store, celery_app, instance, held_messages, encoders
     )
     threading.Thread(target=_runtime.beat, name="heartbeat", daemon=True).start()
     logger.info("worker %s ready: model %s", hostname, engine.model_info)

@@ -71,7 +71,7 @@ def _note_revoked(request, **_) -> None:
 
 
 # Errors of the farm's own kinds are the caller's to read: logged without a traceback. Its STARTED state
-# is stored by the task itself, with the look at whether it has succeeded already (see worker.job_states).
+# is stored by the task itself, with the look at whether it has succeeded already (see worker.result_backend).
 @app.task(bind=True, name=TASK_NAME, throws=(FarmError,), track_started=False)
 def synthesize(self, **arguments) -> dict:
     held = runtime.current()
@@ -84,7 +84,7 @@ def synthesize(self, **arguments) -> dict:
         if arguments.get("stream") is True:  # its reader waits on the stream
             held.streams.failed(job_id, error)
         raise
-    if not held.job_states.start(self.request):
+    if not self.backend.start(self.request):
         # Delivered again after it succeeded (its acknowledgement was lost with a broker connection).
         logger.warning("job %s is delivered again but has succeeded already: not running it twice", job_id)
         raise Ignore()
@@ -144,16 +144,16 @@ def _report_progress() -> None:
     One thread and one round trip for all of them: a thread per job waking to report its own made the
     worker's many job threads fight the engine's thread for the GIL.
     """
-    job_states = runtime.current().job_states
+    backend = app.backend
     while True:
         time.sleep(PROGRESS_EVERY_S)
         with _held_lock:
             running = [(handle, request) for handle, request in _held.values() if handle.started_at is not None]
         if not running:
             continue
-        pipeline = app.backend.client.pipeline(transaction=False)
+        pipeline = backend.client.pipeline(transaction=False)
         for handle, request in running:
-            job_states.report_progress(pipeline, request, handle.progress)
+            backend.report_progress(pipeline, request, handle.progress)
         try:
             pipeline.execute()
         except redis.RedisError as error:
