@@ -101,6 +101,8 @@ CELERY_SIDE = [
     "worker.failover",
     "worker.audio",
     "worker.results",
+    "worker.result_backend",
+    "worker.batches",
 ]
 
 
