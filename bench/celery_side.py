@@ -7,8 +7,10 @@ bench.instant_engine (a result the moment a job arrives, no model): every job's 
 Celery side's own (its job thread, Celery's messages and result, the audio store, encoding, a stream's
 Redis writes). For each way of asking (formats, streamed or not) it sends the standard workload's
 texts at once and prints a Markdown table: jobs a second, the audio seconds a wall second that would
-carry, and CPU milliseconds a job in the worker's Celery process and in its encoder processes, with
-how many cores they kept busy.
+carry, CPU milliseconds a job in the worker's Celery process and in its encoder processes, with
+how many cores they kept busy, and the Redis reads (about its round trips) and commands a job (the
+caller's included: the same for every version of the worker; unlike CPU time, not moved by other
+load on the host).
 The engine has to be at least this fast for the Celery side to be the farm's limit.
 """
 
@@ -19,6 +21,7 @@ import shutil
 import time
 from pathlib import Path
 
+import redis
 from celery import Celery
 from celery.result import ResultSet
 
@@ -29,16 +32,28 @@ from chattts_farm.contract import TASK_NAME
 WAYS = {"wav": ("wav", False), "mp3": ("mp3", False), "ogg": ("ogg", False), "wav streamed": ("wav", True)}
 
 
-def run_way(client: Celery, pids: dict, jobs: int, audio_format: str, stream: bool) -> dict:
+def redis_work(server: redis.Redis) -> tuple[int, int]:
+    """The reads and the commands the Redis server has processed so far: a round trip (one command or a
+    pipeline of them) is one read, one that carries much (streamed audio) a few; a script's own calls
+    are not counted."""
+    stats = server.info("stats")
+    return stats["total_reads_processed"], stats["total_commands_processed"]
+
+
+def run_way(client: Celery, server: redis.Redis, pids: dict, jobs: int, audio_format: str, stream: bool) -> dict:
     requests = standard_requests(jobs, seed=len(audio_format) + stream)
     arguments = [{**request.as_arguments(), "format": audio_format, "stream": stream} for request in requests]
+    before = redis_work(server)
     with cpu_used(pids) as used:
         started = time.perf_counter()
         results = [client.send_task(TASK_NAME, kwargs=kwargs) for kwargs in arguments]
         outputs = ResultSet(results).join_native(timeout=3600, propagate=True)
         wall = time.perf_counter() - started
+    reads, commands = (now - then for now, then in zip(redis_work(server), before, strict=True))
     audio_s = sum(output["duration_s"] for output in outputs)
     return {
+        "redis_reads": reads / len(outputs),
+        "redis_commands": commands / len(outputs),
         "jobs": len(outputs),
         "wall_s": wall,
         "jobs_per_s": len(outputs) / wall,
@@ -64,6 +79,7 @@ def main() -> None:
     rows = []
     with bench_redis(workdir, arguments.redis_server) as redis_url:
         client = Celery(broker=redis_url, backend=redis_url)
+        server = redis.Redis.from_url(redis_url)
         settings = {
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_ENGINE_MODULE": "bench.instant_engine",
@@ -72,9 +88,9 @@ def main() -> None:
         with running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log") as supervisor:
             pids = worker_pids(client, ["cpu0"], supervisor)
             del pids["engine"]  # the stand-in's own cost is not the farm's
-            run_way(client, pids, min(arguments.jobs, arguments.jobs_in_flight), "wav", False)  # warm-up
+            run_way(client, server, pids, min(arguments.jobs, arguments.jobs_in_flight), "wav", False)  # warm-up
             for way in ways:
-                rows.append((way, run_way(client, pids, arguments.jobs, *WAYS[way])))
+                rows.append((way, run_way(client, server, pids, arguments.jobs, *WAYS[way])))
                 print(f"{way}: {rows[-1][1]['jobs_per_s']:.1f} jobs/s", flush=True)
 
     print(
@@ -83,13 +99,14 @@ def main() -> None:
     )
     print(
         "| way | jobs | wall s | jobs/s | audio-s/s carried | Celery process CPU ms a job "
-        "| encoders' CPU ms a job | cores busy |"
+        "| encoders' CPU ms a job | cores busy | Redis reads a job | Redis commands a job |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for way, row in rows:
         print(
             f"| {way} | {row['jobs']} | {row['wall_s']:.2f} | {row['jobs_per_s']:.1f} | {row['audio_per_wall']:.0f} "
-            f"| {row['celery_ms']:.1f} | {row['encoders_ms']:.1f} | {row['cores']:.2f} |"
+            f"| {row['celery_ms']:.1f} | {row['encoders_ms']:.1f} | {row['cores']:.2f} "
+            f"| {row['redis_reads']:.1f} | {row['redis_commands']:.1f} |"
         )
 
 

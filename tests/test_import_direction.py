@@ -102,6 +102,8 @@ CELERY_SIDE = [
     "worker.audio",
     "worker.results",
     "worker.callbacks",
+    "worker.result_backend",
+    "worker.batches",
 ]
 
 

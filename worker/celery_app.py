@@ -13,6 +13,8 @@ from chattts_farm.settings import Settings
 settings = Settings.from_env()
 app = create_celery(settings, include=("worker.tasks",))
 app.conf.update(
+    # Celery's Redis backend, each state stored in one round trip (see worker.result_backend).
+    result_backend=f"worker.result_backend:ResultBackend+{settings.redis_url}",
     # Each worker thread holds one job; a worker process holds as many as it has threads.
     worker_prefetch_multiplier=1,
     # A worker rides out a Redis restart: a job's progress report or result that cannot be stored

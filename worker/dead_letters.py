@@ -6,9 +6,10 @@ an error in either ends the worker process ("Unrecoverable error"). A message th
 goes back to the queue when the worker stops, and ends the next one too. So the workers' Celery app
 (:mod:`worker.celery_app`) uses :class:`Consumer` (``worker_consumer``) in place of Celery's own:
 
-- it consumes through :class:`Transport`, whose channels check each message as it comes off a queue,
-  before kombu reads it, and move a message kombu could not deliver to the dead-letter list (only
-  that connection: the app's others, and Flower, which shares the app, keep kombu's Redis transport);
+- it consumes (and sends its events) through :class:`Transport`, whose channels check each message as
+  it comes off a queue, before kombu reads it, and move a message kombu could not deliver to the
+  dead-letter list (only those connections: the app's others, and Flower, which shares the app, keep
+  kombu's Redis transport);
 - it moves there every message Celery refuses (an unknown task, a body it cannot decode, ...) and
   every one whose handling fails, and goes on consuming.
 
@@ -38,10 +39,24 @@ KEPT_CHARS = 64 * 1024
 
 
 class Channel(kombu_redis.Channel):
-    """Kombu's Redis channel, refusing messages it could not deliver as they come off a queue."""
+    """Kombu's Redis channel, refusing messages it could not deliver as they come off a queue, with one
+    client for all its commands outside the event loop's BRPOP."""
+
+    _client_of_pool: redis.Redis | None = None
 
     def _create_client(self, asynchronous=False):
-        client = super()._create_client(asynchronous)
+        if asynchronous:  # kombu keeps that one (``Channel.client``)
+            return self._screened(super()._create_client(asynchronous))
+        # Kombu asks for a client for each command it sends (a message's bookkeeping as it arrives, its
+        # acknowledgement, an event): building one (its response callbacks) took ~6% of a busy worker's
+        # Celery process. A client is a thread-safe handle on its pool: one serves while the pool lasts
+        # (kombu makes a new pool after a lost connection).
+        client = self._client_of_pool
+        if client is None or client.connection_pool is not self.pool:
+            client = self._client_of_pool = self._screened(super()._create_client(asynchronous))
+        return client
+
+    def _screened(self, client: redis.Redis) -> redis.Redis:
         # A consuming worker pops every message with BRPOP (kombu's RPOP serves only basic_get), and a
         # response callback sees the popped message before kombu parses it.
         parse_popped = client.response_callbacks.get("BRPOP")
@@ -108,6 +123,10 @@ class Consumer(consumer.Consumer):
 
     def connection_for_read(self, heartbeat=None):
         return self.ensure_connected(self.app.connection_for_read(heartbeat=heartbeat, transport=TRANSPORT))
+
+    def connection_for_write(self, url=None, heartbeat=None):
+        # The worker's events go out through this transport too: one client for them all.
+        return self.ensure_connected(self.app.connection_for_write(url=url, heartbeat=heartbeat, transport=TRANSPORT))
 
     def on_unknown_message(self, body, message):
         super().on_unknown_message(body, message)

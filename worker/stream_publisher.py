@@ -2,7 +2,9 @@
 
 The engine's thread only queues float samples here: one thread turns them into 16-bit PCM and writes
 every job's new chunks in one pipeline, so many streams cost one round trip, and a job's entries keep
-the order they were queued in (its audio, then its end or error). A job's last entry is written
+the order they were queued in (its audio, then its end or error). Pieces of one segment that waited
+together go out as one entry: a writer that falls behind (many streams, a busy host) catches up in
+fewer commands, with the same samples. A job's last entry is written
 before its task returns (``end`` and ``failed`` wait for it): a reader that sees the job finished
 in Celery has its whole stream.
 
@@ -24,6 +26,7 @@ from chattts_farm import streams
 from chattts_farm.contract import FarmError
 from worker import audio
 from worker.audio import SAMPLE_RATE
+from worker.batches import take_all
 
 logger = logging.getLogger(__name__)
 
@@ -66,13 +69,8 @@ class StreamPublisher:
 
     def _serve(self) -> None:
         while True:
-            items = [self._queue.get()]
-            while True:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            by_job: dict[str, list[streams.StreamEntry]] = {}
+            items = take_all(self._queue)
+            by_job: dict[str, list[object]] = {}
             begun: set[str] = set()
             for job_id, item, _ in items:
                 if isinstance(item, _Begin):
@@ -80,12 +78,13 @@ class StreamPublisher:
                     begun.add(job_id)
                     by_job[job_id] = []  # nothing queued before a run begins belongs to it
                 else:
-                    by_job.setdefault(job_id, []).append(self._entry(job_id, item))
+                    by_job.setdefault(job_id, []).append(item)
             pipeline = self.client.pipeline(transaction=False)
             for job_id in begun:
                 streams.restart(pipeline, job_id)
-            for job_id, entries in by_job.items():
-                if entries:
+            for job_id, queued in by_job.items():
+                if queued:
+                    entries = [self._entry(job_id, item) for item in merged(queued)]
                     streams.append(pipeline, job_id, entries, ttl_s=self.ttl_s, max_entries=self.max_entries)
             try:
                 pipeline.execute()
@@ -107,3 +106,22 @@ class StreamPublisher:
         if isinstance(item, FarmError):
             return streams.StreamFailed.of(seq, item, run)
         return streams.StreamEnd(seq, item, run)
+
+
+def merged(queued: list[object]) -> list[object]:
+    """A job's queued items, each run of audio pieces of one segment joined into one: a writer that fell
+    behind catches up in fewer, larger entries (the same samples, in the same order), and one that keeps
+    up sends each piece as it comes."""
+    items: list[object] = []
+    for item in queued:
+        if isinstance(item, tuple):
+            segment, samples = item
+            if items and isinstance(items[-1], list) and items[-1][0] == segment:
+                items[-1][1].append(samples)
+                continue
+            item = [segment, [samples]]  # a run of pieces, joined below
+        items.append(item)
+    return [
+        (item[0], item[1][0] if len(item[1]) == 1 else np.concatenate(item[1])) if isinstance(item, list) else item
+        for item in items
+    ]

@@ -21,7 +21,6 @@ from chattts_farm.callbacks import CALLBACK_QUEUE, DELIVERY_TASK_NAME, CallbackP
 from chattts_farm.contract import (
     EMBEDDING_TASK_NAME,
     HEALTH_TASK_NAME,
-    PROGRESS_STATE,
     SPEAKER_SAMPLE_TASK_NAME,
     TASK_NAME,
     CallbackFailed,
@@ -39,24 +38,6 @@ logger = logging.getLogger(__name__)
 
 # Running jobs report their progress this often (the contract promises at least once a second).
 PROGRESS_EVERY_S = 0.5
-
-# A job's progress never overwrites its final state: the job may finish between the reporter's look
-# at the jobs in flight and its write.
-_SET_UNLESS_FINISHED = """
-local current = redis.call('GET', KEYS[1])
-if current then
-  local ok, stored = pcall(cjson.decode, current)
-  if ok and (stored['status'] == 'SUCCESS' or stored['status'] == 'FAILURE' or stored['status'] == 'REVOKED') then
-    return 0
-  end
-end
-if ARGV[2] == '0' then
-  redis.call('SET', KEYS[1], ARGV[1])
-else
-  redis.call('SET', KEYS[1], ARGV[1], 'EX', tonumber(ARGV[2]))
-end
-return 1
-"""
 
 # The jobs this process holds: job id -> (its handle, its Celery request), for the progress reporter.
 _held: dict[str, tuple] = {}
@@ -96,8 +77,9 @@ def _note_revoked(request, **_) -> None:
     runtime.current().held_messages.returned(request.id)
 
 
-# Errors of the farm's own kinds are the caller's to read: logged without a traceback.
-@app.task(bind=True, name=TASK_NAME, throws=(FarmError,))
+# Errors of the farm's own kinds are the caller's to read: logged without a traceback. Its STARTED state
+# is stored by the task itself, with the look at whether it has succeeded already (see worker.result_backend).
+@app.task(bind=True, name=TASK_NAME, throws=(FarmError,), track_started=False)
 def synthesize(self, **arguments) -> dict:
     held = runtime.current()
     job_id = self.request.id
@@ -112,7 +94,7 @@ def synthesize(self, **arguments) -> dict:
         if arguments.get("stream") is True:  # its reader waits on the stream
             held.streams.failed(job_id, error)
         raise
-    if self.backend.get_task_meta(job_id).get("status") == "SUCCESS":
+    if not self.backend.start(self.request):
         # Delivered again after it succeeded (its acknowledgement was lost with a broker connection).
         logger.warning("job %s is delivered again but has succeeded already: not running it twice", job_id)
         raise Ignore()
@@ -206,22 +188,15 @@ def _report_progress() -> None:
     worker's many job threads fight the engine's thread for the GIL.
     """
     backend = app.backend
-    set_unless_finished = backend.client.register_script(_SET_UNLESS_FINISHED)
-    expires = str(int(backend.expires or 0))
     while True:
         time.sleep(PROGRESS_EVERY_S)
         with _held_lock:
-            running = [(job_id, held) for job_id, held in _held.items() if held[0].started_at is not None]
+            running = [(handle, request) for handle, request in _held.values() if handle.started_at is not None]
         if not running:
             continue
         pipeline = backend.client.pipeline(transaction=False)
-        for job_id, (handle, request) in running:
-            meta = backend._get_result_meta(
-                result=handle.progress, state=PROGRESS_STATE, traceback=None, request=request
-            )
-            set_unless_finished(
-                keys=[backend.get_key_for_task(job_id)], args=[backend.encode(meta), expires], client=pipeline
-            )
+        for handle, request in running:
+            backend.report_progress(pipeline, request, handle.progress)
         try:
             pipeline.execute()
         except redis.RedisError as error:

@@ -14,7 +14,6 @@ import uuid
 
 import numpy as np
 import pytest
-import redis
 
 from chattts_farm.audio_store import fetch_audio
 from chattts_farm.celery_client import create_celery
@@ -440,19 +439,6 @@ def test_health_reports_the_model_and_the_device(workers):
     report = workers.client.send_task("chattts.health", queue="cpu0").get(timeout=30)
     assert report["model"] == "synthetic" and report["model_info"]["device"] == "cpu"
     assert report["worker"].startswith("cpu0@") and report["gpu"] is None
-
-
-@pytest.mark.parametrize(("stored", "overwritten"), [("PROGRESS", True), ("STARTED", True), ("SUCCESS", False)])
-def test_a_progress_report_never_overwrites_a_finished_jobs_state(redis_url, stored, overwritten):
-    from worker.tasks import _SET_UNLESS_FINISHED
-
-    client = redis.Redis.from_url(redis_url)
-    key = f"celery-task-meta-progress-race-{stored}"
-    client.set(key, json.dumps({"status": stored, "result": {}}))
-    report = json.dumps({"status": PROGRESS_STATE, "result": {"progress": 0.5}})
-    client.register_script(_SET_UNLESS_FINISHED)(keys=[key], args=[report, "60"])
-    assert (json.loads(client.get(key))["status"] == PROGRESS_STATE) is overwritten
-    assert (client.ttl(key) > 0) is overwritten
 
 
 def test_with_the_offline_asr_on_a_job_of_noise_completes_after_its_retries_flagged_asr_mismatch(
