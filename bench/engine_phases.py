@@ -142,8 +142,8 @@ def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tupl
     for _ in range(steps):
         synthesizer.step()
     host.disable()
-    for order in ("tottime", "cumulative"):
-        print(f"  the host over {steps} steps (cProfile, by {order}):", flush=True)
+    for order, meaning in (("tottime", "own time"), ("cumulative", "time with callees")):
+        print(f"  the host over {steps} steps (cProfile, by {meaning}):", flush=True)
         pstats.Stats(host).sort_stats(order).print_stats(25)
     while synthesizer.in_flight:
         synthesizer.step()

@@ -34,10 +34,10 @@ def waiting(app) -> int:
     return backlog.count_waiting(app.extensions["backends"].redis)
 
 
-def queued_messages(app) -> list[str]:
-    """The task ids of the messages waiting in the jobs' queue list."""
+def queued_messages(app, queue: str = DEFAULT_QUEUE) -> list[str]:
+    """The task ids of the messages waiting in a jobs' queue list (by default the normal jobs')."""
     client = app.extensions["backends"].redis
-    return [json.loads(raw)["headers"]["id"] for raw in client.lrange(DEFAULT_QUEUE, 0, -1)]
+    return [json.loads(raw)["headers"]["id"] for raw in client.lrange(queue, 0, -1)]
 
 
 def reserved_jobs(app, key) -> set[str]:

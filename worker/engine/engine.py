@@ -53,6 +53,7 @@ class Engine:
         kv_blocks: int | None = None,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
+        prefill_tokens: int | None = None,
     ) -> None:
         self.model = model
         longest = blocks_for(max_prompt_tokens + max_new_tokens)
@@ -72,6 +73,7 @@ class Engine:
             kv_blocks=kv_blocks,
             kv_dtype=kv_dtype,
             capture_graphs=capture_graphs,
+            prefill_tokens=prefill_tokens,
         )
         self.row_buckets = row_buckets(slots)
         self.decode_steps = 0
@@ -166,10 +168,8 @@ class Engine:
         if self._snapshot is not None and self._snapshot.ready():
             # The device has run dry: free the finished slots before admitting.
             left.extend(self._take_snapshot())
-        admitted = self._admit()
-        per_pass = self.scheduler.max_admissions
-        for first in range(0, len(admitted), per_pass):
-            left.extend(self._prefill(admitted[first : first + per_pass]))
+        for prefill_pass in self._prefill_passes(self._admit()):
+            left.extend(self._prefill(prefill_pass))
         launched = bool(self.scheduler.running)
         if launched:
             for _ in range(SYNC_EVERY):
@@ -184,6 +184,23 @@ class Engine:
             if self._snapshot.ready():  # off CUDA the steps have run already
                 left.extend(self._take_snapshot())
         return left
+
+    def _prefill_passes(self, admitted: list[Segment]) -> list[list[Segment]]:
+        """The admitted segments in prefill passes of at most ``max_admissions`` prompts that fit the
+        runner's prefill budget padded: long prompts (a clip voice's) go a few to a pass."""
+        passes: list[list[Segment]] = []
+        longest = 0
+        for segment in admitted:
+            tokens = len(encode_prompt(self.model, segment))
+            current = passes[-1] if passes else []
+            rows, length = len(current) + 1, max(longest, tokens)
+            if not current or rows > self.scheduler.max_admissions or not self.runner.prefill_fits(rows, length):
+                passes.append([segment])
+                longest = tokens
+            else:
+                current.append(segment)
+                longest = length
+        return passes
 
     def _take_snapshot(self) -> list[Segment]:
         """Read the last snapshot (waiting for its steps) and retire the segments it shows finished."""

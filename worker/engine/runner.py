@@ -101,6 +101,7 @@ class ModelRunner:
         kv_blocks: int,
         kv_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
+        prefill_tokens: int | None = None,
     ) -> None:
         chat = model.chat
         self.llama = chat.gpt.gpt
@@ -189,8 +190,13 @@ class ModelRunner:
         # that each bucket's pass is one CUDA graph. Padding rows go to the scratch slot.
         self.prefill_row_buckets = row_buckets(self.max_admissions)
         self.prefill_length_buckets = prompt_length_buckets(min(max_prompt_tokens, self.context))
-        padded_shape = (self.max_admissions, self.prefill_length_buckets[-1], config.hidden_size)
-        self.prefill_embeddings = torch.zeros(padded_shape, dtype=self.llama.dtype, device=device)
+        # The most padded prompt tokens one pass takes (its activations' memory): by default every row
+        # its longest prompt; a smaller budget runs long prompts (a clip voice's) a few rows a pass.
+        longest = self.prefill_length_buckets[-1]
+        self.prefill_tokens = max(prefill_tokens or self.max_admissions * longest, longest)
+        self.prefill_embeddings = torch.zeros(
+            (self.prefill_tokens, config.hidden_size), dtype=self.llama.dtype, device=device
+        )
         self.prefill_slots = torch.full((self.max_admissions,), self.scratch_slot, dtype=torch.long, device=device)
         self.prefill_lengths = torch.ones(self.max_admissions, dtype=torch.long, device=device)
 
@@ -270,8 +276,9 @@ class ModelRunner:
         rows, length, _ = embeddings.shape
         bucket_rows = bucket_for(self.prefill_row_buckets, rows)
         bucket_length = bucket_for(self.prefill_length_buckets, length)
-        self.prefill_embeddings[:bucket_rows, :bucket_length].zero_()
-        self.prefill_embeddings[:rows, :length] = embeddings
+        padded = self._prefill_input(bucket_rows, bucket_length)
+        padded.zero_()
+        padded[:rows, :length] = embeddings
         self.prefill_slots[:bucket_rows] = self.scratch_slot
         self.prefill_slots[:rows] = index
         self.prefill_lengths[:bucket_rows] = 1
@@ -298,9 +305,19 @@ class ModelRunner:
                 query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
             )
 
-        hidden = self._forward(self.prefill_embeddings[:rows, :length], positions, attend, self._layer_parts)
+        hidden = self._forward(self._prefill_input(rows, length), positions, attend, self._layer_parts)
         last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
         self._draw(index, last.float())
+
+    def prefill_fits(self, rows: int, length: int) -> bool:
+        """Whether ``rows`` prompts of up to ``length`` tokens, padded to their bucket, fit one prefill pass."""
+        length = min(length, self.prefill_length_buckets[-1])
+        padded = bucket_for(self.prefill_row_buckets, rows) * bucket_for(self.prefill_length_buckets, length)
+        return padded <= self.prefill_tokens
+
+    def _prefill_input(self, rows: int, length: int) -> torch.Tensor:
+        """The prefill buffer as (rows, length, width): the same memory for every pass of that bucket."""
+        return self.prefill_embeddings[: rows * length].view(rows, length, -1)
 
     def decode_step(self, rows: int, kv_length: int) -> None:
         """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` positions."""
@@ -357,7 +374,8 @@ class ModelRunner:
         self.prefill_lengths.fill_(1)
         for rows in self.prefill_row_buckets:
             for length in self.prefill_length_buckets:
-                self._run((rows, length), self.prefill_graphs, self._prefill_pass)
+                if self.prefill_fits(rows, length):
+                    self._run((rows, length), self.prefill_graphs, self._prefill_pass)
         return len(self.graphs) + len(self.prefill_graphs)
 
     def kv_bucket(self, columns: int) -> int:

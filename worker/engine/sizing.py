@@ -12,7 +12,7 @@ import torch
 from chattts_farm.contract import MAX_SAMPLE_CODES, MAX_TRANSCRIPT_CHARS
 from chattts_farm.settings import CPU_SLOTS, MAX_AUTO_SLOTS, Settings, SettingsError
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
-from worker.engine.runner import ModelRunner
+from worker.engine.runner import ModelRunner, bucket_for, prompt_length_buckets
 from worker.model.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -26,11 +26,24 @@ GPU_WORKSPACE_BYTES = 6 * 2**30
 SLOT_SHARE_BLOCKS = 12
 
 
+def max_text_prompt_tokens(settings: Settings) -> int:
+    """The longest prompt of a voice without a reference clip: a segment of text, or what refine-text
+    makes of it (up to 384 tokens), with the prompt's tags."""
+    return max(settings.max_segment_chars, 384) + 16
+
+
 def max_prompt_tokens(settings: Settings) -> int:
-    """The longest prompt a slot holds: a segment of text, or what refine-text makes of it (up to
-    384 tokens), with the prompt's tags, and a reference clip's words (a token a character at most) and
-    speaker sample (its codes: about 47 a second of the clip) when the voice is one."""
-    return max(settings.max_segment_chars, 384) + 16 + MAX_TRANSCRIPT_CHARS + MAX_SAMPLE_CODES
+    """The longest prompt a slot holds: a text prompt, and a reference clip's words (a token a
+    character at most) and speaker sample (its codes: about 47 a second of the clip) when the voice is one."""
+    return max_text_prompt_tokens(settings) + MAX_TRANSCRIPT_CHARS + MAX_SAMPLE_CODES
+
+
+def prefill_tokens(settings: Settings) -> int:
+    """The padded prompt tokens one prefill pass takes: a pass's worth of the longest text prompts. A
+    pass of clip voices' prompts (up to ~2,300 tokens) takes fewer rows: at 512 rows of those, one pass's
+    activations alone would outgrow what the engine leaves free (it ran out of memory on an H200)."""
+    longest_text = bucket_for(prompt_length_buckets(max_prompt_tokens(settings)), max_text_prompt_tokens(settings))
+    return settings.max_segments_per_pass * longest_text
 
 
 def kv_dtype(settings: Settings) -> torch.dtype | None:

@@ -36,7 +36,7 @@ from worker.asr.listener import Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
 from worker.engine.segment import Attempt, Segment, segment_seed
-from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens
+from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
 from worker.engine_process.streaming import Deliver, RequestStream
@@ -92,6 +92,7 @@ class Synthesizer:
             max_prompt_tokens=max_prompt_tokens(settings),
             max_new_tokens=settings.max_new_tokens,
             kv_dtype=kv_dtype(settings),
+            prefill_tokens=prefill_tokens(settings),
         )
         self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)

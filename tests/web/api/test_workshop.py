@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from chattts_farm.contract import PRIORITY_QUEUES
 from tests.web.access.support import bearer, make_key, well_inside_a_minute
 from tests.web.test_admission import capped_app, queued_messages, reserved_jobs, waiting
 from web.voices import WORKSHOP_TEXT, WORKSHOP_VOICES_DEFAULT, WORKSHOP_VOICES_MAX
@@ -23,8 +24,11 @@ def test_the_workshop_speaks_one_sentence_in_as_many_new_voices_as_asked_all_in_
     assert len(made) == WORKSHOP_VOICES_DEFAULT and {job["text"] for job in made} == {WORKSHOP_TEXT}
     assert len({job["voice"]["seed"] for job in made}) == WORKSHOP_VOICES_DEFAULT  # each its own new voice
     assert [job["text"] for job in chosen.get_json()["jobs"]] == ["Pick me."] * 3
-    # Sent back to back (Redis's queue lists hold the newest first), so that a worker takes them together.
-    assert set(queued_messages(app)[:3]) == {job["id"] for job in chosen.get_json()["jobs"]}
+    # Sent back to back (Redis's queue lists hold the newest first), so that a worker takes them together;
+    # interactive: someone waits at the page.
+    assert set(queued_messages(app, PRIORITY_QUEUES["interactive"])[:3]) == {
+        job["id"] for job in chosen.get_json()["jobs"]
+    }
 
 
 def test_the_workshop_speaks_the_voices_named_first_then_as_many_new_ones_as_asked(
@@ -41,7 +45,7 @@ def test_the_workshop_speaks_the_voices_named_first_then_as_many_new_ones_as_ask
     assert seeds == [390_000_000, 2_730_000_000, 42]  # the README's table; no new voices unless asked
     made = beside_new.get_json()["jobs"]
     assert [job["text"] for job in made] == ["Pick me."] * 3 and made[0]["voice"]["seed"] == 4_290_000_000
-    assert set(queued_messages(app)[:3]) == {job["id"] for job in made}
+    assert set(queued_messages(app, PRIORITY_QUEUES["interactive"])[:3]) == {job["id"] for job in made}
 
 
 @pytest.mark.parametrize(

@@ -235,6 +235,29 @@ def test_segments_due_already_join_in_several_prefill_passes_of_one_step_and_dra
     assert_same_outputs([segment.output for segment in segments], expected)
 
 
+def test_prompts_past_the_prefill_budget_run_a_few_to_a_pass_and_draw_what_they_would_alone(
+    synthesizer, mixed_segments, monkeypatch
+):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    segments = mixed_segments()
+    # A budget of two rows of the longest prompt's bucket: the six prompts take three passes (a clip
+    # voice's long prompts on a GPU, where 512 of them in one pass would not fit in memory).
+    longest = max(encode_prompts(synthesizer.model, segments)[0].shape[1], 1)
+    engine = new_engine(
+        synthesizer.model, 8, prefill_tokens=2 * runner.bucket_for(runner.prompt_length_buckets(128), longest)
+    )
+    passes = []
+    prefill = engine.runner.prefill
+    monkeypatch.setattr(
+        engine.runner, "prefill", lambda slots, *rest, **named: (passes.append(slots), prefill(slots, *rest, **named))
+    )
+    engine.add(segments)
+    while engine.has_work:
+        engine.step()
+    assert [len(slots) for slots in passes] == [2, 2, 2]
+    assert_same_outputs([segment.output for segment in segments], expected)
+
+
 def test_more_segments_than_slots_wait_their_turn_in_arrival_order(synthesizer, mixed_segments):
     engine = new_engine(synthesizer.model, 2)
     segments = mixed_segments()
