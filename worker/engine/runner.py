@@ -310,10 +310,13 @@ class ModelRunner:
         self._draw(index, last.float())
 
     def prefill_fits(self, rows: int, length: int) -> bool:
-        """Whether ``rows`` prompts of up to ``length`` tokens, padded to their bucket, fit one prefill pass."""
-        length = min(length, self.prefill_length_buckets[-1])
-        padded = bucket_for(self.prefill_row_buckets, rows) * bucket_for(self.prefill_length_buckets, length)
-        return padded <= self.prefill_tokens
+        """Whether ``rows`` prompts of up to ``length`` tokens, padded to their bucket, fit one prefill pass:
+        their tokens within the budget, and their attention's (rows x length x length, which a long
+        prompt's pass reaches first) within what a full pass of the budget's prompts takes."""
+        rows = bucket_for(self.prefill_row_buckets, rows)
+        length = bucket_for(self.prefill_length_buckets, min(length, self.prefill_length_buckets[-1]))
+        full_pass_length = self.prefill_tokens / self.max_admissions
+        return rows * length <= self.prefill_tokens and rows * length * length <= self.prefill_tokens * full_pass_length
 
     def _prefill_input(self, rows: int, length: int) -> torch.Tensor:
         """The prefill buffer as (rows, length, width): the same memory for every pass of that bucket."""
