@@ -197,6 +197,10 @@ class ModelRunner:
         self.prefill_embeddings = torch.zeros(
             (self.prefill_tokens, config.hidden_size), dtype=self.llama.dtype, device=device
         )
+        # Passes of prompts longer than a full pass's run op by op, never captured: few and long (a clip
+        # voice's), and graphs of all their shapes, each holding its peak in the graphs' pool, ran an
+        # H200 out of memory at start.
+        self.graphed_prefill_length = self.prefill_tokens // self.max_admissions
         self.prefill_slots = torch.full((self.max_admissions,), self.scratch_slot, dtype=torch.long, device=device)
         self.prefill_lengths = torch.ones(self.max_admissions, dtype=torch.long, device=device)
 
@@ -283,7 +287,10 @@ class ModelRunner:
         self.prefill_slots[:rows] = index
         self.prefill_lengths[:bucket_rows] = 1
         self.prefill_lengths[:rows] = prompt_lengths
-        self._run((bucket_rows, bucket_length), self.prefill_graphs, self._prefill_pass)
+        if bucket_length <= self.graphed_prefill_length:
+            self._run((bucket_rows, bucket_length), self.prefill_graphs, self._prefill_pass)
+        else:
+            self._prefill_pass(bucket_rows, bucket_length)
 
     def _prefill_pass(self, rows: int, length: int) -> None:
         """The prompts in the prefill buffers' first ``rows`` and ``length``: the cache filled, step 0 drawn."""
@@ -377,7 +384,7 @@ class ModelRunner:
         self.prefill_lengths.fill_(1)
         for rows in self.prefill_row_buckets:
             for length in self.prefill_length_buckets:
-                if self.prefill_fits(rows, length):
+                if length <= self.graphed_prefill_length and self.prefill_fits(rows, length):
                     self._run((rows, length), self.prefill_graphs, self._prefill_pass)
         return len(self.graphs) + len(self.prefill_graphs)
 
