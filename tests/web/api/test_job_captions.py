@@ -9,6 +9,7 @@ import pytest
 
 from chattts_farm.settings import Settings
 from tests.web.api.test_jobs import LONG_TEXT, wait_for
+from tests.web.test_admission import capped_app
 from worker.audio import SAMPLE_RATE
 
 pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
@@ -116,7 +117,12 @@ def test_a_streamed_job_has_the_timeline_of_the_audio_it_streamed(client, worker
     assert client.get(f"/api/jobs/{job_id}/captions?format=srt").text.count(" --> ") == 3
 
 
-def test_captions_are_refused_for_an_unknown_format_a_job_not_done_and_an_unknown_job(client, workers):
+def test_captions_are_refused_for_an_unknown_format_a_job_not_done_and_an_unknown_job(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    # A Redis no worker reads: the job stays queued for as long as the test looks (through real workers
+    # a short job could be done before the second look).
+    client = capped_app(tiny_settings, tmp_path, idle_redis_url).test_client()
     job_id = client.post("/api/jobs", json={"text": LONG_TEXT}).get_json()["id"]
     unknown = client.get(f"/api/jobs/{job_id}/captions?format=ass")
     assert unknown.status_code == 400 and unknown.get_json()["field"] == "format"
