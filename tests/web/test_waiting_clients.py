@@ -270,8 +270,9 @@ def test_a_reader_that_takes_nothing_is_disconnected_and_frees_its_slot(paused_f
     stream.audio(samples(0.1))
     with paused_farm.open_stream("held", job_id, receive_buffer=4096) as stalled:
         wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the stream to hold its slot")
-        # Far more than the socket buffers on both sides take: the server's sends block.
-        stream.audio(*[samples(1.0, seed=second) for second in range(60)])
+        # Far more than the socket buffers on both sides take (Linux grows a sender's to 4 MB, tcp_wmem;
+        # 60 s, 2.9 MB, once fitted): the server's sends block.
+        stream.audio(*[samples(1.0, seed=second) for second in range(240)])
         stalled_at = time.monotonic()
         time.sleep(SEND_TIMEOUT_S / 2)
         assert paused_farm.waits_of("held") == 1  # a stalled reader is no hung-up one: held up to the timeout
