@@ -197,10 +197,10 @@ class ModelRunner:
         self.prefill_embeddings = torch.zeros(
             (self.prefill_tokens, config.hidden_size), dtype=self.llama.dtype, device=device
         )
-        # Passes of prompts longer than a full pass's run op by op, never captured: few and long (a clip
-        # voice's), and graphs of all their shapes, each holding its peak in the graphs' pool, ran an
-        # H200 out of memory at start.
-        self.graphed_prefill_length = self.prefill_tokens // self.max_admissions
+        # The prompt length of a full pass within the budget. Passes of longer prompts run op by op, never
+        # captured: few and long (a clip voice's), and graphs of all their shapes, each holding its peak
+        # in the graphs' pool, ran an H200 out of memory at start.
+        self.full_pass_length = self.prefill_tokens / self.max_admissions
         self.prefill_slots = torch.full((self.max_admissions,), self.scratch_slot, dtype=torch.long, device=device)
         self.prefill_lengths = torch.ones(self.max_admissions, dtype=torch.long, device=device)
 
@@ -287,7 +287,7 @@ class ModelRunner:
         self.prefill_slots[:rows] = index
         self.prefill_lengths[:bucket_rows] = 1
         self.prefill_lengths[:rows] = prompt_lengths
-        if bucket_length <= self.graphed_prefill_length:
+        if bucket_length <= self.full_pass_length:
             self._run((bucket_rows, bucket_length), self.prefill_graphs, self._prefill_pass)
         else:
             self._prefill_pass(bucket_rows, bucket_length)
@@ -322,8 +322,8 @@ class ModelRunner:
         prompt's pass reaches first) within what a full pass of the budget's prompts takes."""
         rows = bucket_for(self.prefill_row_buckets, rows)
         length = bucket_for(self.prefill_length_buckets, min(length, self.prefill_length_buckets[-1]))
-        full_pass_length = self.prefill_tokens / self.max_admissions
-        return rows * length <= self.prefill_tokens and rows * length * length <= self.prefill_tokens * full_pass_length
+        tokens = rows * length
+        return tokens <= self.prefill_tokens and tokens * length <= self.prefill_tokens * self.full_pass_length
 
     def _prefill_input(self, rows: int, length: int) -> torch.Tensor:
         """The prefill buffer as (rows, length, width): the same memory for every pass of that bucket."""
@@ -384,7 +384,7 @@ class ModelRunner:
         self.prefill_lengths.fill_(1)
         for rows in self.prefill_row_buckets:
             for length in self.prefill_length_buckets:
-                if length <= self.graphed_prefill_length and self.prefill_fits(rows, length):
+                if length <= self.full_pass_length and self.prefill_fits(rows, length):
                     self._run((rows, length), self.prefill_graphs, self._prefill_pass)
         return len(self.graphs) + len(self.prefill_graphs)
 
