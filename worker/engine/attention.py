@@ -17,8 +17,9 @@ flash-decoding does):
 
 The step's new key and value come in as tensors, not from the cache: the program whose split holds
 the new column writes them to the cache (in its dtype, fp8 included) and attends to them as written,
-so a step needs no kernel of its own for the cache write. Every bound is read on the device, so one
-CUDA graph per row count serves every depth. The one entry point is :func:`decode_attention`, so that
+so a step needs no kernel of its own for the cache write. Every row's bound is read on the device, so
+one CUDA graph per row count serves every depth up to the width of the block table it is given (the
+runner gives the deepest slot's splits, rounded up). The one entry point is :func:`decode_attention`, so that
 another backend (FlashInfer's decode kernels, say) can take its place. Used on CUDA when Triton is
 present; elsewhere the runner attends with a mask (and Triton's interpreter runs these kernels on the
 CPU for the tests).
