@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 
-from worker.engine.attention import SPLIT_COLUMNS, decode_attention, splits_for, triton_available
+from worker.engine.attention import decode_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.layers import after_attention, before_attention, fuse_layers
 from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
@@ -109,7 +109,7 @@ class ModelRunner:
         self.device = model.device
         self.use_graphs = capture_graphs and model.device.type == "cuda"
         # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
-        # and the step's width matters only by its splits; elsewhere it attends over a masked common width.
+        # and the step's width stops mattering; elsewhere it attends over a masked common width.
         self.reads_own_columns = model.device.type == "cuda" and triton_available()
         self.layer_weights, self.layer_shape = fuse_layers(self.llama)
         # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), in
@@ -333,6 +333,8 @@ class ModelRunner:
 
     def decode_step(self, rows: int, kv_length: int) -> None:
         """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` positions."""
+        if self.reads_own_columns:
+            kv_length = self.context
         self._run((rows, kv_length), self.graphs, self._decode)
 
     def _run(self, shape: tuple[int, int], graphs: dict, work: Callable[[int, int], None]) -> None:
@@ -372,7 +374,10 @@ class ModelRunner:
         """
         if not self.use_graphs:
             return 0
-        kv_lengths = sorted({self.kv_bucket(columns) for columns in range(1, self.context + 1)})
+        if self.reads_own_columns:
+            kv_lengths = [self.context]
+        else:
+            kv_lengths = sorted({self.kv_bucket(columns) for columns in range(1, self.context + 1)})
         for rows in row_buckets(self.slots):
             for kv_length in kv_lengths:
                 self.decode_step(rows, kv_length)
@@ -386,17 +391,8 @@ class ModelRunner:
         return len(self.graphs) + len(self.prefill_graphs)
 
     def kv_bucket(self, columns: int) -> int:
-        """The cache columns a decode step attends over when its deepest slot has used ``columns``,
-        rounded up so that steps share few shapes (and graphs).
-
-        Reading its own columns, a row reads no more for a wider step, but the kernel launches a
-        program per split of the width for every row and head, and those past a row's length still
-        cost their launch: at 2,048 rows and the 9 splits of a clip voice's context (4,371 columns) a
-        step took 7.1 ms where 5 splits took 6.0. So the width is the deepest slot's splits, rounded up
-        to a power of two (1, 2, 4, 8 ... splits: few graphs); with a mask, a multiple of KV_BUCKET."""
-        if self.reads_own_columns:
-            splits = splits_for(columns)
-            return min(self.context, SPLIT_COLUMNS * (1 << (splits - 1).bit_length()))
+        """The cache columns a decode step attends over when its deepest slot has used ``columns``:
+        rounded up to a multiple of KV_BUCKET, so that steps share few shapes (and graphs)."""
         return min(self.context, -(-columns // KV_BUCKET) * KV_BUCKET)
 
     def interrupt(self, slots: list[int]) -> None:
@@ -489,7 +485,7 @@ class ModelRunner:
                     value,
                     self.keys[layer],
                     self.values[layer],
-                    self.block_table[:rows, : blocks_for(kv_length)],
+                    self.block_table[:rows],
                     taking_part,
                     self._scale,
                 )

@@ -68,7 +68,7 @@ def unpaged(pool, table):
 
 
 def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns(device: str = "cpu") -> None:
-    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
+    from worker.engine.attention import SPLIT_COLUMNS, decode_attention, splits_for
 
     generator = torch.Generator().manual_seed(0)
     slots, heads, kv_heads, block_positions, dim = 8, 4, 2, 16, 16
@@ -94,16 +94,18 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
         table = shuffled_table(slots, context, block_positions, generator)
         key_pool, value_pool = paged(keys, table), paged(values, table)
 
-        on_device = (query, new_key, new_value, key_pool, value_pool, table, columns)
-        on_device = [tensor.to(device) for tensor in on_device]
-        attended = decode_attention(*on_device, 0.25).cpu()
-        key_pool, value_pool = on_device[3].cpu(), on_device[4].cpu()
-
-        # Written in the cache's dtype, in the row's block, and attended to as written.
-        assert torch.equal(unpaged(key_pool, table).float(), expected_keys.float())
-        assert torch.equal(unpaged(value_pool, table).float(), expected_values.float())
         expected = masked_reference(query, expected_keys, expected_values, columns + 1, 0.25)
-        torch.testing.assert_close(attended, expected, atol=tolerance, rtol=tolerance)
+        # A program per split, or fewer programs taking several splits each: the same answer.
+        for split_programs in (splits_for(context), 2, 1):
+            on_device = (query, new_key, new_value, key_pool.clone(), value_pool.clone(), table, columns)
+            on_device = [tensor.to(device) for tensor in on_device]
+            attended = decode_attention(*on_device, 0.25, split_programs=split_programs).cpu()
+            written_keys, written_values = on_device[3].cpu(), on_device[4].cpu()
+
+            # Written in the cache's dtype, in the row's block, and attended to as written.
+            assert torch.equal(unpaged(written_keys, table).float(), expected_keys.float())
+            assert torch.equal(unpaged(written_values, table).float(), expected_values.float())
+            torch.testing.assert_close(attended, expected, atol=tolerance, rtol=tolerance)
 
 
 def check_columns_past_a_slots_new_position_are_never_read() -> None:
@@ -116,7 +118,9 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
     keys, values = (paged(torch.randn(3, 2, 3 * SPLIT_COLUMNS, 16, generator=generator), table) for _ in range(2))
     # The third row takes no part.
     columns = torch.tensor([40, SPLIT_COLUMNS + 100, -1])
-    before = decode_attention(query, new_key, new_value, keys.clone(), values.clone(), table, columns, 0.25)
+    before = decode_attention(
+        query, new_key, new_value, keys.clone(), values.clone(), table, columns, 0.25, split_programs=3
+    )
     # Every position past a row's new one: the rest of its block, and its later blocks.
     for row, column in enumerate(columns.tolist()):
         first = column + 1
@@ -124,7 +128,12 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
         for pool in (keys, values):
             pool[table[row, block], :, offset:] = float("nan")
             pool[table[row, block + 1 :]] = float("nan")
-    assert torch.equal(decode_attention(query, new_key, new_value, keys, values, table, columns, 0.25)[:2], before[:2])
+    # Whether each split has its program or one program takes them all, none reads past its row's length.
+    for split_programs in (3, 1):
+        attended = decode_attention(
+            query, new_key, new_value, keys, values, table, columns, 0.25, split_programs=split_programs
+        )
+        assert torch.equal(attended[:2], before[:2])
     # A row taking no part reads and writes nothing, and attends to nothing.
     assert torch.equal(before[2], torch.zeros_like(before[2]))
     assert keys[table[2]].isnan().all() and values[table[2]].isnan().all()

@@ -449,31 +449,12 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     engine = new_engine(model, 8, kv_blocks=blocks_for(128 + 160) if cache == "runs dry" else None)
     # Captured ahead, as a worker does at start, the steps run for free slots and the prefills for the
     # scratch slot change nothing drawn later.
-    widths = {engine.runner.kv_bucket(columns) for columns in range(1, engine.runner.context + 1)}
-    prefills = [
-        (rows, length)
-        for rows in engine.runner.prefill_row_buckets
-        for length in engine.runner.prefill_length_buckets
-        if length <= engine.runner.full_pass_length and engine.runner.prefill_fits(rows, length)
-    ]
-    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * len(widths) + len(prefills)
+    columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
+    prefills = len(engine.runner.prefill_row_buckets) * len(engine.runner.prefill_length_buckets)
+    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns + prefills
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
     assert (engine.preemptions > 0) == (cache == "runs dry")
-
-
-def test_reading_its_own_columns_a_step_is_as_wide_as_the_deepest_slots_splits_rounded_to_a_power_of_two(
-    synthesizer, monkeypatch
-):
-    # The GPU's way (the split-KV kernel launches a program per split of the width for every row and
-    # head) looked at on a CPU runner: only the widths are asked for here, no step runs.
-    engine = new_engine(synthesizer.model, 4)
-    monkeypatch.setattr(engine.runner, "reads_own_columns", True)
-    monkeypatch.setattr(engine.runner, "context", 4371)
-    deepest = [1, 512, 513, 1024, 1025, 2049, 4096, 4097, 4371]
-    assert [engine.runner.kv_bucket(columns) for columns in deepest] == [
-        512, 512, 1024, 1024, 2048, 4096, 4096, 4371, 4371
-    ]
 
 
 def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):
