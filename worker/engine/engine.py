@@ -22,7 +22,15 @@ import torch.nn.functional as F
 
 from chattts_farm.contract import InvalidRequest
 from worker.engine.blocks import blocks_for
-from worker.engine.runner import ENDED_BY_EOS, INTERRUPTED, ModelRunner, StateSnapshot, bucket_for, row_buckets
+from worker.engine.runner import (
+    ENDED_BY_EOS,
+    INTERRUPTED,
+    ModelRunner,
+    StateSnapshot,
+    bucket_for,
+    row_buckets,
+    to_device,
+)
 from worker.engine.sampler import RowSampling
 from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
@@ -241,31 +249,31 @@ class Engine:
 
     def _prefill(self, admitted: list[Segment]) -> list[Segment]:
         device = self.model.device
-        input_ids, attention_mask, text_mask = encode_prompts(self.model, admitted)
-        lengths = attention_mask.sum(dim=1)
         limit = self.runner.max_prompt_tokens
-        keep, rejected = [], []
-        for row, (segment, tokens) in enumerate(zip(admitted, lengths.tolist(), strict=True)):
+        kept, host_lengths, rejected = [], [], []
+        for segment in admitted:
+            tokens = len(encode_prompt(self.model, segment))
             if tokens > limit:
                 segment.error = PromptTooLong(tokens, limit)
                 self.runner.clear_blocks([segment.slot])
                 self.scheduler.retire(segment.slot)
                 rejected.append(segment)
             else:
-                keep.append(row)
-        if rejected:
-            admitted = [admitted[row] for row in keep]
-            if not admitted:
-                return rejected
-            input_ids, text_mask, lengths = input_ids[keep], text_mask[keep], lengths[keep]
+                kept.append(segment)
+                host_lengths.append(tokens)
+        admitted = kept
+        if not admitted:
+            return rejected
+        # The host's lengths: read back from the device, they would wait for the steps queued there.
+        lengths = to_device(host_lengths, device, torch.long)
+        input_ids, _, text_mask = encode_prompts(self.model, admitted)
 
         embeddings = _with_speakers(self.model, admitted, input_ids, self.model.chat.embed(input_ids, text_mask))
         # The tokenizer pads on the left; each slot's prompt starts at its column 0.
         width = embeddings.shape[1]
         shifted = (torch.arange(width, device=device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
         embeddings = embeddings.gather(1, shifted.unsqueeze(-1).expand_as(embeddings))
-        longest = int(lengths.max())
-        embeddings = embeddings[:, :longest]
+        embeddings = embeddings[:, : max(host_lengths)]
 
         slots = [segment.slot for segment in admitted]
         self.runner.prefill(
@@ -273,10 +281,10 @@ class Engine:
             embeddings,
             lengths,
             row_sampling(admitted, device),
-            min_tokens=torch.tensor([segment.pinned_tokens or 0 for segment in admitted], device=device),
-            end_at=torch.tensor([segment.end_at for segment in admitted], device=device),
+            min_tokens=to_device([segment.pinned_tokens or 0 for segment in admitted], device),
+            end_at=to_device([segment.end_at for segment in admitted], device),
         )
-        for slot, tokens in zip(slots, lengths.tolist(), strict=True):
+        for slot, tokens in zip(slots, host_lengths, strict=True):
             self._joined[slot] = (tokens, self.decode_steps)
         self._deepest_start = self._deepest()
         return rejected
@@ -323,7 +331,7 @@ def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.T
         input_ids[row, longest - len(ids) :] = ids
         attention_mask[row, longest - len(ids) :] = 1
         text_mask[row, longest - len(ids) : longest - segment.sample_steps] = True
-    return input_ids.to(model.device), attention_mask.to(model.device), text_mask.to(model.device)
+    return tuple(to_device(host, model.device) for host in (input_ids, attention_mask, text_mask))
 
 
 def encode_prompt(model: LoadedModel, segment: Segment) -> torch.Tensor:
@@ -347,18 +355,18 @@ def _with_speakers(
     speakers = torch.stack(
         [none if s.speaker is None else F.normalize(s.speaker.cpu().half(), p=2.0, dim=0, eps=1e-12) for s in segments]
     )
-    speakers = speakers.to(model.device)
+    speakers = to_device(speakers, model.device)
     is_speaker_slot = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids).unsqueeze(-1)
     return torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
 
 
 def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:
     return RowSampling(
-        temperature=torch.tensor([segment.request.temperature for segment in segments], device=device),
-        top_p=torch.tensor([segment.request.top_p for segment in segments], device=device, dtype=torch.float64),
-        top_k=torch.tensor([segment.request.top_k for segment in segments], device=device),
-        repetition_penalty=torch.tensor([segment.request.repetition_penalty for segment in segments], device=device),
-        seed=torch.tensor([segment.seed for segment in segments], device=device, dtype=torch.long),
+        temperature=to_device([segment.request.temperature for segment in segments], device),
+        top_p=to_device([segment.request.top_p for segment in segments], device, torch.float64),
+        top_k=to_device([segment.request.top_k for segment in segments], device),
+        repetition_penalty=to_device([segment.request.repetition_penalty for segment in segments], device),
+        seed=to_device([segment.seed for segment in segments], device, torch.long),
     )
 
 
