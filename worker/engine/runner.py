@@ -263,13 +263,15 @@ class ModelRunner:
         for state in self._slot_state:
             state[targets] = state[sources]
         self.block_table[targets] = self.block_table[sources]
-        self.block_table[sources] = self.scratch_block
-        self.finished[sources] = True
+        self.block_table.index_fill_(0, sources, self.scratch_block)
+        self.finished.index_fill_(0, sources, True)
 
     def clear_blocks(self, slots: list[int]) -> None:
         """Point the slots' tables at the scratch block: their blocks have gone back to the pool."""
         if slots:
-            self.block_table[to_device(slots, self.device, torch.long)] = self.scratch_block
+            # index_fill_, not [index] = value: cProfile on the H200 found that assignment waiting 18 ms
+            # a synthesizer step for the device.
+            self.block_table.index_fill_(0, to_device(slots, self.device, torch.long), self.scratch_block)
 
     def prefill(
         self,
@@ -416,7 +418,7 @@ class ModelRunner:
         running = ~self.finished[index]
         self.lengths[index] = torch.where(running, self.step[index], self.lengths[index])
         self.ended_by[index] = torch.where(running, INTERRUPTED, self.ended_by[index])
-        self.finished[index] = True
+        self.finished.index_fill_(0, index, True)
 
     def snapshot_state(self, rows: int, clock: int) -> StateSnapshot:
         """The first ``rows`` slots' state once the steps launched so far (``clock`` of them) have run.
