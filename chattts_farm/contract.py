@@ -54,8 +54,8 @@ PROGRESS_STATE = "PROGRESS"
 # from the job's id (a Redis key, or a path under the store's directory or prefix); ``audio_url`` says
 # where a caller finds it (a file: or s3:// URL; None for the Redis store). fetch_audio(result) in
 # chattts_farm.audio_store reads it from any store. ``timeline`` places each segment in the audio:
-# [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, pauses between
-# segments included (sentence-level: ChatTTS's codes say nothing of where its words fall).
+# [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, silences included
+# (pauses between segments, SSML breaks; sentence-level: ChatTTS's codes say nothing of where its words fall).
 RESULT_FIELDS = (
     "job_id",
     "format",

@@ -180,14 +180,14 @@ class _Reader:
             self._end_run()
             self.speeds.pop()
         elif name == "sub":
-            self.run.append(f" {self.inner_attributes['alias']} ")
+            self.run.append(self.inner_attributes["alias"])
             self.inner = None
         elif name == "say-as":
-            said = "".join(self.inner)
+            written = "".join(self.inner)
             if self.inner_attributes["interpret-as"] == "cardinal":
-                self.run.append(f" {_cardinal(said, chinese=self.chinese)} ")
+                self.run.append(_cardinal(written, chinese=self.chinese))
             else:
-                self.run.append(f" {_characters(said, chinese=self.chinese)} ")
+                self.run.append(_characters(written, chinese=self.chinese))
             self.inner = None
 
     def characters(self, data: str) -> None:
@@ -202,7 +202,9 @@ class _Reader:
             raise SsmlRefused(f"holds <{name}>, which is not in the SSML the farm reads ({SUBSET})")
         if (name == "speak") != (not self.open):
             raise SsmlRefused("must be one <speak> element around the whole text")
-        if self.inner is not None or (self.open and self.open[-1] == "break"):
+        if self.open and self.open[-1] == "break":
+            raise SsmlRefused(f"holds <{name}> inside a <break>, which is silence: write <break/>")
+        if self.inner is not None:
             raise SsmlRefused(f"holds <{name}> inside <{self.open[-1]}>, which holds words alone")
         if len(self.open) >= MAX_DEPTH:
             raise SsmlRefused(f"nests elements more than {MAX_DEPTH} deep")

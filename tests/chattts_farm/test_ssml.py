@@ -5,6 +5,7 @@ import time
 import pytest
 
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
+from chattts_farm.speech_length import expected_seconds
 from chattts_farm.ssml import (
     BREAK_STRENGTHS_MS,
     MAX_SILENCE_MS,
@@ -80,14 +81,14 @@ def test_a_sub_says_its_alias_and_a_say_as_spells_out_or_reads_a_number():
     assert read(
         '<speak>Code <say-as interpret-as="characters">ab-12</say-as>, <say-as interpret-as="cardinal">'
         "-1,234</say-as> cats.</speak>"
-    ) == (Speech("Code A B one two , minus one thousand, two hundred and thirty-four cats."),)
+    ) == (Speech("Code A B one two, minus one thousand, two hundred and thirty-four cats."),)
 
 
 def test_chinese_text_says_numbers_in_chinese():
     assert read(
         '<speak>我有<say-as interpret-as="cardinal">1234</say-as>只猫，编号<say-as interpret-as="characters">'
         "42</say-as>。</speak>"
-    ) == (Speech("我有 一千二百三十四 只猫，编号 四 二 。"),)
+    ) == (Speech("我有一千二百三十四只猫，编号四 二。"),)
 
 
 @pytest.mark.parametrize(
@@ -99,6 +100,7 @@ def test_chinese_text_says_numbers_in_chinese():
         ("<speak><speak>Hi</speak></speak>", "one <speak> element around the whole text"),
         ("<speak>Hi <break>now</break></speak>", "words inside a <break>"),
         ("<speak><sub alias='x'>a <s>b</s></sub></speak>", "holds <s> inside <sub>"),
+        ("<speak>Hi <break><s>b</s></break></speak>", "holds <s> inside a <break>"),
         ("<speak><sub>W3C</sub></speak>", 'without its alias="..."'),
         ("<speak><say-as interpret-as='date'>2024</say-as></speak>", "not one of characters, cardinal"),
         ("<speak><say-as interpret-as='cardinal'>1e9</say-as></speak>", "a cardinal is a whole number"),
@@ -139,6 +141,14 @@ def test_all_breaks_together_are_bounded_so_a_text_cannot_ask_for_hours_of_silen
     assert read("<speak>Wait." + '<break time="10s"/>' * most + "</speak>")[-1] == Silence(MAX_SILENCE_MS)
     with pytest.raises(SsmlRefused, match="add up to more than 60 s"):
         read("<speak>Wait." + '<break time="10s"/>' * most + '<break time="1ms"/></speak>')
+
+
+def test_a_requests_expected_length_counts_each_run_at_its_speed_and_its_breaks():
+    request = SynthesisRequest.from_arguments(
+        {"text": '<speak>Hello <break time="1.5s"/><prosody rate="fast">world</prosody></speak>', "speed": 4},
+        max_text_chars=1000,
+    )
+    assert request.expected_seconds == expected_seconds("Hello", 4) + 1.5 + expected_seconds("world", 7)
 
 
 def test_a_request_reads_its_document_once_valid_and_keeps_it_as_written():
