@@ -80,7 +80,8 @@ class Preparer:
             for piece in split_segments(item.text, self.settings.max_segment_chars):
                 text = self._normalise(piece)
                 if is_speakable(text):
-                    silences.append(asked if asked is not None else pause if spoken else 0)
+                    usual = pause if spoken else 0
+                    silences.append(usual if asked is None else asked)
                     spoken.append((text, piece, item.speed or request.speed))
                     asked = None
         silences.append(asked or 0)
