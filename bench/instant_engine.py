@@ -36,7 +36,7 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
     return SynthesisResult(
         request_id=request.request_id,
         pieces=[samples],
-        pause_samples=0,
+        silences=[0, 0],
         format=request.format,
         mime_type=MIME_TYPES[request.format],
         sample_rate=SAMPLE_RATE,
@@ -50,7 +50,7 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": []},
         model=MODEL,
         memory={},
-        timeline=timeline([samples], 0, SAMPLE_RATE, [request.text]),
+        timeline=timeline([samples], [0, 0], SAMPLE_RATE, [request.text]),
     )
 
 

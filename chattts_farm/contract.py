@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from chattts_farm import ssml
 from chattts_farm.callbacks import CallbackPolicy, CallbackRefused
+from chattts_farm.speech_length import expected_seconds
 from chattts_farm.text import NOTHING_SPEAKABLE, drop_invisible, is_speakable, is_ssml
 
 TASK_NAME = "chattts.synthesize"
@@ -51,8 +54,8 @@ PROGRESS_STATE = "PROGRESS"
 # from the job's id (a Redis key, or a path under the store's directory or prefix); ``audio_url`` says
 # where a caller finds it (a file: or s3:// URL; None for the Redis store). fetch_audio(result) in
 # chattts_farm.audio_store reads it from any store. ``timeline`` places each segment in the audio:
-# [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, pauses between
-# segments included (sentence-level: ChatTTS's codes say nothing of where its words fall).
+# [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, silences included
+# (pauses between segments, SSML breaks; sentence-level: ChatTTS's codes say nothing of where its words fall).
 RESULT_FIELDS = (
     "job_id",
     "format",
@@ -78,6 +81,7 @@ RESULT_FIELDS = (
 )
 
 DEFAULT_VOICE_SEED = 2222
+DEFAULT_SPEED = 5  # ChatTTS's [speed_5], its normal rate (speeds are 1..9)
 MAX_SEED = 2**32 - 1
 
 # OpenAI's voice names, lower-case as its API takes them (a fixed list), each a fixed ChatTTS voice: every
@@ -256,7 +260,7 @@ class SynthesisRequest:
     text: str
     voice: Voice = DEFAULT_VOICE_SEED
     format: str = "wav"
-    speed: int = 5
+    speed: int = DEFAULT_SPEED
     temperature: float = 0.3
     top_p: float = 0.7
     top_k: int = 20
@@ -272,6 +276,21 @@ class SynthesisRequest:
     @property
     def voice_seed(self) -> int | None:
         return self.voice if isinstance(self.voice, int) else None
+
+    @functools.cached_property
+    def script(self) -> ssml.Script:
+        """The text's speech and silences, in order (an SSML document's, as chattts_farm.ssml reads it);
+        :class:`InvalidRequest` naming ``text`` for a document outside the subset, which only a request
+        built without :meth:`from_arguments` holds."""
+        return script_of(self.text)
+
+    @property
+    def expected_seconds(self) -> float:
+        """How long its speech (each run at its speed) and its breaks are expected to last."""
+        return sum(
+            expected_seconds(item.text, item.speed or self.speed) if isinstance(item, ssml.Speech) else item.ms / 1000
+            for item in self.script
+        )
 
     @classmethod
     def from_arguments(
@@ -498,7 +517,8 @@ def check_unicode(value: str, field: str) -> None:
 
 
 def _text(value: Any, max_chars: int) -> str:
-    """The text to speak, without control and invisible characters; refused when nothing in it is speech."""
+    """The text to speak (plain, or an SSML document: see chattts_farm.ssml), without control and invisible
+    characters; refused when nothing in it is speech."""
     if not isinstance(value, str):
         raise InvalidRequest("text", "is required and must be a string")
     if not value.strip():
@@ -506,14 +526,25 @@ def _text(value: Any, max_chars: int) -> str:
     if len(value) > max_chars:
         raise InvalidRequest("text", f"has {len(value)} characters; the maximum is {max_chars}")
     check_unicode(value, "text")
-    if is_ssml(value):
-        raise InvalidRequest(
-            "text", "is SSML, which ChatTTS does not read: send plain text (a [uv_break] tag makes a pause)"
-        )
     text = drop_invisible(value)
-    if not is_speakable(text):
+    if is_ssml(text) and not ssml.is_document(text):
+        raise InvalidRequest(
+            "text",
+            "holds SSML tags but is no SSML document: SSML is one <speak>...</speak> around the whole text"
+            " (or send plain text: a [uv_break] tag makes a pause)",
+        )
+    if not any(is_speakable(item.text) for item in script_of(text) if isinstance(item, ssml.Speech)):
         raise InvalidRequest("text", NOTHING_SPEAKABLE)
     return text
+
+
+def script_of(text: str) -> ssml.Script:
+    """The speech and silences of a text, plain or SSML; :class:`InvalidRequest` naming ``text`` says why
+    a document is not one the farm reads."""
+    try:
+        return ssml.script_of(text)
+    except ssml.SsmlRefused as refusal:
+        raise InvalidRequest("text", str(refusal)) from None
 
 
 def _callback_url(value: Any, callbacks: CallbackPolicy | None) -> str | None:

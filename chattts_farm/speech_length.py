@@ -3,6 +3,7 @@ length rule) and the web (the audio a job reserves against its key's daily quota
 
 from __future__ import annotations
 
+import math
 import re
 
 from chattts_farm.text import CJK_CHARACTER
@@ -13,6 +14,12 @@ TOKENS_PER_SECOND = 46.875  # one GPT step = 512 samples at 24 kHz
 _LATIN_TOKENS_PER_CHAR = 3.0
 _CJK_TOKENS_PER_CHAR = 10.0
 _LATIN = re.compile(r"[A-Za-z0-9]")
+
+
+def speed_of_rate(rate: float) -> int:
+    """A speaking rate (1 = normal, 2 = twice as fast) as ChatTTS's speed 1..9 (5 = normal): two levels
+    per doubling, so 0.25 to 4 spans them all."""
+    return max(1, min(9, round(5 + 2 * math.log2(rate))))
 
 
 def expected_tokens(text: str, speed: int) -> int:

@@ -10,8 +10,8 @@ starts reading then reads only the new run:
 
 - ``type=audio``: ``segment`` (which segment of the text it belongs to),
   ``sample_rate``, ``pcm``: little-endian signed 16-bit mono samples. The ``pcm`` of all audio
-  entries joined in order is the job's whole audio as 16-bit samples, pauses between segments
-  included: the same samples as its stored WAV.
+  entries joined in order is the job's whole audio as 16-bit samples, silences included (the pauses
+  between segments, an SSML break's before, between or after them): the same samples as its stored WAV.
 - ``type=end``: ``summary``: the job's result as JSON, as ``chattts.synthesize`` returns it.
 - ``type=error``: ``error`` (the name of the :class:`~chattts_farm.contract.FarmError`
   subclass), ``message``, and ``field`` for an ``InvalidRequest``.

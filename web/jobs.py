@@ -19,7 +19,6 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
 from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
-from chattts_farm.speech_length import expected_seconds
 from web import access, admission, backends, callbacks
 from web.access import limits
 from web.delivery import Delivery
@@ -62,7 +61,7 @@ def submit_together(requests: list[tuple[SynthesisRequest, Voice | None]]) -> li
         for job, (request, _) in zip(batch, requests, strict=True):
             admission.admit(api_key, job.id)
             admitted.append(job)
-            limits.reserve_audio(api_key, job.id, job.created_at, expected_seconds(request.text, request.speed))
+            limits.reserve_audio(api_key, job.id, job.created_at, request.expected_seconds)
             reserved.append(job)
     except ApiError:
         for job in reserved:

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import re
 from collections.abc import Iterator
 
 from flask import Blueprint, Response, current_app
 
 from chattts_farm.contract import OPENAI_VOICE_SEEDS, Blend, InvalidRequest, SynthesisRequest
+from chattts_farm.speech_length import speed_of_rate
 from web import audio_formats, jobs, streaming, voices
 from web.errors import ApiError
 from web.json_body import json_object
@@ -34,11 +34,6 @@ UNSUPPORTED = {"aac": "aac is not supported: no well-kept encoder is available t
 STREAM_FORMATS = ("audio", "sse")
 # Kokoro-FastAPI's blend: voices joined by +, each with an optional weight in brackets (1 when left out).
 _BLEND_PART = re.compile(r"\s*([^+()]*?)\s*(?:\(\s*(-?[0-9]+(?:\.[0-9]*)?|-?\.[0-9]+)\s*\))?\s*")
-
-
-def chattts_speed(openai_speed: float) -> int:
-    """OpenAI's 0.25..4 (1 = normal) onto ChatTTS's [speed_1]..[speed_9] (5 = normal): two levels per doubling."""
-    return max(1, min(9, round(5 + 2 * math.log2(openai_speed))))
 
 
 @bp.post("/audio/speech")
@@ -72,7 +67,7 @@ def speech():
                 "voice": voices.argument(voice),
                 # The job's stored audio: in the format sent (raw samples are stored as a WAV).
                 "format": "wav" if sent_format == "pcm" else sent_format,
-                "speed": chattts_speed(speed),
+                "speed": speed_of_rate(speed),
                 "stream": True,
                 # Its caller waits for the audio on the open response.
                 "priority": "interactive",

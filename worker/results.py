@@ -19,31 +19,34 @@ import numpy as np
 
 from worker import audio
 
-# Travel as bytes beside the summary, not in it.
-_UNSAID = frozenset({"pieces", "pause_samples"})
+# Travel beside the summary, not in it.
+_UNSAID = frozenset({"pieces", "silences"})
 # Formats whose encoding costs less than handing the samples to another process.
 CHEAP_FORMATS = frozenset({"wav"})
 
 
-def joined(pieces: list[np.ndarray], pause_samples: int) -> np.ndarray:
-    """The pieces as one float32 signal, ``pause_samples`` of silence between two: one copy at most (none
-    for a single piece). Non-finite samples stay as they are: encoding clips them (see worker.audio), and
-    looking for them here cost a worker's Celery process 7.7% of its time on an H200 host (py-spy)."""
-    if len(pieces) == 1:
+def joined(pieces: list[np.ndarray], silences: list[int]) -> np.ndarray:
+    """The pieces as one float32 signal, ``silences[i]`` samples of silence before piece ``i`` and
+    ``silences[-1]`` after the last: one copy at most (none for a single piece without silence around it).
+    Non-finite samples stay as they are: encoding clips them (see worker.audio), and looking for them
+    here cost a worker's Celery process 7.7% of its time on an H200 host (py-spy)."""
+    if len(pieces) == 1 and not any(silences):
         return pieces[0].astype(np.float32, copy=False)
-    signal = np.zeros(sum(piece.size for piece in pieces) + pause_samples * (len(pieces) - 1), dtype=np.float32)
+    signal = np.zeros(sum(piece.size for piece in pieces) + sum(silences), dtype=np.float32)
     start = 0
-    for piece in pieces:
+    for piece, silence in zip(pieces, silences[:-1], strict=True):
+        start += silence
         signal[start : start + piece.size] = piece
-        start += piece.size + pause_samples
+        start += piece.size
     return signal
 
 
-def timeline(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, captions: list[str]) -> list[dict]:
+def timeline(pieces: list[np.ndarray], silences: list[int], sample_rate: int, captions: list[str]) -> list[dict]:
     """Where each segment lies in the audio :func:`joined` makes of the pieces, counted in its samples:
     one entry a segment, ``{"index", "text", "start_s", "end_s"}`` (``text``: its caption), to the millisecond."""
-    entries, start = [], 0
-    for index, (piece, caption) in enumerate(zip(pieces, captions, strict=True)):
+    entries, end = [], 0
+    for index, (piece, silence, caption) in enumerate(zip(pieces, silences[:-1], captions, strict=True)):
+        start = end + silence
         end = start + piece.size
         entries.append(
             {
@@ -53,13 +56,12 @@ def timeline(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, cap
                 "end_s": round(end / sample_rate, 3),
             }
         )
-        start = end + pause_samples
     return entries
 
 
-def encode_joined(pieces: list[np.ndarray], pause_samples: int, sample_rate: int, audio_format: str) -> bytes:
+def encode_joined(pieces: list[np.ndarray], silences: list[int], sample_rate: int, audio_format: str) -> bytes:
     """Join and encode: what a process of the encoder pool runs (a module-level function, to be sent there)."""
-    return audio.encode(joined(pieces, pause_samples), sample_rate, audio_format)
+    return audio.encode(joined(pieces, silences), sample_rate, audio_format)
 
 
 @dataclass
@@ -69,7 +71,9 @@ class SynthesisResult:
 
     request_id: str
     pieces: list[np.ndarray] = field(repr=False)  # the segments' samples, float32 at sample_rate
-    pause_samples: int  # the silence between two segments
+    # Samples of silence before each segment, and after the last (one more than pieces): the pause
+    # between segments, or what an SSML <break> asked for.
+    silences: list[int] = field(repr=False)
     format: str
     mime_type: str
     sample_rate: int
@@ -87,7 +91,7 @@ class SynthesisResult:
 
     @functools.cached_property
     def samples(self) -> np.ndarray:
-        return joined(self.pieces, self.pause_samples)
+        return joined(self.pieces, self.silences)
 
     @functools.cached_property
     def audio(self) -> bytes:
@@ -105,7 +109,7 @@ class SynthesisResult:
         return {
             "summary": self.summary(),
             "pieces": [np.ascontiguousarray(piece, dtype=np.float32).tobytes() for piece in self.pieces],
-            "pause_samples": self.pause_samples,
+            "silences": self.silences,
         }
 
     def encoded_by(self, pool: Executor | None) -> bytes:
@@ -114,11 +118,11 @@ class SynthesisResult:
         if pool is None or self.format in CHEAP_FORMATS:
             return self.audio
         started = time.perf_counter()
-        encoded = pool.submit(encode_joined, self.pieces, self.pause_samples, self.sample_rate, self.format).result()
+        encoded = pool.submit(encode_joined, self.pieces, self.silences, self.sample_rate, self.format).result()
         self.timings["encode_s"] = round(time.perf_counter() - started, 4)
         return encoded
 
     @classmethod
     def from_message(cls, message: dict) -> SynthesisResult:
         pieces = [np.frombuffer(piece, dtype=np.float32) for piece in message["pieces"]]
-        return cls(pieces=pieces, pause_samples=message["pause_samples"], **message["summary"])
+        return cls(pieces=pieces, silences=message["silences"], **message["summary"])

@@ -11,7 +11,6 @@ from tests.support import OPENAI_VOICES
 from tests.web.access.support import bearer
 from tests.web.api.test_jobs import wait_for
 from web.access import api_keys
-from web.openai import chattts_speed
 from web.waiting import WaitSlot
 from worker.audio import decode
 
@@ -160,10 +159,6 @@ def test_the_voice_list_has_openai_names_then_the_catalogs_each_once(client):
     assert answer.status_code == 200
     # Kokoro-FastAPI's shape, which Open WebUI reads: id is what to send as voice.
     assert answer.get_json()["voices"] == [{"id": name, "name": name} for name in (*OPENAI_VOICES, "Night reader")]
-
-
-def test_speed_maps_onto_chattts_levels():
-    assert [chattts_speed(s) for s in (0.25, 0.5, 1.0, 2.0, 4.0)] == [1, 3, 5, 7, 9]
 
 
 @pytest.mark.parametrize(

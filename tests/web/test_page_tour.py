@@ -93,3 +93,10 @@ def test_every_page_loads_cleanly_fits_the_screen_and_draws(
             assert overflow == [], f"{name} at {width}: wider than the screen: {overflow}"
             assert problems == [], f"{name} at {width} ({scheme}): {problems}"
             assert shot.stat().st_size > 5000
+
+
+def test_the_speak_pages_ssml_help_opened_fits_a_phone(watched_page, web_server):
+    page, problems = watched_page(web_server + "/", WIDTHS["phone"])
+    page.click("#ssml-help summary")
+    assert page.is_visible("#ssml-help code") and "x-strong 1250 ms" in page.inner_text("#ssml-help")
+    assert page.evaluate(WIDER_THAN_THE_SCREEN) == [] and problems == []

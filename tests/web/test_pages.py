@@ -1,6 +1,7 @@
 """The server-rendered pages (their behaviour in a real browser is in test_browser.py)."""
 
 import dataclasses
+import json
 import re
 import uuid
 
@@ -25,6 +26,15 @@ def test_the_form_page_offers_every_setting(client):
         'id="refine_text"',
     ):
         assert element in page
+
+
+def test_the_form_page_and_the_api_description_say_which_ssml_the_text_may_be(client):
+    page = client.get("/").get_data(as_text=True)
+    assert 'aria-describedby="ssml-help"' in page and 'id="ssml-help"' in page
+    api = json.dumps(client.get("/api/openapi.json").get_json())
+    for described in (page, api):
+        for said in ("&lt;break time=", "x-strong 1250 ms", "at most 10 s a break, 60 s a text", "x-slow 1"):
+            assert said in described.replace("<", "&lt;")
 
 
 def test_every_page_warns_that_synthetic_weights_speak_noise(client):

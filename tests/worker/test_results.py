@@ -16,7 +16,7 @@ def a_result() -> SynthesisResult:
     return SynthesisResult(
         request_id="job-1",
         pieces=[tone, tone[: SAMPLE_RATE // 2]],
-        pause_samples=SAMPLE_RATE // 4,
+        silences=[0, SAMPLE_RATE // 4, 0],
         format="wav",
         mime_type="audio/wav",
         sample_rate=SAMPLE_RATE,
@@ -30,7 +30,7 @@ def a_result() -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": [{"ok": True}, {"ok": True}]},
         model={"kind": "synthetic", "device": "cpu"},
         memory={},
-        timeline=timeline([tone, tone[: SAMPLE_RATE // 2]], SAMPLE_RATE // 4, SAMPLE_RATE, ["One.", "Two."]),
+        timeline=timeline([tone, tone[: SAMPLE_RATE // 2]], [0, SAMPLE_RATE // 4, 0], SAMPLE_RATE, ["One.", "Two."]),
     )
 
 
@@ -62,6 +62,22 @@ def test_the_timeline_places_each_segment_where_the_joined_samples_have_it_pause
     assert not result.samples[round(first["end_s"] * SAMPLE_RATE) : round(second["start_s"] * SAMPLE_RATE)].any()
     assert np.array_equal(result.samples[round(second["start_s"] * SAMPLE_RATE) :], result.pieces[1])
     assert second["end_s"] == result.samples.size / SAMPLE_RATE
+
+
+def test_silence_before_the_first_segment_and_after_the_last_is_in_the_samples_and_the_timeline():
+    tone = a_result().pieces[0]
+    silences = [SAMPLE_RATE // 2, 3 * SAMPLE_RATE, SAMPLE_RATE]
+    result = dataclasses.replace(
+        a_result(),
+        pieces=[tone, tone],
+        silences=silences,
+        timeline=timeline([tone, tone], silences, SAMPLE_RATE, ["One.", "Two."]),
+    )
+    assert [(entry["start_s"], entry["end_s"]) for entry in result.timeline] == [(0.5, 1.5), (4.5, 5.5)]
+    assert result.samples.size == 6.5 * SAMPLE_RATE
+    assert not result.samples[: SAMPLE_RATE // 2].any() and not result.samples[-SAMPLE_RATE:].any()
+    assert not result.samples[round(1.5 * SAMPLE_RATE) : round(4.5 * SAMPLE_RATE)].any()
+    assert np.array_equal(result.samples[round(4.5 * SAMPLE_RATE) : round(5.5 * SAMPLE_RATE)], tone)
 
 
 def test_a_costly_format_is_encoded_by_a_process_of_the_pool_and_the_audio_is_the_same():

@@ -270,6 +270,17 @@ def test_awkward_text_from_a_plain_caller_is_spoken_or_fails_naming_text_and_the
     assert client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
+def test_a_celery_callers_ssml_document_is_spoken_with_its_breaks_and_boundaries(workers, tiny_settings):
+    document = '<speak><s>One sentence.</s><s>Another sentence.</s><break time="2s"/>After a break.</speak>'
+    result = workers.client.send_task(TASK_NAME, kwargs={"text": document, "seed": 1}).get(timeout=120)
+    first, second, third = result["timeline"]
+    assert [entry["text"] for entry in result["timeline"]] == ["One sentence.", "Another sentence.", "After a break."]
+    assert second["start_s"] - first["end_s"] == pytest.approx(tiny_settings.segment_pause_s, abs=0.0011)  # at </s>
+    assert third["start_s"] - second["end_s"] == pytest.approx(2.0, abs=0.0011)
+    samples, _ = decode(fetch_audio(result))
+    assert not samples[round(second["end_s"] * 24_000) + 12 : round(third["start_s"] * 24_000) - 12].any()
+
+
 def test_a_long_job_reports_progress(workers):
     result = workers.client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT})
     seen = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from flask import current_app
 
+from chattts_farm import ssml
 from chattts_farm.callbacks import MAX_URL_CHARS, SIGNATURE_HEADER
 from chattts_farm.contract import (
     DEFAULT_PRIORITY,
@@ -196,9 +197,12 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
         "maxLength": max_text_chars,
         "pattern": SPEAKABLE_CHARACTER,
         "description": (
-            "Plain text (SSML is refused). ChatTTS reads Latin letters and Chinese characters: other characters "
+            "Plain text, or SSML: a text that begins with <speak> (or with an XML declaration, comment or DOCTYPE) "
+            f"is read as SSML, of which the farm takes a subset: {ssml.SUMMARY} SSML tags in a text that is no "
+            "<speak> document are refused. ChatTTS reads Latin letters and Chinese characters: other characters "
             "are dropped, control and invisible characters first, and text with nothing left to speak is refused "
-            "(the pattern: a letter, not counting those of [control_tags] alone). maxLength counts the text as sent."
+            "(the pattern: a letter, not counting those of [control_tags] or SSML markup alone). maxLength counts "
+            "the text as sent."
         ),
     }
     job_request = {
@@ -482,7 +486,8 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                     "description": (
                         "One cue per segment of the job's text (its caption: the text as sent, control tags "
                         "left out), from the segment's start to its end in the audio (the result's timeline: "
-                        "counted in the audio's samples, the pauses between segments included). Sentence-level: "
+                        "counted in the audio's samples, the silences before, between and after segments included: "
+                        "pauses, and SSML breaks). Sentence-level: "
                         "ChatTTS's audio says nothing of where its words fall. 409 until the job is done."
                     ),
                     "parameters": [
@@ -817,9 +822,16 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                     "required": ["index", "text", "start_s", "end_s"],
                     "properties": {
                         "index": {"type": "integer", "description": "The segment's place in the text, from 0."},
-                        "text": {"type": "string", "description": "Its text as sent, control tags left out."},
+                        "text": {
+                            "type": "string",
+                            "description": "Its text as sent, control tags left out (SSML's: the words said, a "
+                            "sub's alias and a say-as's reading among them).",
+                        },
                         "start_s": {"type": "number", "description": "Where its audio starts, in seconds."},
-                        "end_s": {"type": "number", "description": "Where its audio ends; a pause follows."},
+                        "end_s": {
+                            "type": "number",
+                            "description": "Where its audio ends; silence follows (a pause, or an SSML break's).",
+                        },
                     },
                 },
                 "Job": {

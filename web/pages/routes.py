@@ -4,6 +4,7 @@ from urllib.parse import urlsplit
 
 from flask import abort, current_app, redirect, render_template, request, send_from_directory, url_for
 
+from chattts_farm import ssml
 from chattts_farm.contract import (
     MAX_CLIP_S,
     MAX_MIX_PARTS,
@@ -38,7 +39,9 @@ def model_banner() -> dict:
 
 @bp.get("/")
 def index():
-    return render_template("index.html", voices=voices.find([], None), openai_voices=list(OPENAI_VOICE_SEEDS))
+    return render_template(
+        "index.html", voices=voices.find([], None), openai_voices=list(OPENAI_VOICE_SEEDS), ssml_summary=ssml.SUMMARY
+    )
 
 
 @bp.get("/jobs/<job_id>")

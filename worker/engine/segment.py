@@ -11,7 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from chattts_farm.contract import DEFAULT_PRIORITY, FarmError, SynthesisRequest
+from chattts_farm.contract import DEFAULT_PRIORITY, DEFAULT_SPEED, FarmError, SynthesisRequest
 
 if TYPE_CHECKING:
     import numpy as np
@@ -35,7 +35,7 @@ class Segment:
     owner: int  # which request it belongs to, as its submitter numbers them
     index: int  # its place in that request's text
     text: str
-    request: SynthesisRequest  # speed and sampling settings
+    request: SynthesisRequest  # sampling settings
     speaker: torch.Tensor | None  # (gpt width,) raw speaker embedding; None for a speaker sample's voice
     seed: int
     expected_tokens: int
@@ -63,6 +63,8 @@ class Segment:
     # Its piece of the request's text as the caller wrote it (``text`` is what the model reads: normalised,
     # perhaps refined): what its caption shows.
     caption: str = ""
+    # ChatTTS's speed for it: its request's, or an SSML <prosody rate>'s around its text.
+    speed: int = DEFAULT_SPEED
 
     @property
     def pinned_tokens(self) -> int | None:
@@ -79,7 +81,7 @@ class Segment:
         (``[empty_spk]`` with a speaker sample), the sample's words, the speed, the text. A sample's codes
         follow it (``Tokenizer.encode``'s ``prompt``)."""
         speaker = "[spk_emb]" if self.speaker is not None else "[empty_spk]"
-        return f"[Stts]{speaker}{self.transcript}[speed_{self.request.speed}]{self.text}[Ptts]"
+        return f"[Stts]{speaker}{self.transcript}[speed_{self.speed}]{self.text}[Ptts]"
 
     @property
     def sample_steps(self) -> int:

@@ -17,11 +17,11 @@ from worker.engine_process.synthesis import Synthesis
 from worker.results import SynthesisResult, timeline
 
 
-def finish(entry: Synthesis, *, pause_samples: int, model: dict, memory: dict) -> SynthesisResult:
+def finish(entry: Synthesis, *, model: dict, memory: dict) -> SynthesisResult:
     """A synthesis whose segments are all done, as its request's result (``model``: the model's
     description, ``memory``: :func:`memory_report`)."""
     pieces = [segment.samples for segment in entry.segments]
-    segment_times = timeline(pieces, pause_samples, SAMPLE_RATE, [segment.caption for segment in entry.segments])
+    segment_times = timeline(pieces, entry.silences, SAMPLE_RATE, [segment.caption for segment in entry.segments])
     flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
     timings = {
         "text_s": entry.text_s,
@@ -31,11 +31,11 @@ def finish(entry: Synthesis, *, pause_samples: int, model: dict, memory: dict) -
     return SynthesisResult(
         request_id=entry.request.request_id,
         pieces=pieces,
-        pause_samples=pause_samples,
+        silences=entry.silences,
         format=entry.request.format,
         mime_type=MIME_TYPES[entry.request.format],
         sample_rate=SAMPLE_RATE,
-        duration_s=segment_times[-1]["end_s"],
+        duration_s=round((sum(piece.size for piece in pieces) + sum(entry.silences)) / SAMPLE_RATE, 3),
         tokens=sum(s.output.tokens for s in entry.segments),
         segments=len(entry.segments),
         seed=entry.seed,

@@ -204,7 +204,7 @@ class Synthesizer:
                 entry.stream = RequestStream(
                     entry.segments,
                     deliver=deliver,
-                    pause_samples=self.pause_samples,
+                    silences=entry.silences,
                     frames_per_second=self.frames_per_second,
                     context_frames=self.stream_context_frames,
                 )
@@ -349,27 +349,26 @@ class Synthesizer:
         for entry in complete:
             entry.generated_at = now
             del self.in_flight[entry.number]
-            finished.append((entry, finish(entry, pause_samples=self.pause_samples, model=model, memory=memory)))
+            finished.append((entry, finish(entry, model=model, memory=memory)))
         return finished
 
     def _set_due(self, entry: Synthesis, now: float) -> None:
         """When each segment's audio is wanted: all of an unstreamed request's now; a stream's segment
         when the audio before it will have played (its expected length), so that the first segments of
         streams that arrive later go before it."""
+        if entry.stream is None:
+            for segment in entry.segments:
+                segment.due = now
+            return
         starts_after = 0.0
-        for segment in entry.segments:
+        for segment, silence in zip(entry.segments, entry.silences[:-1], strict=True):
+            starts_after += silence / SAMPLE_RATE
             segment.due = now + starts_after
-            if entry.stream is not None:
-                starts_after += segment.expected_tokens / self.frames_per_second + self.settings.segment_pause_s
+            starts_after += segment.expected_tokens / self.frames_per_second
 
     @property
     def frames_per_second(self) -> float:
         return SAMPLE_RATE / self.vocoder.samples_per_frame
-
-    @property
-    def pause_samples(self) -> int:
-        """The silence between two segments of a request, streamed or joined."""
-        return int(self.settings.segment_pause_s * SAMPLE_RATE)
 
     def cancel(self, number: int) -> None:
         """Stop a request in flight: its waiting segments leave the engine, its running ones end."""

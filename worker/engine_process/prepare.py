@@ -13,7 +13,9 @@ import secrets
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
 from chattts_farm.settings import Settings
 from chattts_farm.speech_length import expected_tokens
+from chattts_farm.ssml import Silence
 from chattts_farm.text import NOTHING_SPEAKABLE, caption_of, is_speakable
+from worker.audio import SAMPLE_RATE
 from worker.engine.segment import Segment, segment_seed
 from worker.engine_process import voices
 from worker.engine_process.segmenting import split_segments
@@ -38,9 +40,7 @@ class Preparer:
             )
         voice = voices.spoken_voice(self.model.chat, request.voice)
         audio_seed = request.seed if request.seed is not None else secrets.randbits(32)
-        pieces = split_segments(request.text, self.settings.max_segment_chars)
-        spoken = [(self._normalise(piece), piece) for piece in pieces]
-        spoken = [(text, piece) for text, piece in spoken if is_speakable(text)]
+        spoken, silences = self._spoken(request)
         if not spoken:
             raise InvalidRequest("text", NOTHING_SPEAKABLE)
         segments = [
@@ -53,15 +53,39 @@ class Preparer:
                 sample=voice.sample,
                 transcript=voice.transcript,
                 seed=segment_seed(audio_seed, index),
-                expected_tokens=expected_tokens(text, request.speed),
+                expected_tokens=expected_tokens(text, speed),
                 max_tokens=self.settings.max_new_tokens,
                 pinned=self.model.is_synthetic,
                 priority=request.priority,
                 caption=caption_of(piece),
+                speed=speed,
             )
-            for index, (text, piece) in enumerate(spoken)
+            for index, (text, piece, speed) in enumerate(spoken)
         ]
-        return Synthesis(request, number, audio_seed, voice.embedding, segments)
+        return Synthesis(request, number, audio_seed, voice.embedding, segments, silences)
+
+    def _spoken(self, request: SynthesisRequest) -> tuple[list[tuple[str, str, int]], list[int]]:
+        """The segments of a request's script that say something, each (normalised text, its piece of the
+        text, speed), and the samples of silence before each and after the last: a <break>'s where one
+        was asked for (breaks with nothing speakable between them add up), else the pause between
+        segments (none before the first or after the last)."""
+        pause = round(self.settings.segment_pause_s * SAMPLE_RATE)
+        spoken: list[tuple[str, str, int]] = []
+        silences: list[int] = []
+        asked: int | None = None  # the silence breaks asked for since the last segment
+        for item in request.script:
+            if isinstance(item, Silence):
+                asked = (asked or 0) + round(item.ms * SAMPLE_RATE / 1000)
+                continue
+            for piece in split_segments(item.text, self.settings.max_segment_chars):
+                text = self._normalise(piece)
+                if is_speakable(text):
+                    usual = pause if spoken else 0
+                    silences.append(usual if asked is None else asked)
+                    spoken.append((text, piece, item.speed or request.speed))
+                    asked = None
+        silences.append(asked or 0)
+        return spoken, silences
 
     def refine(self, prepared: list[Synthesis]) -> None:
         """Run ChatTTS's refine-text step on the segments of the requests that asked for it.
@@ -98,5 +122,5 @@ class Preparer:
                     # Refining can drop everything speakable; the plain text is better than silence.
                     if is_speakable(text):
                         segment.text = text
-                        segment.expected_tokens = expected_tokens(text, segment.request.speed)
+                        segment.expected_tokens = expected_tokens(text, segment.speed)
                 refined.destroy()

@@ -5,11 +5,12 @@ streaming request: once enough of its newest frames are *stable* (the context th
 has been drawn, so more frames no longer change their audio), those frames go to the vocoder as a
 :class:`~worker.vocoder.piece.Piece` with the context on either side. Decoded pieces come back in the
 order they were cut and are delivered in the text's order: a later segment's audio waits for the
-segments before it, then follows the pause between them. Joined, a request's delivered audio is the
-audio it would have had unstreamed: each piece decodes the frames its kept ones read. How many that is,
-the vocoder measures at load (:meth:`~worker.vocoder.vocoder.Vocoder.measure_stream_context`): its
-receptive field bounds it (52 frames, 1.1 s, at full scale), but what a frame's audio reads above float
-rounding is far less (7 frames for the synthetic weights), and that is what the first chunk waits for.
+segments before it, then follows the silence between them (the pause between segments, or an SSML
+break's). Joined, a request's delivered audio is the audio it would have had unstreamed: each piece
+decodes the frames its kept ones read. How many that is, the vocoder measures at load
+(:meth:`~worker.vocoder.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
+frames, 1.1 s, at full scale), but what a frame's audio reads above float rounding is far less (7
+frames for the synthetic weights), and that is what the first chunk waits for.
 
 The first piece of a segment is small, so the first sound comes early; each later one is twice the
 size of the one before, up to a bound, so that a long text is decoded in few, large passes.
@@ -30,7 +31,7 @@ FIRST_CHUNK_S = 0.25
 LARGEST_CHUNK_S = 2.0
 
 # deliver(segment index, samples): the next float32 samples of a request's audio, in order, and the
-# segment of its text they belong to (the pause before a segment belongs to it)
+# segment of its text they belong to (the silence before a segment belongs to it, that after the last to the last)
 Deliver = Callable[[int, np.ndarray], None]
 
 
@@ -42,13 +43,13 @@ class RequestStream:
         segments: list[Segment],
         *,
         deliver: Deliver,
-        pause_samples: int,
+        silences: list[int],
         frames_per_second: float,
         context_frames: int,
     ):
         self.segments = segments
         self.deliver = deliver
-        self.pause_samples = pause_samples
+        self.silences = silences  # before each segment, and after the last (see worker.results.joined)
         self.context_frames = context_frames
         self.first_chunk_frames = math.ceil(FIRST_CHUNK_S * frames_per_second)
         self.largest_chunk_frames = math.ceil(LARGEST_CHUNK_S * frames_per_second)
@@ -58,6 +59,7 @@ class RequestStream:
         self._complete = [False] * len(segments)
         self._next_segment = 0  # the segment whose audio goes out now
         self._delivered = 0  # of its pieces
+        self._silence(0, silences[0])
 
     def cut(self, segment: Segment, drawn: int, hidden_states: Callable[[int, int], torch.Tensor]) -> list[Piece]:
         """The next pieces of a running segment that has drawn ``drawn`` frames: as many as its stable
@@ -104,8 +106,11 @@ class RequestStream:
                 return
             self._next_segment += 1
             self._delivered = 0
-            if self._next_segment < len(self.segments) and self.pause_samples:
-                self.deliver(self._next_segment, np.zeros(self.pause_samples, dtype=np.float32))
+            self._silence(min(self._next_segment, len(self.segments) - 1), self.silences[self._next_segment])
+
+    def _silence(self, segment: int, samples: int) -> None:
+        if samples:
+            self.deliver(segment, np.zeros(samples, dtype=np.float32))
 
     def samples(self, segment: Segment) -> np.ndarray:
         """A complete segment's audio: its pieces joined."""

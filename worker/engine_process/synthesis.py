@@ -26,6 +26,8 @@ class Synthesis:
     seed: int
     embedding: str | None  # the speaker embedding it speaks in; None for a reference clip's speaker sample
     segments: list[Segment]
+    # Samples of silence before each segment and after the last (see worker.results.joined).
+    silences: list[int]
     started: float = field(default_factory=time.perf_counter)
     text_s: float = 0.0
     decode_s: float = 0.0

@@ -39,14 +39,22 @@ def at(seconds: float, inward: int) -> int:
     return round(seconds * SAMPLE_RATE) + inward * SAMPLE_RATE // 2000
 
 
+def assert_silences(samples: np.ndarray, timeline: list[dict], silences_s: list[float]) -> None:
+    """The audio is silent for the given seconds before each segment and after the last (to the timeline's
+    millisecond), where the timeline says, and the first and last samples of each segment are not."""
+    total_s = len(samples) / SAMPLE_RATE
+    edges = [0.0, *(time for entry in timeline for time in (entry["start_s"], entry["end_s"])), total_s]
+    for quiet_from, quiet_to, silence_s in zip(edges[::2], edges[1::2], silences_s, strict=True):
+        assert quiet_to - quiet_from == pytest.approx(silence_s, abs=0.0011)
+        assert not samples[at(quiet_from, +1) : max(0, at(quiet_to, -1))].any()
+    for entry in timeline:
+        start, end = max(0, at(entry["start_s"], -1)), at(entry["end_s"], +1)
+        assert samples[start : start + SAMPLE_RATE // 100].any() and samples[end - 2 * SAMPLE_RATE // 1000 : end].any()
+
+
 def assert_silent_between_segments(samples: np.ndarray, timeline: list[dict]) -> None:
-    """Each pause of the timeline is silence in the audio, and the audio's last and first samples about
-    it (the segments' ends) are not."""
-    for entry, following in zip(timeline, timeline[1:], strict=False):
-        assert following["start_s"] - entry["end_s"] == pytest.approx(PAUSE_S, abs=0.0011)
-        end, start = at(entry["end_s"], +1), at(following["start_s"], -1)
-        assert not samples[end:start].any()
-        assert samples[end - 2 * SAMPLE_RATE // 1000 : end].any() and samples[start : start + SAMPLE_RATE // 100].any()
+    """Each pause of the timeline is silence in the audio, with none before the first segment or after the last."""
+    assert_silences(samples, timeline, [0.0, *[PAUSE_S] * (len(timeline) - 1), 0.0])
 
 
 def pcm(wav_bytes: bytes) -> np.ndarray:

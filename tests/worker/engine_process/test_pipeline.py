@@ -153,6 +153,38 @@ def test_long_text_becomes_one_complete_audio_without_a_cut_off(synthesizer, mak
     assert result.duration_s > speech_s
 
 
+SSML_DOCUMENT = (
+    '<speak><break time="400ms"/>First words.<break time="1234ms"/><prosody rate="x-slow">Slow words.</prosody>'
+    '<s>Last words.</s><break time="2s"/></speak>'
+)
+
+
+def test_ssml_breaks_are_exact_silences_in_the_audio_where_its_timeline_says(synthesizer, make_request, tiny_settings):
+    result = only(synthesizer.synthesize([make_request(SSML_DOCUMENT, seed=3)]))
+    assert [entry["text"] for entry in result.timeline] == ["First words.", "Slow words.", "Last words."]
+    # <s> is a boundary with the usual pause; each break is its own length, before, between and after.
+    silences = [round(seconds * SAMPLE_RATE) for seconds in (0.4, 1.234, tiny_settings.segment_pause_s, 2.0)]
+    pieces = result.pieces
+    assert all(np.abs(piece).max() > 0.01 for piece in pieces)
+    laid_out = [np.zeros(silences[0])]
+    for piece, silence_after in zip(pieces, silences[1:], strict=True):
+        laid_out += [piece, np.zeros(silence_after)]
+    assert np.array_equal(result.samples, np.concatenate(laid_out))
+    for index, entry in enumerate(result.timeline):
+        start = sum(silences[: index + 1]) + sum(piece.size for piece in pieces[:index])
+        assert entry["start_s"] == pytest.approx(start / SAMPLE_RATE, abs=0.0005)
+        assert entry["end_s"] == pytest.approx((start + pieces[index].size) / SAMPLE_RATE, abs=0.0005)
+    length = sum(silences) + sum(piece.size for piece in pieces)
+    assert len(samples_of(result)) == length and result.duration_s == pytest.approx(length / SAMPLE_RATE, abs=0.0005)
+
+
+def test_a_prosody_rate_sets_the_speed_its_segment_is_spoken_at(synthesizer, make_request):
+    result = only(synthesizer.synthesize([make_request(SSML_DOCUMENT, seed=3, speed=6)]))
+    first, slow, last = (segment["tokens"] for segment in result.quality["segments"])
+    assert slow == expected_tokens("Slow words.", 1) > expected_tokens("Slow words.", 6)
+    assert (first, last) == (expected_tokens("First words.", 6), expected_tokens("Last words.", 6))
+
+
 @pytest.mark.parametrize("audio_format", FORMATS)
 def test_every_format_round_trips(synthesizer, make_request, audio_format):
     result = only(synthesizer.synthesize([make_request(format=audio_format, seed=1)]))

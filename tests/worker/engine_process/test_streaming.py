@@ -64,6 +64,19 @@ def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context
     assert np.abs(joined - plain.samples).max() < 1e-4
 
 
+def test_a_streamed_ssml_documents_chunks_hold_its_breaks_before_between_and_after_its_segments(core, make_request):
+    document = '<speak><break time="300ms"/>Hello there.<break time="1s"/>Goodbye now.<break time="500ms"/></speak>'
+    request = dataclasses.replace(make_request(document, seed=7), request_id="streamed")
+    chunks = []
+    (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append((segment, samples))])["streamed"]
+    joined = np.concatenate([samples for _, samples in chunks])
+    assert np.array_equal(joined, streamed.samples)
+    assert chunks[0][0] == 0 and chunks[0][1].size == 0.3 * 24_000 and not chunks[0][1].any()
+    assert chunks[-1][0] == 1 and chunks[-1][1].size == 0.5 * 24_000 and not chunks[-1][1].any()
+    plain = core.synthesize([make_request(document, seed=7)])[0]
+    assert joined.shape == plain.samples.shape and np.abs(joined - plain.samples).max() < 1e-4
+
+
 def test_streams_whose_segments_are_preempted_mid_stream_still_send_the_unstreamed_audio(
     tiny_settings, synthesizer, make_request
 ):
@@ -173,13 +186,13 @@ class PieceOf:
         self.segment, self.last = segment, last
 
 
-def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
+def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_silence_before_it():
     delivered = []
     segments = segments_of(3)
     stream = RequestStream(
         segments,
         deliver=lambda segment, samples: delivered.append((segment, samples)),
-        pause_samples=2,
+        silences=[0, 2, 5, 0],
         frames_per_second=50.0,
         context_frames=4,
     )
@@ -190,14 +203,13 @@ def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
     stream.take(PieceOf(segments[0], last=False), audio["a"])
     stream.take(PieceOf(segments[0], last=True), audio["b"])
     stream.take(PieceOf(segments[1], last=True), audio["d"])
-    pause = np.zeros(2, dtype=np.float32)
     expected = [
         (0, audio["a"]),
         (0, audio["b"]),
-        (1, pause),
+        (1, np.zeros(2, dtype=np.float32)),
         (1, audio["c"]),
         (1, audio["d"]),
-        (2, pause),
+        (2, np.zeros(5, dtype=np.float32)),
         (2, audio["e"]),
     ]
     assert [segment for segment, _ in delivered] == [segment for segment, _ in expected]
@@ -205,10 +217,26 @@ def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_pause():
     assert np.array_equal(stream.samples(segments[1]), np.concatenate([audio["c"], audio["d"]]))
 
 
+def test_silence_before_the_first_segment_goes_out_at_once_and_that_after_the_last_once_it_is_done():
+    delivered = []
+    segments = segments_of(2)
+    stream = RequestStream(
+        segments,
+        deliver=lambda segment, samples: delivered.append((segment, samples.size, bool(samples.any()))),
+        silences=[7, 0, 4],
+        frames_per_second=50.0,
+        context_frames=4,
+    )
+    assert delivered == [(0, 7, False)]
+    stream.take(PieceOf(segments[0], last=True), np.ones(3, dtype=np.float32))
+    stream.take(PieceOf(segments[1], last=True), np.ones(3, dtype=np.float32))
+    assert delivered == [(0, 7, False), (0, 3, True), (1, 3, True), (1, 4, False)]
+
+
 def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
     segment = segments_of(1)[0]
     stream = RequestStream(
-        [segment], deliver=lambda segment, samples: None, pause_samples=0, frames_per_second=40.0, context_frames=5
+        [segment], deliver=lambda segment, samples: None, silences=[0, 0], frames_per_second=40.0, context_frames=5
     )
     assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
     cuts = []
