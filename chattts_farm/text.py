@@ -29,6 +29,22 @@ NOTHING_SPEAKABLE = (
 )
 
 
+def _visible_character() -> str:
+    """A regular expression for one character that :func:`drop_invisible` keeps and ``strip`` does not
+    drop (neither whitespace, nor a control or invisible format character), over the Basic Multilingual
+    Plane: the pattern of names that must keep something visible, as their schema says it."""
+    hidden = [code for code in range(0x10000) if chr(code).isspace() or unicodedata.category(chr(code)) in ("Cc", "Cf")]
+    ranges, start = [], hidden[0]
+    for previous, code in zip(hidden, [*hidden[1:], None], strict=True):
+        if code != previous + 1:
+            ranges.append(f"\\u{start:04x}" if start == previous else f"\\u{start:04x}-\\u{previous:04x}")
+            start = code
+    return "[^" + "".join(ranges) + "]"
+
+
+VISIBLE_CHARACTER = _visible_character()
+
+
 def drop_invisible(text: str) -> str:
     """Text without control characters (NUL, ESC, ...) and invisible format characters (zero-width
     spaces and joiners, byte-order marks, bidi overrides such as U+202E). They are never speech, and
