@@ -20,6 +20,9 @@ and hears garbage. Every segment is then heard wrong; quality retries are off (a
 ``bench.standard``), so it is reported, not generated again: the figures are the cost of listening,
 with every decode running to its limit (twice the text's tokens and ten more), the most it can cost.
 
+``--asr-batch`` (comma-separated) runs each recogniser once per most segments its listener hears at
+once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
+
 Prints one Markdown table: the engine's audio-s/s with each choice and its ratio to the first
 choice's, and what the listener did in the timed run: the segments it heard (one a job: none is
 generated again), its batches, segments a batch, ms a batch, segments/s while busy, and the share of
@@ -70,21 +73,33 @@ def asr_choices(text: str) -> list[str]:
     return choices
 
 
-def run(synthesizer: Synthesizer, asr: str, backend: Backend | None, max_batch: int, jobs: int, seconds) -> Run:
+def batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(size) for size in text.split(",") if size.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want whole numbers of 1 or more, comma-separated")
+    return sizes
+
+
+def run(
+    synthesizer: Synthesizer, asr: str, backend: Backend | None, max_batch: int, jobs: int, seconds, label: str
+) -> Run:
     listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
     synthesizer.listener = listener
-    progress(f"ASR {asr}: warming up")
+    progress(f"ASR {label}: warming up")
     synthesize_timed(synthesizer, standard_requests(min(jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds))
     before = dataclasses.replace(listener.figures) if listener else None
-    progress(f"ASR {asr}: the workload")
-    result = run_engine(synthesizer, f"ASR {asr}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
+    progress(f"ASR {label}: the workload")
+    result = run_engine(synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
     heard = None
     if listener is not None:
         after = listener.figures
         heard = ListenerFigures(
             after.batches - before.batches, after.attempts - before.attempts, after.busy_s - before.busy_s
         )
-    return Run(asr, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard)
+    return Run(label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard)
 
 
 def print_table(runs: list[Run]) -> None:
@@ -129,7 +144,12 @@ def main() -> None:
         help="ASR_WHISPER_MODEL for whisper: synthetic-tiny or synthetic-base (random weights), a name in "
         "Whisper's cache or a checkpoint's path.",
     )
-    parser.add_argument("--asr-batch", type=int, default=MAX_BATCH, help="Most segments the listener hears at once.")
+    parser.add_argument(
+        "--asr-batch",
+        type=batch_sizes,
+        default=[MAX_BATCH],
+        help="Most segments the listener hears at once; several, comma-separated, run each.",
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -152,9 +172,19 @@ def main() -> None:
     }
     progress(f"loading {arguments.model}")
     synthesizer = Synthesizer.load(settings)
+    several = len(arguments.asr_batch) > 1
     runs = [
-        run(synthesizer, asr, backends[asr], arguments.asr_batch, arguments.jobs, arguments.seconds)
+        run(
+            synthesizer,
+            asr,
+            backends[asr],
+            max_batch,
+            arguments.jobs,
+            arguments.seconds,
+            label=f"{asr}, batches of {max_batch}" if several and backends[asr] else asr,
+        )
         for asr in arguments.asr
+        for max_batch in (arguments.asr_batch if backends[asr] else arguments.asr_batch[:1])
     ]
 
     info = synthesizer.model.info
@@ -164,7 +194,7 @@ def main() -> None:
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
         f"torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s of speech, "
         f"{synthesizer.engine.runner.slots} slots; Whisper {arguments.whisper_model}, the listener's batches "
-        f"up to {arguments.asr_batch}; quality retries off\n"
+        f"up to {', '.join(map(str, arguments.asr_batch))}; quality retries off\n"
     )
     print_table(runs)
 

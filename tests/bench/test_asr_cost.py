@@ -4,23 +4,30 @@
 from tests.support import markdown_table, run_bench
 
 
-def test_the_engines_throughput_with_the_gate_off_and_on_and_what_the_listener_did(tiny_assets, data_dir):
+def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_and_what_the_listener_did(
+    tiny_assets, data_dir
+):
     finished = run_bench(
         "asr_cost",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--seconds", "1-2"),
-        *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny"),
+        *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32"),
         data_dir=data_dir,
         timeout_s=400,
     )
-    off, whisper = markdown_table(finished.stdout.splitlines(), "| ASR |")
-    assert (off["ASR"], whisper["ASR"]) == ("off", "whisper")
-    for row in (off, whisper):
+    off, one_by_one, together = markdown_table(finished.stdout.splitlines(), "| ASR |")
+    assert (off["ASR"], one_by_one["ASR"], together["ASR"]) == (
+        "off",
+        "whisper, batches of 1",
+        "whisper, batches of 32",
+    )
+    for row in (off, one_by_one, together):
         assert row["jobs"] == row["done"] == "2", row
         assert float(row["audio-s/s"]) > 0, row
-    assert off["vs off"] == "1.000" and float(whisper["vs off"]) > 0
+    assert off["vs off"] == "1.000" and float(together["vs off"]) > 0
     assert off["segments heard"] == off["listener batches"] == "-"
     # Random weights hear every segment wrong; with retries off each one-segment job is heard once.
-    assert whisper["segments heard"] == "2"
-    assert 1 <= int(whisper["listener batches"]) <= 2
-    assert float(whisper["ms a batch"]) > 0 and float(whisper["listener segments/s"]) > 0
-    assert 0 < float(whisper["listener busy"]) <= 1
+    assert one_by_one["segments heard"] == together["segments heard"] == "2"
+    assert one_by_one["listener batches"] == "2" and 1 <= int(together["listener batches"]) <= 2
+    for whisper in (one_by_one, together):
+        assert float(whisper["ms a batch"]) > 0 and float(whisper["listener segments/s"]) > 0
+        assert 0 < float(whisper["listener busy"]) <= 1
