@@ -153,13 +153,27 @@ def _custom_id(item: dict, number: int, taken: list[str | None]) -> str | None:
 
 
 def visible(batch_id: str) -> Batch:
-    """The batch as the caller may see it (with keys on, only the key that submitted it); 404 otherwise,
-    the same answer for another key's batch, so that ids cannot be probed."""
-    batch = db.session.get(Batch, batch_id) if _is_batch_id(batch_id) else None
-    key = access.current_key()
-    if batch is None or (key is not None and batch.api_key_id != key.id):
+    """The batch as the caller may see it; 404 otherwise."""
+    batch = visible_or_none(batch_id)
+    if batch is None:  # also when it is another key's batch: the same answer, so ids cannot be probed
         raise ApiError(404, f"no batch {batch_id}")
     return batch
+
+
+def visible_or_none(batch_id: str) -> Batch | None:
+    """A batch by id as the caller may see it: with keys on, only the key that submitted it does."""
+    batch = db.session.get(Batch, batch_id) if _is_batch_id(batch_id) else None
+    key = access.current_key()
+    return batch if batch is not None and (key is None or batch.api_key_id == key.id) else None
+
+
+def recent(limit: int) -> list[Batch]:
+    """The caller's newest batches (all batches with keys off), newest first, as their rows hold them."""
+    query = db.select(Batch).order_by(Batch.created_at.desc()).limit(limit)
+    key = access.current_key()
+    if key is not None:
+        query = query.where(Batch.api_key_id == key.id)
+    return list(db.session.execute(query).scalars())
 
 
 def items(batch: Batch) -> list[Job]:
