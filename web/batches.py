@@ -39,6 +39,10 @@ logger = logging.getLogger(__name__)
 MAX_ITEMS = 10_000
 # What a batch itself takes; every other field is a job's, the default of each item that does not give it.
 BATCH_FIELDS = ("items", "callback_url")
+# A job's two ways of naming its voice.
+VOICE_FIELDS = {"voice", "voice_id"}
+# What the defaults are checked with, alone: the text is always an item's own.
+PLACEHOLDER_TEXT = "The defaults of a batch."
 # Items are bulk work unless they say otherwise: interactive and normal jobs pass ahead of them.
 DEFAULT_PRIORITY = "bulk"
 CUSTOM_ID = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{CUSTOM_ID_MAX_CHARS - 1}}}")
@@ -48,7 +52,7 @@ ITEMS_AT_ONCE = 1000
 
 def create(fields: dict[str, Any]) -> Batch:
     """A batch from a JSON body: ``items`` (a list of jobs' fields, each with an optional ``custom_id``),
-    ``callback_url`` (the batch's), and any job field as every item's default."""
+    ``callback_url`` (the batch's), and any job field but ``text`` as every item's default."""
     items = fields.get("items")
     if not isinstance(items, list):
         raise ApiError(400, f"items must be a list of 1 to {MAX_ITEMS} jobs' fields", "items")
@@ -75,27 +79,38 @@ def create_from_upload(upload: FileStorage | None, defaults: str | None) -> Batc
 def _submit(items: list, fields: dict[str, Any]) -> Batch:
     if not 1 <= len(items) <= MAX_ITEMS:
         _refuse_size(len(items))
+    if "text" in fields:
+        raise ApiError(400, "text is each item's own: give it in every item, not as a default", "text")
     settings = current_app.config["SETTINGS"]
     policy = CallbackPolicy.from_settings(settings)
     batch_callback = _callback_url(fields.get("callback_url"), policy)
     defaults = {"priority": DEFAULT_PRIORITY, **{k: v for k, v in fields.items() if k not in BATCH_FIELDS}}
-    requests: list[tuple[SynthesisRequest, Voice | None]] = []
-    custom_ids: list[str | None] = []
     # Thousands of items often speak in one voice: each is read (a catalog voice looked up) once.
     voices_read: dict[str, Any] = {}
+
+    def request_of(arguments: dict[str, Any]) -> tuple[SynthesisRequest, Voice | None]:
+        return voices.job_request(
+            arguments, max_text_chars=settings.max_text_chars, callbacks=policy, voices_read=voices_read
+        )
+
+    # The defaults are checked as they are, even where every item gives its own values instead.
+    request_of({**defaults, "text": PLACEHOLDER_TEXT})
+    requests: list[tuple[SynthesisRequest, Voice | None]] = []
+    custom_ids: list[str | None] = []
     for number, item in enumerate(items):
         if not isinstance(item, dict):
             raise ApiError(400, f"items[{number}] must be a JSON object: a job's fields", f"items[{number}]")
         custom_ids.append(_custom_id(item, number, custom_ids))
-        arguments = {**defaults, **{k: v for k, v in item.items() if k != "custom_id"}}
+        # An item's voice, named either way, replaces the default's, named either way.
+        replaced = VOICE_FIELDS if VOICE_FIELDS & set(item) else set()
+        arguments = {
+            **{k: v for k, v in defaults.items() if k not in replaced},
+            **{k: v for k, v in item.items() if k != "custom_id"},
+        }
         try:
-            requests.append(
-                voices.job_request(
-                    arguments, max_text_chars=settings.max_text_chars, callbacks=policy, voices_read=voices_read
-                )
-            )
+            requests.append(request_of(arguments))
         except (InvalidRequest, ApiError) as refusal:
-            raise _naming_the_item(refusal, number, item, defaults) from None
+            raise _naming_the_item(refusal, number) from None
     key = access.current_key()
     batch = Batch(
         id=str(uuid.uuid4()), size=len(items), api_key_id=key.id if key else None, callback_url=batch_callback
@@ -119,20 +134,13 @@ def _callback_url(url: Any, policy: CallbackPolicy) -> str | None:
         raise ApiError(400, f"callback_url: {refusal}", "callback_url") from None
 
 
-def _naming_the_item(refusal: InvalidRequest | ApiError, number: int, item: dict, defaults: dict) -> ApiError:
-    """An item's refusal, naming the field as the batch holds it: ``items[5].text``, or the default's own
-    name when the item took the faulty value from there."""
+def _naming_the_item(refusal: InvalidRequest | ApiError, number: int) -> ApiError:
+    """An item's refusal, naming the field as the batch holds it: ``items[5].text``."""
     status = refusal.status if isinstance(refusal, ApiError) else 400
-    field, message = refusal.field, refusal.message
-    if field is None:
-        named = f"items[{number}]"
-    elif field in defaults and field not in item:
-        named = field
-    else:
-        named = f"items[{number}].{field}"
+    field = f"items[{number}]" if refusal.field is None else f"items[{number}].{refusal.field}"
     # A message may begin with its field's name already (a voice's refusal does).
-    message = message.removeprefix(f"{field}: ") if field is not None else message
-    return ApiError(status, f"{named}: {message}", named)
+    message = refusal.message.removeprefix(f"{refusal.field}: ") if refusal.field is not None else refusal.message
+    return ApiError(status, f"{field}: {message}", field)
 
 
 def _custom_id(item: dict, number: int, taken: list[str | None]) -> str | None:

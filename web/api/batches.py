@@ -18,7 +18,8 @@ TOO_BIG = "the batch is larger than CHATTTS_FARM_MAX_BATCH_BYTES: split it into 
 def create_batch():
     """A batch from JSON (``items``, shared defaults, ``callback_url``), or a multipart upload: the JSON
     Lines file ``items`` and the field ``defaults``, a JSON object of the rest."""
-    if request.mimetype == MULTIPART:
+    # Multipart without a boundary is no form (a browser's always has one): a body in no shape the API reads.
+    if request.mimetype == MULTIPART and "boundary" in request.mimetype_params:
         access.refuse_cross_site_forms()
         batch = batches.create_from_upload(request.files.get("items"), request.form.get("defaults"))
     else:

@@ -138,6 +138,9 @@ BAD_BATCHES = [
     ({"items": [{"text": "Fine."}, "Not an object."]}, "items[1]"),
     ({"items": [{"text": "Fine.", "speed": 12}]}, "items[0].speed"),
     ({"speed": 12, "items": [{"text": "Fine."}, {"text": "Fine.", "speed": 3}]}, "speed"),
+    ({"speed": 12, "items": [{"text": "Fine.", "speed": 3}]}, "speed"),  # a default is checked though unused
+    ({"text": "Shared.", "items": [{"custom_id": "a"}]}, "text"),
+    ({"colour": "blue", "items": [{"text": "Fine."}]}, "colour"),
     ({"items": [{"text": "Fine.", "colour": "blue"}]}, "items[0].colour"),
     ({"items": [{"text": "Fine.", "priority": "urgent"}]}, "items[0].priority"),
     ({"items": [{"text": "Fine.", "custom_id": "../etc/passwd"}]}, "items[0].custom_id"),
@@ -158,7 +161,7 @@ def test_one_bad_item_refuses_the_whole_batch_naming_it_and_nothing_is_left_behi
     answer = app.test_client().post("/api/batches", json=body)
 
     assert answer.status_code == 400 and answer.get_json()["field"] == field, answer.get_json()
-    assert answer.get_json()["error"].startswith(field) or field in ("items", "body")
+    assert answer.get_json()["error"].startswith(field) or field in ("items", "body", "text")
     assert rows(app, Job) == 0 and rows(app, Batch) == 0 and waiting(app) == 0
 
 

@@ -189,21 +189,24 @@ class Api:
 class Catalog:
     """What valid requests refer to, made afresh for each example: deleting or renaming one harms none other."""
 
-    def __init__(self, voice: dict, job_id: str):
-        self.voice, self.job_id = voice, job_id
+    def __init__(self, voice: dict, job_id: str, batch_id: str):
+        self.voice, self.job_id, self.batch_id = voice, job_id, batch_id
 
     def __repr__(self) -> str:
-        return f"Catalog(voice {self.voice['id']} named {self.voice['name']!r}, job {self.job_id})"
+        return (
+            f"Catalog(voice {self.voice['id']} named {self.voice['name']!r}, job {self.job_id}, batch {self.batch_id})"
+        )
 
     @classmethod
     def make(cls, client) -> "Catalog":
         voice = client.post("/api/voices", json={"name": unique_name("catalog voice"), "spk_emb": EMBEDDING})
         job = client.post("/api/jobs", json={"text": "A job to point at.", "voice": EMBEDDING})
-        assert voice.status_code == 201 and job.status_code == 202
-        return cls(voice.get_json(), job.get_json()["id"])
+        batch = client.post("/api/batches", json={"items": [{"text": "A batch to point at.", "voice": EMBEDDING}]})
+        assert voice.status_code == 201 and job.status_code == 202 and batch.status_code == 202
+        return cls(voice.get_json(), job.get_json()["id"], batch.get_json()["id"])
 
     def path_values(self, operation: Operation) -> dict:
-        known = {"job_id": self.job_id, "voice_id": self.voice["id"]}
+        known = {"job_id": self.job_id, "voice_id": self.voice["id"], "batch_id": self.batch_id}
         return {name: known[name] for name in operation.parameters("path")}
 
 
@@ -263,6 +266,8 @@ def meaningful(name: str | None, catalog: Catalog):
         "spk_smp": st.just(EMBEDDING),
         "txt_smp": SPEAKABLE_TEXT,
         "name": st.text(max_size=60).map(unique_name),
+        # Unique in its batch.
+        "custom_id": st.builds(lambda: f"item-{next(_numbers)}"),
     }.get(name)
 
 
@@ -292,7 +297,9 @@ def valid(schema: dict, catalog: Catalog, name: str | None = None):
     if types == "null":
         return st.none()
     if types == "array":
-        return st.lists(valid(schema.get("items", {"type": "string"}), catalog), max_size=3)
+        return st.lists(
+            valid(schema.get("items", {"type": "string"}), catalog), min_size=schema.get("minItems", 0), max_size=3
+        )
     assert types == "object", schema
     return valid_object(schema, catalog)
 

@@ -50,6 +50,9 @@ ALSO_ACCEPTED = {
     ("POST", "/api/voices/workshop"): ["422"],
     ("POST", "/api/voices"): ["422", "400"],  # a blend's voices; a clip's audio
     ("POST", "/api/voices/import"): ["422"],  # a blend's voices
+    # An item's voice; text, which every item needs unless a default gives it; an upload's lines, which a
+    # schema can only call text.
+    ("POST", "/api/batches"): ["422", "400"],
 }
 
 
