@@ -453,7 +453,8 @@ def keys_revoke(name: str) -> None:
 @main.command()
 @click.option("--loop", is_flag=True, help="Repeat every CHATTTS_FARM_GC_INTERVAL_S seconds (default: once).")
 def gc(loop: bool) -> None:
-    """Delete audio past CHATTTS_FARM_AUDIO_TTL_S and finished jobs past CHATTTS_FARM_JOB_RETENTION_S."""
+    """Delete audio past CHATTTS_FARM_AUDIO_TTL_S and finished jobs (and ended batches) past
+    CHATTTS_FARM_JOB_RETENTION_S."""
     import time
 
     from web import create_app
@@ -466,7 +467,10 @@ def gc(loop: bool) -> None:
         try:
             with app.app_context():
                 collected = collect()
-            click.echo(f"deleted {collected.audio} audio file(s) and {collected.jobs} finished job(s)")
+            click.echo(
+                f"deleted {collected.audio} audio file(s) and {collected.jobs} finished job(s);"
+                f" {collected.batches} ended batch(es)"
+            )
         except Exception as error:
             if not loop:
                 raise click.ClickException(f"gc failed: {error}") from None

@@ -7,14 +7,16 @@ import io
 import json
 import time
 import zipfile
+from datetime import timedelta
 
 import pytest
 
 from chattts_farm.contract import PRIORITY_QUEUES
 from tests.web.access.support import bearer, make_key, well_inside_a_minute
 from tests.web.test_admission import capped_app, queued_messages, reserved_jobs, waiting
+from web import retention
 from web.batches import MAX_ITEMS
-from web.models import Batch, Job, db
+from web.models import Batch, Job, db, utcnow
 from worker.audio import decode
 
 pytestmark = pytest.mark.database  # on SQLite and on PostgreSQL
@@ -317,3 +319,23 @@ def test_ten_thousand_items_are_submitted_in_seconds_sent_in_order_and_cancelled
 
     assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] == MAX_ITEMS
     assert waiting(app) == 0  # every message taken out of the queue
+
+
+def test_gc_deletes_a_batch_that_ended_past_the_retention_with_its_items_and_keeps_a_younger_one(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url)
+    client = app.test_client()
+    old, young = (client.post("/api/batches", json={"items": [{"text": "Short lived."}] * 2}).get_json() for _ in "ab")
+    for batch in (old, young):
+        assert client.delete(batch["status_url"]).get_json()["status"] == "cancelled"
+    long_ago = utcnow() - timedelta(seconds=tiny_settings.job_retention_s + 60)
+    with app.app_context():
+        db.session.execute(db.update(Job).where(Job.batch_id == old["id"]).values(finished_at=long_ago))
+        db.session.execute(db.update(Batch).where(Batch.id == old["id"]).values(finished_at=long_ago))
+        db.session.commit()
+        collected = retention.collect()
+
+    assert (collected.jobs, collected.batches) == (2, 1)
+    assert client.get(old["status_url"]).status_code == 404
+    assert client.get(young["status_url"]).get_json()["counts"]["cancelled"] == 2
