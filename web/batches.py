@@ -46,8 +46,6 @@ PLACEHOLDER_TEXT = "The defaults of a batch."
 # Items are bulk work unless they say otherwise: interactive and normal jobs pass ahead of them.
 DEFAULT_PRIORITY = "bulk"
 CUSTOM_ID = re.compile(rf"[A-Za-z0-9_-][A-Za-z0-9._-]{{0,{CUSTOM_ID_MAX_CHARS - 1}}}")
-# How many items' rows are read (and written into an archive) at a time.
-ITEMS_AT_ONCE = 1000
 
 
 def create(fields: dict[str, Any]) -> Batch:
@@ -97,10 +95,11 @@ def _submit(items: list, fields: dict[str, Any]) -> Batch:
     request_of({**defaults, "text": PLACEHOLDER_TEXT})
     requests: list[tuple[SynthesisRequest, Voice | None]] = []
     custom_ids: list[str | None] = []
+    places: dict[str, int] = {}  # each custom_id's item
     for number, item in enumerate(items):
         if not isinstance(item, dict):
             raise ApiError(400, f"items[{number}] must be a JSON object: a job's fields", f"items[{number}]")
-        custom_ids.append(_custom_id(item, number, custom_ids))
+        custom_ids.append(_custom_id(item, number, places))
         # An item's voice, named either way, replaces the default's, named either way.
         replaced = VOICE_FIELDS if VOICE_FIELDS & set(item) else set()
         arguments = {
@@ -143,7 +142,8 @@ def _naming_the_item(refusal: InvalidRequest | ApiError, number: int) -> ApiErro
     return ApiError(status, f"{field}: {message}", field)
 
 
-def _custom_id(item: dict, number: int, taken: list[str | None]) -> str | None:
+def _custom_id(item: dict, number: int, places: dict[str, int]) -> str | None:
+    """The item's custom_id, if it has one; ``places`` keeps each one's item, so none is given twice."""
     custom_id = item.get("custom_id")
     if custom_id is None:
         return None
@@ -155,8 +155,9 @@ def _custom_id(item: dict, number: int, taken: list[str | None]) -> str | None:
             " the item's audio in the batch's archive",
             field,
         )
-    if custom_id in taken:
-        raise ApiError(400, f"{field}: {custom_id!r} is items[{taken.index(custom_id)}]'s already", field)
+    if custom_id in places:
+        raise ApiError(400, f"{field}: {custom_id!r} is items[{places[custom_id]}]'s already", field)
+    places[custom_id] = number
     return custom_id
 
 
@@ -295,7 +296,7 @@ def _stored_items(batch: Batch) -> list[Job]:
 
 
 def archive(batch: Batch, batch_items: list[Job]) -> Iterator[bytes]:
-    """A zip of every done item's audio, named by its ``custom_id`` or its place (``00042.mp3``), and
+    """A zip of every done item's audio, named by its ``custom_id`` or its place (``0042.mp3``), and
     ``manifest.json``: each item's place, custom_id, job id, status, duration, error and file (null when
     it has none: not done, or its audio expired). Written as it is sent, an item's audio a piece at a time
     from the audio store: never the whole archive, nor a whole file, in memory. Stored, not deflated:
@@ -303,21 +304,24 @@ def archive(batch: Batch, batch_items: list[Job]) -> Iterator[bytes]:
 
     Everything it needs is read here: the body is sent after the request, its database session, has gone."""
     width = len(str(batch.size - 1))
-    entries = [
-        (
-            {
-                "item": job.batch_item,
-                "custom_id": job.custom_id,
-                "job_id": job.id,
-                "status": job.status,
-                "duration_s": job.duration_s,
-                "error": job.error,
-                "file": f"{job.custom_id or f'{job.batch_item:0{width}d}'}.{job.format}",
-            },
-            job.audio_key if job.status == JobStatus.DONE else None,
-        )
-        for job in batch_items
-    ]
+    names: set[str] = set()
+    entries = []
+    for job in batch_items:
+        name = job.custom_id or f"{job.batch_item:0{width}d}"
+        # A custom_id may be another item's place ("7"): the second of the two takes its own place too.
+        # "~" is in no custom_id and no place, so the name is taken by nobody else.
+        name = f"{name}~{job.batch_item}" if name in names else name
+        names.add(name)
+        described = {
+            "item": job.batch_item,
+            "custom_id": job.custom_id,
+            "job_id": job.id,
+            "status": job.status,
+            "duration_s": job.duration_s,
+            "error": job.error,
+            "file": f"{name}.{job.format}",
+        }
+        entries.append((described, job.audio_key if job.status == JobStatus.DONE else None))
     return _zipped(batch.id, entries, backends.current().audio)
 
 

@@ -627,7 +627,8 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                     "summary": "A zip of every done item's audio, and manifest.json",
                     "description": (
                         "Streamed as it is written. Each done item's audio is named by its custom_id, else its "
-                        "place (zero-padded), with its format's extension. manifest.json: batch_id, and for each "
+                        "place (zero-padded), with its format's extension (a custom_id that is another item's place "
+                        "makes the second of the two <name>~<its place>). manifest.json: batch_id, and for each "
                         "item its place (item), custom_id, job_id, status, duration_s, error and file (null for "
                         "an item not done, or whose audio has expired). Asked for before every item has ended, it "
                         "holds those done so far."

@@ -90,6 +90,18 @@ def test_a_batchs_items_run_as_bulk_jobs_and_its_archive_holds_each_ones_audio_w
             assert abs(len(samples) / rate - entry["duration_s"]) < 0.05
 
 
+def test_a_custom_id_that_is_another_items_place_does_not_take_its_file_in_the_archive(client, workers):
+    created = client.post(
+        "/api/batches", json={"items": [{"text": "Named one.", "custom_id": "1"}, {"text": "In place one."}]}
+    ).get_json()
+    wait_for_batch(client, created["id"])
+
+    with zipfile.ZipFile(io.BytesIO(client.get(created["archive_url"]).data)) as zipped:
+        manifest = json.loads(zipped.read("manifest.json"))["items"]
+        assert [entry["file"] for entry in manifest] == ["1.wav", "1~1.wav"]
+        assert sorted(zipped.namelist()) == ["1.wav", "1~1.wav", "manifest.json"]
+
+
 def test_a_jsonl_upload_is_a_batch_as_json_is_with_its_defaults_beside_it(client, workers):
     answer = client.post(
         "/api/batches",
