@@ -53,7 +53,9 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
 
 
 def submit_together(
-    requests: list[tuple[SynthesisRequest, Voice | None]], in_batch: Batch | None = None, custom_ids: list | None = None
+    requests: list[tuple[SynthesisRequest, Voice | None]],
+    in_batch: Batch | None = None,
+    custom_ids: list[str | None] | None = None,
 ) -> list[Job]:
     """Submit jobs all or none (as :func:`submit` does one): when the caps or the quota refuse one, none
     is recorded or sent. Sent back to back, they reach a worker together and share its GPU passes.
@@ -95,12 +97,12 @@ def submit_together(
     # kombu raises OperationalError for the broker, BatchPublishError when a pipeline of messages failed
     # (which of them went out unknown).
     except (OperationalError, KombuError, RedisError) as error:
-        logger.error("jobs %s, ... (%d) could not be enqueued: %s", batch[0].id, len(batch), error)
-        for unsent in batch:
-            _finish(unsent, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
+        logger.error("jobs %s, ... (%d) could not be enqueued: %s", ids[0], len(ids), error)
+        _read_again(ids)
+        _finish_all(batch, JobStatus.FAILED, f"the job queue could not be reached: {error}", dict.fromkeys(ids, 0.0))
         raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
     admission.sent(api_key, *ids)
-    logger.info("%d job(s) queued: %s, ...", len(batch), batch[0].id)
+    logger.info("%d job(s) queued: %s, ...", len(ids), ids[0])
     return batch
 
 
@@ -318,7 +320,8 @@ def _finish(job: Job, status: str, error: str | None = None, charged_s: float = 
 
 def _finish_all(jobs: list[Job], status: str, error: str, charged_s: dict[str, float]) -> None:
     """Finish unfinished jobs with no outcome of their own, as :func:`_finish` does one, in one update
-    (``charged_s``: job id -> the seconds its key is charged)."""
+    (``charged_s``: job id -> the seconds its key is charged). The jobs' rows must be loaded: an expired
+    one would be read again on its own."""
     ids = [job.id for job in jobs]
     moved_ids = set(
         db.session.execute(

@@ -351,3 +351,19 @@ def test_gc_deletes_a_batch_that_ended_past_the_retention_with_its_items_and_kee
     assert (collected.jobs, collected.batches) == (2, 1)
     assert client.get(old["status_url"]).status_code == 404
     assert client.get(young["status_url"]).get_json()["counts"]["cancelled"] == 2
+
+
+def test_a_queue_lost_while_a_batch_is_sent_is_a_503_and_every_item_is_recorded_failed(
+    tiny_settings, tmp_path, idle_redis_url
+):
+    app = capped_app(tiny_settings, tmp_path, idle_redis_url)
+    app.extensions["backends"].sender.conf.broker_url = "redis://127.0.0.1:1/0"  # the broker goes away
+
+    answer = app.test_client().post("/api/batches", json={"items": [{"text": "Lost."}] * 3})
+
+    assert answer.status_code == 503 and "could not be reached" in answer.get_json()["error"]
+    with app.app_context():
+        items = db.session.execute(db.select(Job)).scalars().all()
+        assert [item.status for item in items] == ["failed"] * 3 and "could not be reached" in items[0].error
+        assert db.session.execute(db.select(Batch)).scalar_one().finished_at is not None  # it has ended
+    assert waiting(app) == 0  # no admission left behind
