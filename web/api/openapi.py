@@ -302,10 +302,10 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                 + job_request["properties"]["priority"]["description"],
             },
             "custom_id": {
-                "type": "string",
+                "type": ["string", "null"],
                 "pattern": CUSTOM_ID.pattern,
-                "description": "Echoed back, and the name of the item's audio in the archive (else its place, "
-                "from 0); unique in the batch.",
+                "description": "Echoed back, and the name of the item's audio in the archive (else, or when "
+                "null, its place, from 0); unique in the batch.",
             },
         },
     }
