@@ -279,6 +279,12 @@ class Settings:
         role="web",
     )
     max_request_bytes: int = _setting(1024 * 1024, "largest HTTP request body", minimum=1024, role="web")
+    max_batch_bytes: int = _setting(
+        64 * 1024 * 1024,
+        "largest body of a batch (`POST /api/batches`, JSON or a JSON Lines upload: up to 10,000 jobs)",
+        minimum=1024,
+        role="web",
+    )
     require_api_key: bool = _setting(False, "require API keys on `/api` and `/v1`", role="web")
     rate_limit_per_minute: int = _setting(
         120,

@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# How often `batch` reads its batch's progress.
+BATCH_POLL_S = 2
 
 
 def _log_to_stderr(level: str = "INFO") -> None:
@@ -134,6 +136,55 @@ def say(
     summary = outcome.summary()
     del summary["voice_embedding"]
     click.echo(json.dumps({"output": str(output), **summary}, indent=2))
+
+
+@main.command()
+@click.argument("items", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--url", envvar="CHATTTS_FARM_URL", default="http://127.0.0.1:8000", show_default=True, help="The farm's web."
+)
+@click.option("--api-key", envvar="CHATTTS_FARM_API_KEY", default=None, help="The key, where the farm requires one.")
+@click.option("--voice", default=None, help="The voice of every item that names none.")
+@click.option(
+    "--format", "audio_format", type=click.Choice(FORMATS), default=None, help="Every item's, unless it says."
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The archive (ITEMS.zip)."
+)
+def batch(items: Path, url: str, api_key: str | None, voice: str | None, audio_format: str | None, output: Path | None):
+    """Submit ITEMS, a JSON Lines file (one job's fields a line, with an optional custom_id), as one batch;
+    show its progress; write the zip of its audio (and manifest.json) when every item has ended. Exits 1
+    when an item failed or was cancelled (the archive is written all the same)."""
+    import time
+
+    from cli.batch_client import BatchRefused, Farm
+
+    farm = Farm(url.rstrip("/") + "/", api_key)
+    defaults = {"voice": voice, "format": audio_format}
+    try:
+        status = farm.submit(items, {name: value for name, value in defaults.items() if value is not None})
+        click.echo(f"batch {status['id']}: {status['size']} items", err=True)
+        try:
+            with click.progressbar(length=status["size"], label="speaking", file=sys.stderr) as bar:
+                while True:
+                    ended = status["size"] - status["counts"]["queued"] - status["counts"]["running"]
+                    bar.update(ended - bar.pos)
+                    if status["status"] != "running":
+                        break
+                    time.sleep(BATCH_POLL_S)
+                    status = farm.status(status["status_url"])
+        except KeyboardInterrupt:
+            raise click.ClickException(
+                f"stopped watching; batch {status['id']} goes on (cancel it: DELETE {url}{status['status_url']})"
+            ) from None
+        output = output or items.with_suffix(".zip")
+        farm.download(status["archive_url"], output)
+    except BatchRefused as refusal:
+        raise click.ClickException(str(refusal)) from None
+    counts = ", ".join(f"{count} {name}" for name, count in status["counts"].items() if count)
+    click.echo(f"batch {status['id']} {status['status']}: {counts}; archive {output}")
+    if status["counts"]["done"] != status["size"]:
+        sys.exit(1)
 
 
 @main.group()
@@ -402,7 +453,8 @@ def keys_revoke(name: str) -> None:
 @main.command()
 @click.option("--loop", is_flag=True, help="Repeat every CHATTTS_FARM_GC_INTERVAL_S seconds (default: once).")
 def gc(loop: bool) -> None:
-    """Delete audio past CHATTTS_FARM_AUDIO_TTL_S and finished jobs past CHATTTS_FARM_JOB_RETENTION_S."""
+    """Delete audio past CHATTTS_FARM_AUDIO_TTL_S and finished jobs (and ended batches) past
+    CHATTTS_FARM_JOB_RETENTION_S."""
     import time
 
     from web import create_app
@@ -415,7 +467,10 @@ def gc(loop: bool) -> None:
         try:
             with app.app_context():
                 collected = collect()
-            click.echo(f"deleted {collected.audio} audio file(s) and {collected.jobs} finished job(s)")
+            click.echo(
+                f"deleted {collected.audio} audio file(s) and {collected.jobs} finished job(s);"
+                f" {collected.batches} ended batch(es)"
+            )
         except Exception as error:
             if not loop:
                 raise click.ClickException(f"gc failed: {error}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from flask import Flask, request
@@ -13,6 +14,7 @@ from chattts_farm.settings import Settings
 from web.errors import ApiError
 from web.models import db
 
+MULTIPART = "multipart/form-data"
 MIGRATIONS = str(Path(__file__).resolve().parent.parent / "migrations")
 migrate = Migrate()
 
@@ -72,12 +74,21 @@ def _engine_options(database_uri: str) -> dict:
     return {} if database_uri.startswith("sqlite") else {"pool_pre_ping": True}
 
 
-def takes_uploads_up_to(limit: int, field: str, message: str):
-    """A view taking uploads (multipart/form-data bodies) larger than MAX_CONTENT_LENGTH: up to ``limit``
-    bytes, a longer one refused with a 413 naming ``field``, from its Content-Length before any of it is read."""
+def sent_as_form() -> bool:
+    """Whether the request's body is a multipart form. One without a boundary is none (a browser's always
+    has one): a body in no shape the API reads, refused as the JSON it is not, never as a form."""
+    return request.mimetype == MULTIPART and "boundary" in request.mimetype_params
+
+
+def takes_uploads_up_to(
+    limit: int | Callable[[Settings], int], field: str, message: str, mimetypes: tuple[str, ...] = (MULTIPART,)
+):
+    """A view taking bodies of ``mimetypes`` (uploads: multipart/form-data) larger than MAX_CONTENT_LENGTH: up
+    to ``limit`` bytes (or the settings' limit that ``limit`` reads), a longer one refused with a 413 naming
+    ``field``, from its Content-Length before any of it is read."""
 
     def mark(view):
-        view.body_limit = (limit, field, message)
+        view.body_limit = (limit, field, message, mimetypes)
         return view
 
     return mark
@@ -91,8 +102,9 @@ def _refuse_streamed_bodies_past_the_limit(app: Flask) -> None:
         Read it here, after authentication (Flask keeps it for the view): a byte past the limit is a 413."""
         too_large: Exception = RequestEntityTooLarge()
         body_limit = getattr(app.view_functions.get(request.endpoint), "body_limit", None)
-        if body_limit is not None and request.mimetype == "multipart/form-data":
-            request.max_content_length, field, message = body_limit
+        if body_limit is not None and request.mimetype in body_limit[3]:
+            limit, field, message, _ = body_limit
+            request.max_content_length = limit(app.config["SETTINGS"]) if callable(limit) else limit
             too_large = ApiError(413, message, field)
             if (request.content_length or 0) > request.max_content_length:
                 raise too_large

@@ -45,8 +45,9 @@ RETRY_AFTER_S = 10
 KEY_FULL, FARM_FULL, OVER_FAIR_SHARE = 1, 2, 3
 
 # KEYS: the key's queued jobs (job id -> when its entry lapses), the index of keys queuing, then
-# backlog.waiting_keys(). ARGV: the job id, the farm's cap, the key's cap (0: keys off, no cap),
-# ADMISSION_S, the result backend's key prefix, the results' lifetime (no entry outlives it). Task state
+# backlog.waiting_keys(). ARGV: the farm's cap, the key's cap (0: keys off, no cap), ADMISSION_S, the
+# result backend's key prefix, the results' lifetime (no entry outlives it), then the job ids, all
+# admitted or none (a batch's thousands in one call: each is added in the loop, never unpacked). Task state
 # keys and other keys' sets are read by names made or found here, not passed as keys: the farm's Redis is
 # one server, never a cluster. Answers {0 (admitted), KEY_FULL, FARM_FULL or OVER_FAIR_SHARE; the limit that
 # refused; the keys with jobs waiting, when the fair share was reckoned}. A contended admission reads
@@ -91,112 +92,123 @@ local function other_keys_waiting(index, own, state_prefix, now)
     return count
 end
 
-local farm_cap = tonumber(ARGV[2])
+local farm_cap = tonumber(ARGV[1])
+local jobs = #ARGV - 5
 local waiting = waiting_jobs(KEYS[3], {unpack(KEYS, 4)})
-if waiting >= farm_cap then
+if waiting + jobs > farm_cap then
     return {2, farm_cap, 0}
 end
 local now = tonumber(redis.call('TIME')[1])
-local lapses = now + tonumber(ARGV[4])
-local key_cap = tonumber(ARGV[3])
+local lapses = now + tonumber(ARGV[3])
+local key_cap = tonumber(ARGV[2])
 if key_cap > 0 then
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
     local limit, keys = key_cap, 0
     if waiting * 2 >= farm_cap then
-        keys = other_keys_waiting(KEYS[2], KEYS[1], ARGV[5], now) + 1
+        keys = other_keys_waiting(KEYS[2], KEYS[1], ARGV[4], now) + 1
         limit = math.min(key_cap, math.max(1, math.floor(farm_cap / (keys + 1))))
     end
-    if redis.call('ZCARD', KEYS[1]) >= limit then
-        drop_started(KEYS[1], ARGV[5])
-        if redis.call('ZCARD', KEYS[1]) >= limit then
+    if redis.call('ZCARD', KEYS[1]) + jobs > limit then
+        drop_started(KEYS[1], ARGV[4])
+        if redis.call('ZCARD', KEYS[1]) + jobs > limit then
             return {limit < key_cap and 3 or 1, limit, keys}
         end
     end
-    redis.call('ZADD', KEYS[1], lapses, ARGV[1])
-    redis.call('EXPIRE', KEYS[1], ARGV[6])
-    local indexed_until = lapses + tonumber(ARGV[6])
+    for i = 6, #ARGV do
+        redis.call('ZADD', KEYS[1], lapses, ARGV[i])
+    end
+    redis.call('EXPIRE', KEYS[1], ARGV[5])
+    local indexed_until = lapses + tonumber(ARGV[5])
     redis.call('ZADD', KEYS[2], indexed_until, KEYS[1])
     redis.call('EXPIREAT', KEYS[2], indexed_until)
 end
-redis.call('ZADD', KEYS[3], lapses, ARGV[1])
+for i = 6, #ARGV do
+    redis.call('ZADD', KEYS[3], lapses, ARGV[i])
+end
 return {0, 0, 0}
 """
 )
 
 
-def admit(api_key: ApiKey | None, job_id: str) -> None:
-    """Admit a job about to be recorded and sent, or refuse it: 503 when the farm's backlog is full, 429
-    when its key's is, or the key holds its fair share of the farm's."""
+def admit(api_key: ApiKey | None, *job_ids: str) -> None:
+    """Admit jobs about to be recorded and sent, all or none, or refuse them: 503 when the farm's backlog
+    has no room for them all, 429 when their key's has none, or they would pass the key's fair share of
+    the farm's."""
     settings = current_app.config["SETTINGS"]
     answer, limit, keys = backends.current().redis.register_script(_ADMIT)(
         keys=[_queued_jobs(api_key), redis_keys.QUEUING_KEYS, *backlog.waiting_keys()],
         args=[
-            job_id,
             settings.max_queued_jobs,
             settings.max_queued_jobs_per_key if api_key is not None else 0,
             ADMISSION_S,
             backends.current().celery.backend.task_keyprefix,
             settings.result_ttl_s,
+            *job_ids,
         ],
     )
+    these = "this job" if len(job_ids) == 1 else f"these {len(job_ids)} jobs"
     if answer == FARM_FULL:
-        logger.info("job %s refused: %d jobs wait already", job_id, limit)
+        logger.info("%d job(s) from %s refused: the farm queues at most %d", len(job_ids), job_ids[0], limit)
         raise try_again_later(
-            503, f"the farm has {limit} jobs waiting to start, as many as it queues: try again shortly", RETRY_AFTER_S
+            503,
+            f"the farm queues at most {limit} jobs waiting to start, and has no room for {these}: try again shortly",
+            RETRY_AFTER_S,
         )
     if answer == KEY_FULL:
         raise too_many_requests(
-            f"this key has {limit} jobs waiting to start, as many as one key may queue:"
+            f"one key may have at most {limit} jobs waiting to start, and this one has no room for {these}:"
             " try again once some have started",
             RETRY_AFTER_S,
         )
     if answer == OVER_FAIR_SHARE:
-        logger.info("job %s refused: its key holds its fair share, %d, of %d keys queuing", job_id, limit, keys)
+        logger.info("job %s refused: its key holds its fair share, %d, of %d keys queuing", job_ids[0], limit, keys)
         raise too_many_requests(
-            f"this key has {limit} jobs waiting to start, its fair share of the farm's queue while {keys} keys"
-            f" have jobs waiting (at most {settings.max_queued_jobs} in all): try again once some have started",
+            f"{these} would pass this key's fair share of the farm's queue, {limit} jobs waiting to start, while"
+            f" {keys} keys have jobs waiting (at most {settings.max_queued_jobs} in all): try again once some"
+            " have started",
             RETRY_AFTER_S,
         )
 
 
-def withdraw(job_id: str) -> None:
-    """A cancelled job's message leaves its queue list, if it still waits there: the farm's backlog stops
-    counting it at once, and no worker takes it. Redis away here leaves the message for a worker to drop
-    (the task is revoked)."""
+def withdraw(*job_ids: str) -> None:
+    """Cancelled jobs' messages leave their queue lists, where they still wait: the farm's backlog stops
+    counting them at once, and no worker takes them. Redis away here leaves the messages for a worker to
+    drop (the tasks are revoked)."""
     try:
-        if backlog.withdraw(backends.current().redis, job_id):
-            logger.info("job %s: its message was taken out of the queue", job_id)
+        withdrawn = backlog.withdraw(backends.current().redis, *job_ids)
+        logger.info("%d of %d cancelled job(s) (%s, ...) taken out of the queue", withdrawn, len(job_ids), job_ids[0])
     except RedisError as error:
-        logger.warning("job %s: its message could not be taken out of the queue: %s", job_id, error)
+        logger.warning("job %s, ...: messages could not be taken out of the queue: %s", job_ids[0], error)
 
 
-def sent(api_key: ApiKey | None, job_id: str) -> None:
-    """The job's message is in its queue: the queue counts it now, and its key's entry lasts as long as
-    results do. Redis away here only shortens the entries' lives; the job is sent, the answer goes on."""
+def sent(api_key: ApiKey | None, *job_ids: str) -> None:
+    """The jobs' messages are in their queues: the queues count them now, and their key's entries last as
+    long as results do. Redis away here only shortens the entries' lives; the jobs are sent, the answer
+    goes on."""
     client = backends.current().redis
     try:
         pipeline = client.pipeline()
-        pipeline.zrem(redis_keys.ADMISSIONS, job_id)
+        pipeline.zrem(redis_keys.ADMISSIONS, *job_ids)
         if api_key is not None:
             lapses = time.time() + current_app.config["SETTINGS"].result_ttl_s
-            pipeline.zadd(_queued_jobs(api_key), {job_id: lapses}, xx=True)
+            pipeline.zadd(_queued_jobs(api_key), dict.fromkeys(job_ids, lapses), xx=True)
         pipeline.execute()
     except RedisError as error:
-        logger.warning("job %s: its admission could not be marked sent: %s", job_id, error)
+        logger.warning("job %s, ...: admissions could not be marked sent: %s", job_ids[0], error)
 
 
-def release(api_key: ApiKey | None, job_id: str) -> None:
-    """The job no longer waits (it ended, or was refused after its admission): it frees its place at once.
-    Redis away here leaves the place to lapse by itself."""
+def release(api_key: ApiKey | None, *job_ids: str) -> None:
+    """The jobs no longer wait (they ended, or were refused after their admission): they free their places
+    at once. Redis away here leaves the places to lapse by themselves."""
     client = backends.current().redis
     try:
         pipeline = client.pipeline()
-        pipeline.zrem(redis_keys.ADMISSIONS, job_id)
+        pipeline.zrem(redis_keys.ADMISSIONS, *job_ids)
         if api_key is not None:
-            pipeline.zrem(_queued_jobs(api_key), job_id)
+            pipeline.zrem(_queued_jobs(api_key), *job_ids)
         pipeline.execute()
     except RedisError as error:
-        logger.warning("job %s: its place in the queue could not be released: %s", job_id, error)
+        logger.warning("job %s, ...: places in the queue could not be released: %s", job_ids[0], error)
 
 
 def _queued_jobs(api_key: ApiKey | None) -> str:

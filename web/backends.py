@@ -20,6 +20,11 @@ class Backends:
     celery: Celery
     redis: redis.Redis
     audio: AudioStore
+    # Sends jobs' tasks, and only that: it has no result backend. The web reads a job's state from its
+    # result key (web.jobs.refresh), never through the AsyncResult a send gives, and a client with a
+    # result backend subscribes to each task's result channel as it sends it, and unsubscribes when that
+    # AsyncResult goes: two round trips a job, the most of a batch's 10,000 messages' cost.
+    sender: Celery
 
 
 # A web request must not hang while Redis is away: give up on it within seconds and answer 503.
@@ -44,7 +49,11 @@ def init_app(app: Flask) -> None:
     pool_size = settings.web_connections + 8
     celery.conf.redis_max_connections = pool_size
     client = redis.Redis.from_url(settings.redis_url, socket_connect_timeout=REDIS_GIVE_UP_S, max_connections=pool_size)
-    app.extensions["backends"] = Backends(celery, client, audio_store.from_settings(settings, client))
+    sender = create_celery(settings)
+    sender.conf.result_backend = None
+    sender.conf.redis_socket_connect_timeout = REDIS_GIVE_UP_S
+    sender.conf.redis_max_connections = pool_size
+    app.extensions["backends"] = Backends(celery, client, audio_store.from_settings(settings, client), sender)
 
 
 def current() -> Backends:

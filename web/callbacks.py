@@ -1,5 +1,6 @@
-"""A job's callback as the web sees it: handed to the workers' delivery queue once, as the job ends, and
-its delivery read back from what they record.
+"""A job's callback (or a batch's) as the web sees it: handed to the workers' delivery queue once, as the
+job ends, and its delivery read back from what they record. A batch's works as a job's does, its status
+the JSON of ``GET /api/batches/<id>``, sent when its last item ends (web.batches).
 
 The web notices a job's end (web.jobs, in a request or in the reconciler's round) and is the one to
 write its status, the same JSON as ``GET /api/jobs/<id>``; a worker, which has no database, delivers it
@@ -21,7 +22,7 @@ from redis.exceptions import RedisError
 from chattts_farm import redis_keys
 from chattts_farm.callbacks import CALLBACK_QUEUE, DELIVERY_TASK_NAME
 from web import backends
-from web.models import CallbackState, Job, db, utcnow
+from web.models import CallbackState, CallsBack, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -29,68 +30,76 @@ logger = logging.getLogger(__name__)
 PENDING_GRACE = timedelta(seconds=10)
 
 
-def send(job: Job, body: str) -> None:
-    """Hand a finished job's status (``body``, JSON) to the delivery queue. A delivery that cannot be
-    queued stays pending, for the reconciler."""
+def send(record: CallsBack, body: str) -> None:
+    """Hand a finished job's (or batch's) status (``body``, JSON) to the delivery queue. A delivery that
+    cannot be queued stays pending, for the reconciler."""
     try:
         backends.current().celery.send_task(
             DELIVERY_TASK_NAME,
-            kwargs={"url": job.callback_url, "body": body, "record_id": job.id},
+            kwargs={"url": record.callback_url, "body": body, "record_id": record.id},
             queue=CALLBACK_QUEUE,
         )
     except (OperationalError, RedisError, RuntimeError) as error:
-        logger.error("job %s: its callback could not be queued (the reconciler tries again): %s", job.id, error)
+        logger.error("%s: its callback could not be queued (the reconciler tries again): %s", _named(record), error)
         return
+    model = type(record)
     db.session.execute(
-        db.update(Job)
-        .where(Job.id == job.id, Job.callback_state == CallbackState.PENDING)
+        db.update(model)
+        .where(model.id == record.id, model.callback_state == CallbackState.PENDING)
         .values(callback_state=CallbackState.QUEUED),
         execution_options={"synchronize_session": False},
     )
     db.session.commit()
-    logger.info("job %s: its callback to %s is queued", job.id, job.callback_url)
+    logger.info("%s: its callback to %s is queued", _named(record), record.callback_url)
 
 
-def pending() -> list[Job]:
-    """Finished jobs whose callbacks were not queued when they ended."""
-    query = db.select(Job).where(
-        Job.callback_state == CallbackState.PENDING, Job.finished_at < utcnow() - PENDING_GRACE
+def pending(model: type[CallsBack]) -> list:
+    """Finished jobs (or batches, as ``model`` says) whose callbacks were not queued when they ended."""
+    query = db.select(model).where(
+        model.callback_state == CallbackState.PENDING, model.finished_at < utcnow() - PENDING_GRACE
     )
     return list(db.session.execute(query).scalars())
 
 
-def settle(job: Job) -> None:
-    """Keep the outcome of a delivery that is over in the job's row, with its attempts."""
-    if job.callback_state != CallbackState.QUEUED:
+def settle(record: CallsBack) -> None:
+    """Keep the outcome of a delivery that is over in the job's (or batch's) row, with its attempts."""
+    if record.callback_state != CallbackState.QUEUED:
         return
-    attempts = _recorded_attempts(job)
+    attempts = _recorded_attempts(record)
     if not attempts or attempts[-1]["outcome"] not in CallbackState.OVER:
         return
+    model = type(record)
     db.session.execute(
-        db.update(Job)
-        .where(Job.id == job.id, Job.callback_state == CallbackState.QUEUED)
+        db.update(model)
+        .where(model.id == record.id, model.callback_state == CallbackState.QUEUED)
         .values(callback_state=attempts[-1]["outcome"], callback_attempts=attempts),
         execution_options={"synchronize_session": False},
     )
     db.session.commit()
 
 
-def delivery(job: Job) -> dict | None:
-    """The callback's part of a job's status: ``url``, ``state`` (``waiting`` while the job runs, then
-    ``pending``, ``queued``, ``retrying``, ``delivered`` or ``failed``) and its ``attempts`` so far."""
-    if job.callback_url is None:
+def delivery(record: CallsBack) -> dict | None:
+    """The callback's part of a job's (or batch's) status: ``url``, ``state`` (``waiting`` until it ends,
+    then ``pending``, ``queued``, ``retrying``, ``delivered`` or ``failed``) and its ``attempts`` so far."""
+    if record.callback_url is None:
         return None
-    state, attempts = job.callback_state or "waiting", job.callback_attempts or []
+    state, attempts = record.callback_state or "waiting", record.callback_attempts or []
     if state == CallbackState.QUEUED:
-        attempts = _recorded_attempts(job)
+        attempts = _recorded_attempts(record)
         state = attempts[-1]["outcome"] if attempts else state
-    return {"url": job.callback_url, "state": state, "attempts": attempts}
+    return {"url": record.callback_url, "state": state, "attempts": attempts}
 
 
-def _recorded_attempts(job: Job) -> list[dict]:
-    """The attempts the workers recorded; none while Redis cannot be read (the job's status still answers)."""
+def _recorded_attempts(record: CallsBack) -> list[dict]:
+    """The attempts the workers recorded; none while Redis cannot be read (the status still answers)."""
     try:
-        return [json.loads(raw) for raw in backends.current().redis.lrange(redis_keys.callback_attempts(job.id), 0, -1)]
+        return [
+            json.loads(raw) for raw in backends.current().redis.lrange(redis_keys.callback_attempts(record.id), 0, -1)
+        ]
     except RedisError as error:
-        logger.warning("job %s: its callback's attempts could not be read: %s", job.id, error)
+        logger.warning("%s: its callback's attempts could not be read: %s", _named(record), error)
         return []
+
+
+def _named(record: CallsBack) -> str:
+    return f"{type(record).__name__.lower()} {record.id}"

@@ -11,20 +11,19 @@ from contextlib import nullcontext
 from datetime import datetime
 from typing import Any
 
-from celery.result import AsyncResult
 from flask import current_app, has_request_context
-from kombu.exceptions import OperationalError
+from kombu.exceptions import KombuError, OperationalError
 from redis.exceptions import RedisError
+from sqlalchemy import case
 from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
 from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
-from web import access, admission, backends, callbacks
+from web import access, admission, backends, callbacks, delivery
 from web.access import limits
-from web.delivery import Delivery
 from web.errors import ApiError
 from web.job_status import describe
-from web.models import ApiKey, CallbackState, Job, JobStatus, Voice, db, utcnow
+from web.models import ApiKey, Batch, CallbackState, Job, JobStatus, Voice, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +38,10 @@ _STATUS_OF_STATE = {
     "REVOKED": JobStatus.CANCELLED,
 }
 MALFORMED_RESULT = "the job's result in Redis is malformed: it is not what a farm worker writes"
+# As much of a task's arguments as its message shows (Flower): Celery's own bound.
+KWARGS_REPR_CHARS = 1024
+# Task states read in one round trip when many jobs are brought up to date (a batch's items).
+STATES_READ_AT_ONCE = 1000
 
 
 def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
@@ -48,45 +51,66 @@ def submit(request: SynthesisRequest, voice: Voice | None = None) -> Job:
     return submit_together([(request, voice)])[0]
 
 
-def submit_together(requests: list[tuple[SynthesisRequest, Voice | None]]) -> list[Job]:
+def submit_together(
+    requests: list[tuple[SynthesisRequest, Voice | None]],
+    in_batch: Batch | None = None,
+    custom_ids: list[str | None] | None = None,
+) -> list[Job]:
     """Submit jobs all or none (as :func:`submit` does one): when the caps or the quota refuse one, none
-    is recorded or sent. Sent back to back, they reach a worker together and share its GPU passes."""
+    is recorded or sent. Sent back to back, they reach a worker together and share its GPU passes.
+    A batch's items (``in_batch``, recorded with them) keep their places in it and ``custom_ids``.
+
+    Thousands at once cost a few round trips, not thousands: one admission and one reservation for them
+    all, the rows inserted together, the messages sent in one pipeline."""
     api_key = access.current_key()
     limits.count_jobs(api_key, len(requests))
     created_at = utcnow()
-    batch = [_new_job(request, voice, api_key, created_at) for request, voice in requests]
-    admitted: list[Job] = []
-    reserved: list[Job] = []
+    custom_ids = custom_ids or [None] * len(requests)
+    batch = [
+        _new_job(request, voice, api_key, created_at, in_batch, item, custom_id)
+        for item, ((request, voice), custom_id) in enumerate(zip(requests, custom_ids, strict=True))
+    ]
+    ids = [job.id for job in batch]
+    admission.admit(api_key, *ids)
     try:
-        for job, (request, _) in zip(batch, requests, strict=True):
-            admission.admit(api_key, job.id)
-            admitted.append(job)
-            limits.reserve_audio(api_key, job.id, job.created_at, request.expected_seconds)
-            reserved.append(job)
+        limits.reserve_audio(
+            api_key,
+            created_at,
+            {job.id: request.expected_seconds for job, (request, _) in zip(batch, requests, strict=True)},
+        )
     except ApiError:
-        for job in reserved:
-            limits.settle_audio(job, 0)
-        for job in admitted:
-            admission.release(api_key, job.id)
+        admission.release(api_key, *ids)
         raise
+    # Read before the commit, which expires every row: reading them after would load each again.
+    messages = [(job.id, _task_arguments(job)) for job in batch]
+    if in_batch is not None:
+        db.session.add(in_batch)
+        db.session.flush()  # the batch's row before its items', which name it
     db.session.add_all(batch)
     db.session.commit()
-    for job in batch:
-        try:
-            enqueue(job)
-        # kombu raises OperationalError for the broker; Celery's Redis result backend, which subscribes to
-        # the job's result channel as it is sent, gives up with a RuntimeError after its own retries.
-        except (OperationalError, RedisError, RuntimeError) as error:
-            logger.error("job %s could not be enqueued: %s", job.id, error)
-            for unsent in batch[batch.index(job) :]:
-                _finish(unsent, JobStatus.FAILED, error=f"the job queue could not be reached: {error}")
-            raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
-        admission.sent(api_key, job.id)
-        logger.info("job %s queued", job.id)
+    try:
+        _send_all(messages)
+    # kombu raises OperationalError for the broker, BatchPublishError when a pipeline of messages failed
+    # (which of them went out unknown).
+    except (OperationalError, KombuError, RedisError) as error:
+        logger.error("jobs %s, ... (%d) could not be enqueued: %s", ids[0], len(ids), error)
+        _read_again(ids)
+        _finish_all(batch, JobStatus.FAILED, f"the job queue could not be reached: {error}", dict.fromkeys(ids, 0.0))
+        raise ApiError(503, "the job queue (Redis) could not be reached; the job was not started") from None
+    admission.sent(api_key, *ids)
+    logger.info("%d job(s) queued: %s, ...", len(ids), ids[0])
     return batch
 
 
-def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | None, created_at: datetime) -> Job:
+def _new_job(
+    request: SynthesisRequest,
+    voice: Voice | None,
+    api_key: ApiKey | None,
+    created_at: datetime,
+    in_batch: Batch | None = None,
+    item: int | None = None,
+    custom_id: str | None = None,
+) -> Job:
     arguments = request.as_arguments()
     return Job(
         id=str(uuid.uuid4()),
@@ -102,18 +126,44 @@ def _new_job(request: SynthesisRequest, voice: Voice | None, api_key: ApiKey | N
         format=request.format,
         status=JobStatus.QUEUED,
         api_key_id=api_key.id if api_key else None,
+        batch_id=in_batch.id if in_batch is not None else None,
+        batch_item=item if in_batch is not None else None,
+        custom_id=custom_id,
     )
 
 
 def enqueue(job: Job) -> None:
     """Send the job's task under the job's own id, with the arguments its row records (so the
     reconciler sends a lost job again exactly as it was first sent), to its priority's queue
-    (chattts_farm.celery_client routes it). Not its callback: the web calls
-    that back itself, with the job's status as its API answers it (web.callbacks)."""
+    (chattts_farm.celery_client routes it)."""
+    _send_all([(job.id, _task_arguments(job))])
+
+
+def _task_arguments(job: Job) -> dict[str, Any]:
+    """The task's arguments as the job's row records them. Not its callback: the web calls that back
+    itself, with the job's status as its API answers it (web.callbacks)."""
     voice = job.voice_mix or job.voice_sample or (job.voice_embedding if job.voice_seed is None else job.voice_seed)
-    backends.current().celery.send_task(
-        TASK_NAME, kwargs={"text": job.text, "voice": voice, **job.parameters}, task_id=job.id
-    )
+    return {"text": job.text, "voice": voice, **job.parameters}
+
+
+def _send_all(messages: list[tuple[str, dict[str, Any]]]) -> None:
+    """Send tasks (job id, arguments) in one pipeline of messages, flushed once: thousands cost a round
+    trip, not thousands (each message and its sent event are written together). Not retried message by
+    message, which would declare each message's queue again, a round trip each: a pipeline is never
+    retried anyway. The arguments' repr that Flower shows is Python's own, cut: Celery's careful one
+    cost as much as the rest of a message."""
+    sender = backends.current().sender
+    with sender.producer_or_acquire() as producer, producer.batch(max_size=2 * len(messages)):
+        for job_id, arguments in messages:
+            sender.send_task(
+                TASK_NAME,
+                kwargs=arguments,
+                task_id=job_id,
+                producer=producer,
+                retry=False,
+                argsrepr="()",
+                kwargsrepr=repr(arguments)[:KWARGS_REPR_CHARS],
+            )
 
 
 def visible(job_id: str) -> Job | None:
@@ -138,11 +188,49 @@ def recent(limit: int, status: str | None = None) -> list[Job]:
 
 def refresh(job: Job) -> Job:
     """Bring an unfinished job's row up to date with its task's state (a finished one's callback too)."""
-    if job.status in JobStatus.FINISHED:
-        callbacks.settle(job)
-        return job
-    # One read of the task's state and payload together: two reads race the task's end.
-    meta = backends.current().celery.backend.get_task_meta(job.id)
+    refresh_all([job])
+    return job
+
+
+def refresh_all(jobs: list[Job]) -> None:
+    """Bring jobs up to date, as :func:`refresh` does each, their tasks' states read a thousand at a time
+    (a batch's items). The jobs whose status moves are written first, each committed (which expires every
+    row of the session), then all are read back in one query a thousand, then the others are shown their
+    progress: not a query per job."""
+    for job in jobs:
+        if job.status in JobStatus.FINISHED:
+            callbacks.settle(job)
+    unfinished = [job for job in jobs if job.status not in JobStatus.FINISHED]
+    seen = []
+    for first in range(0, len(unfinished), STATES_READ_AT_ONCE):
+        chunk = unfinished[first : first + STATES_READ_AT_ONCE]
+        seen.extend(zip(chunk, _task_metas([job.id for job in chunk]), strict=True))
+    moving = [(job, meta) for job, meta in seen if _STATUS_OF_STATE.get(meta["status"], job.status) != job.status]
+    if moving:
+        ids = [job.id for job in unfinished]
+        for job, meta in moving:
+            _catch_up(job, meta)
+        _read_again(ids)
+    for job, meta in seen:
+        if job.status not in JobStatus.FINISHED:
+            _catch_up(job, meta)
+
+
+def _read_again(job_ids: list[str]) -> None:
+    """Load the session's expired rows of these jobs again, a thousand a query (not one a job)."""
+    for first in range(0, len(job_ids), STATES_READ_AT_ONCE):
+        db.session.execute(db.select(Job).where(Job.id.in_(job_ids[first : first + STATES_READ_AT_ONCE]))).all()
+
+
+def _task_metas(job_ids: list[str]) -> list[dict]:
+    """The tasks' states and payloads, as Celery's ``get_task_meta`` reads each (one read of both: two
+    reads race the task's end), in one round trip."""
+    backend = backends.current().celery.backend
+    stored = backend.mget([backend.get_key_for_task(job_id) for job_id in job_ids])
+    return [backend.decode_result(value) if value else {"status": "PENDING", "result": None} for value in stored]
+
+
+def _catch_up(job: Job, meta: dict) -> None:
     state, payload = meta["status"], meta.get("result")
     status = _STATUS_OF_STATE.get(state, job.status)
     if status == JobStatus.DONE:
@@ -164,7 +252,7 @@ def refresh(job: Job) -> Job:
     elif status == JobStatus.FAILED:
         _finish(job, status, error=str(payload))
     elif status == JobStatus.CANCELLED:  # revoked by a Celery caller: its listeners stop, as at a DELETE
-        _finish(job, status, error="cancelled", charged_s=Delivery(job.id).cancel())
+        _finish(job, status, error="cancelled", charged_s=delivery.cancel_all([job.id])[0])
     else:
         progress = _progress(payload) if state == PROGRESS_STATE else None
         progress = job.progress if progress is None else progress
@@ -174,20 +262,29 @@ def refresh(job: Job) -> Job:
         else:
             # Shown, not written: a poll does not write the row at every step of progress.
             set_committed_value(job, "progress", progress)
-    return job
 
 
 def cancel(job: Job) -> Job:
     """Revoke an unfinished job (queued or running): whoever listens to its stream hears nothing more, and
     its key is charged the audio they were sent before. A finished job is left as it is."""
-    refresh(job)
-    if job.status not in JobStatus.FINISHED:
-        sent_s = Delivery(job.id).cancel()
-        AsyncResult(job.id, app=backends.current().celery).revoke()
-        if job.status == JobStatus.QUEUED:  # no state yet: its message may still wait in a queue list
-            admission.withdraw(job.id)
-        _finish(job, JobStatus.CANCELLED, error="cancelled", charged_s=sent_s)
+    cancel_all([job])
     return job
+
+
+def cancel_all(jobs: list[Job]) -> None:
+    """Cancel each unfinished job as :func:`cancel` does one; thousands (a batch's items) in a few round
+    trips: one revoke for them all, their messages taken out of the queues in one pass, one update."""
+    refresh_all(jobs)
+    unfinished = [job for job in jobs if job.status not in JobStatus.FINISHED]
+    if not unfinished:
+        return
+    ids = [job.id for job in unfinished]
+    sent_s = delivery.cancel_all(ids)
+    backends.current().celery.control.revoke(ids)
+    queued = [job.id for job in unfinished if job.status == JobStatus.QUEUED]
+    if queued:  # no state yet: their messages may still wait in a queue list
+        admission.withdraw(*queued)
+    _finish_all(unfinished, JobStatus.CANCELLED, "cancelled", dict(zip(ids, sent_s, strict=True)))
 
 
 def open_audio(job: Job) -> StoredAudio:
@@ -214,10 +311,48 @@ def _finish(job: Job, status: str, error: str | None = None, charged_s: float = 
     moved = _move(job, status=status, error=error, finished_at=utcnow(), **outcome)
     db.session.commit()
     if moved:
-        limits.settle_audio(job, outcome.get("duration_s", charged_s))
-        admission.release(db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None, job.id)
+        _ended([job], {job.id: outcome.get("duration_s", charged_s)})
+
+
+def _finish_all(jobs: list[Job], status: str, error: str, charged_s: dict[str, float]) -> None:
+    """Finish unfinished jobs with no outcome of their own, as :func:`_finish` does one, in one update
+    (``charged_s``: job id -> the seconds its key is charged). The jobs' rows must be loaded: an expired
+    one would be read again on its own."""
+    ids = [job.id for job in jobs]
+    moved_ids = set(
+        db.session.execute(
+            db.update(Job)
+            .where(Job.id.in_(ids), Job.status.not_in(JobStatus.FINISHED))
+            .values(
+                status=status,
+                error=error,
+                finished_at=utcnow(),
+                callback_state=case((Job.callback_url.is_not(None), CallbackState.PENDING), else_=None),
+            )
+            .returning(Job.id),
+            execution_options={"synchronize_session": False},
+        ).scalars()
+    )
+    db.session.commit()
+    _read_again(ids)
+    _ended([job for job in jobs if job.id in moved_ids], charged_s)
+
+
+def _ended(jobs: list[Job], charged_s: dict[str, float]) -> None:
+    """What follows jobs' ends, done by the request that ended them: each job's reservation settled (its
+    charge in ``charged_s``), its place in the queue freed, its callback queued; and the end of the
+    batches whose last items they were noticed."""
+    from web import batches
+
+    limits.settle_audio([(job, charged_s[job.id]) for job in jobs])
+    for api_key_id in {job.api_key_id for job in jobs}:
+        api_key = db.session.get(ApiKey, api_key_id) if api_key_id is not None else None
+        admission.release(api_key, *[job.id for job in jobs if job.api_key_id == api_key_id])
+    for job in jobs:
         if job.callback_url is not None:
             call_back(job)
+    for batch_id in {job.batch_id for job in jobs if job.batch_id is not None}:
+        batches.notice_end(batch_id)
 
 
 def call_back(job: Job) -> None:
@@ -234,7 +369,7 @@ def watch_for_callbacks() -> None:
     unfinished = db.select(Job).where(Job.callback_url.is_not(None), Job.status.not_in(JobStatus.FINISHED))
     for job in db.session.execute(unfinished).scalars().all():
         refresh(job)
-    for job in callbacks.pending():
+    for job in callbacks.pending(Job):
         call_back(job)
 
 

@@ -31,25 +31,42 @@ def json_object() -> dict:
     return body
 
 
+def json_value(text: str | bytes, field: str) -> Any:
+    """One JSON value read as a body is (a line of an upload, say), or a 400 naming ``field`` when it is
+    no JSON, or holds a lone surrogate."""
+    try:
+        value = _loads(text, field)
+    except ValueError:
+        raise ApiError(400, f"{field} is not JSON", field) from None
+    _check_value(value, field)
+    return value
+
+
 def _parsed() -> Any:
     """The body's JSON value; None when it is not JSON (another content type, or no valid JSON)."""
     if not request.is_json:
         return None
     try:
-        return request.json_module.loads(request.get_data(), parse_int=_integer)
-    except RecursionError:
-        # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
-        raise ApiError(400, "the request body is nested too deeply", "body") from None
+        return _loads(request.get_data(), "body")
     except ValueError:  # not JSON (nor UTF-8)
         return None
 
 
-def _integer(digits: str) -> int:
+def _loads(text: str | bytes, field: str) -> Any:
+    try:
+        return request.json_module.loads(text, parse_int=lambda digits: _integer(digits, field))
+    except RecursionError:
+        # Python's JSON parser recurses once per level of nesting: "[[[[..." runs it out of stack.
+        raise ApiError(400, f"{'the request body' if field == 'body' else field} is nested too deeply", field) from None
+
+
+def _integer(digits: str, field: str) -> int:
     """A JSON integer. Python converts at most sys.get_int_max_str_digits() digits (4300 unless set; 0 is
     no limit) and refuses longer ones with a ValueError that would read as "no JSON at all"."""
     limit, length = sys.get_int_max_str_digits(), len(digits.lstrip("-"))
     if limit and length > limit:
-        raise ApiError(400, f"a number in the body has {length} digits; at most {limit} are read", "body")
+        where = "the body" if field == "body" else field
+        raise ApiError(400, f"a number in {where} has {length} digits; at most {limit} are read", field)
     return int(digits)
 
 

@@ -13,6 +13,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     String,
     Table,
@@ -164,6 +165,10 @@ class ApiKey(db.Model):
     is_admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
+# A batch item's custom_id names its audio in the batch's archive: letters, digits, "_", "-" and ".".
+CUSTOM_ID_MAX_CHARS = 100
+
+
 class JobStatus:
     QUEUED = "queued"
     RUNNING = "running"
@@ -184,7 +189,46 @@ class CallbackState:
     OVER = (DELIVERED, FAILED)
 
 
-class Job(db.Model):
+class CallsBack:
+    """A row whose status is POSTed to its ``callback_url`` when it ends (a job, a batch; see
+    web.callbacks), and how far that got: None until it ends, then CallbackState's; the attempts
+    (worker.callbacks' records) once its delivery is over."""
+
+    callback_url: Mapped[str | None] = mapped_column(Text)
+    callback_state: Mapped[str | None] = mapped_column(String(16), index=True)
+    callback_attempts: Mapped[list | None] = mapped_column(JSON)
+
+
+class BatchStatus:
+    RUNNING = "running"  # some of its items have not ended
+    DONE = "done"  # every item has ended (done, failed, or cancelled one by one)
+    CANCELLED = "cancelled"  # cancelled as a whole; every item has ended
+    ALL = (RUNNING, DONE, CANCELLED)
+
+
+class Batch(CallsBack, db.Model):
+    """Jobs submitted together, all or none (``POST /api/batches``): its items are the jobs whose
+    ``batch_id`` it is, in the order given (``Job.batch_item``)."""
+
+    __tablename__ = "batches"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime, default=utcnow, index=True)
+    size: Mapped[int] = mapped_column(Integer)
+    # The key that submitted it, when keys are on: only it may read or cancel the batch.
+    api_key_id: Mapped[int | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    # When the farm noticed that its last item had ended; set once, by the request that noticed.
+    finished_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+    cancelled_at: Mapped[datetime | None] = mapped_column(UtcDateTime)
+
+    @property
+    def status(self) -> str:
+        if self.finished_at is None:
+            return BatchStatus.RUNNING
+        return BatchStatus.CANCELLED if self.cancelled_at is not None else BatchStatus.DONE
+
+
+class Job(CallsBack, db.Model):
     __tablename__ = "jobs"
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)  # the Celery task id
@@ -215,10 +259,12 @@ class Job(db.Model):
     # audio lives, so each voice is previewed once per key.
     is_preview: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
-    # Where the job's status is POSTed when it ends (see web.callbacks), and how far that got: None until
-    # it ends, then CallbackState's; the attempts (worker.callbacks' records) once its delivery is over.
-    callback_url: Mapped[str | None] = mapped_column(Text)
-    callback_state: Mapped[str | None] = mapped_column(String(16), index=True)
-    callback_attempts: Mapped[list | None] = mapped_column(JSON)
+    # An item of a batch: its batch (its rows go with the batch's), its place in it from 0, and the id
+    # its caller gave it. Indexed with the status: a batch's unfinished items are looked up as each ends.
+    batch_id: Mapped[str | None] = mapped_column(ForeignKey("batches.id", ondelete="CASCADE"))
+    batch_item: Mapped[int | None] = mapped_column(Integer)
+    custom_id: Mapped[str | None] = mapped_column(String(CUSTOM_ID_MAX_CHARS))
 
     voice: Mapped[Voice | None] = relationship()
+
+    __table_args__ = (Index("ix_jobs_batch_id_status", "batch_id", "status"),)

@@ -1,5 +1,5 @@
 """The reconciler: jobs the database holds as unfinished but Redis has lost are enqueued again; and the
-end of each job with a callback is noticed, though nobody polls it (see web.callbacks).
+end of each job or batch with a callback is noticed, though nobody polls it (see web.callbacks).
 
 Redis is the queue, the database is the record. If Redis loses its data (FLUSHALL, a restart without
 persistence), a job can be unfinished in the database with no message anywhere and no state in the
@@ -19,7 +19,7 @@ from datetime import timedelta
 from redis.exceptions import LockNotOwnedError
 
 from chattts_farm import redis_keys
-from web import backends, jobs
+from web import backends, batches, jobs
 from web.models import Job, JobStatus, db, utcnow
 
 logger = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ def reconcile() -> list[str]:
             resent.append(job.id)
         db.session.commit()
         jobs.watch_for_callbacks()
+        batches.watch_for_callbacks()
         return resent
     finally:
         try:

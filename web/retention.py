@@ -1,7 +1,8 @@
 """Retention: audio past ``CHATTTS_FARM_AUDIO_TTL_S`` and finished jobs' rows past
 ``CHATTTS_FARM_JOB_RETENTION_S`` are deleted (``chattts-farm gc``, which ``up`` and compose run
-every ``CHATTTS_FARM_GC_INTERVAL_S``). A job whose audio has gone answers 410 for it; a job whose row
-has gone is unknown (404). Unfinished jobs are never deleted, however old."""
+every ``CHATTTS_FARM_GC_INTERVAL_S``), and with them a batch that ended as long ago, once none of its
+items is left. A job whose audio has gone answers 410 for it; a job whose row has gone is unknown (404).
+Unfinished jobs are never deleted, however old."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from datetime import timedelta
 from flask import current_app
 
 from web import backends
-from web.models import Job, JobStatus, db, utcnow
+from web.models import Batch, Job, JobStatus, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -25,6 +26,7 @@ DELETE_BATCH = 500
 class Collected:
     audio: int
     jobs: int
+    batches: int
 
 
 def collect() -> Collected:
@@ -47,5 +49,11 @@ def collect() -> Collected:
         db.session.execute(db.delete(Job).where(Job.id.in_([job_id for job_id, _ in old])))
         db.session.commit()
         deleted_jobs += len(old)
-    logger.info("gc: deleted %d audio file(s) and %d job row(s)", audio, deleted_jobs)
-    return Collected(audio, deleted_jobs)
+    # Its items went above (each ended before it did): an item still unfinished keeps its batch.
+    deleted_batches = db.session.execute(
+        db.delete(Batch).where(Batch.finished_at < cutoff, ~db.select(Job.id).where(Job.batch_id == Batch.id).exists()),
+        execution_options={"synchronize_session": False},
+    ).rowcount
+    db.session.commit()
+    logger.info("gc: deleted %d audio file(s), %d job row(s), %d batch row(s)", audio, deleted_jobs, deleted_batches)
+    return Collected(audio, deleted_jobs, deleted_batches)

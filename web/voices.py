@@ -12,13 +12,16 @@ texts: control and invisible characters are dropped (:func:`chattts_farm.text.dr
 
 from __future__ import annotations
 
+import json
 import secrets
 from dataclasses import asdict
 from typing import Any
 
 from sqlalchemy import or_
 
+from chattts_farm.callbacks import CallbackPolicy
 from chattts_farm.contract import (
+    DEFAULT_VOICE_SEED,
     EMBEDDING_TASK_NAME,
     MAX_SEED,
     OPENAI_VOICE_SEEDS,
@@ -218,6 +221,41 @@ def all_to_speak(values: list[Any], field: str) -> list[Voice | int | str | Blen
                 field,
             )
     return voices
+
+
+def job_request(
+    arguments: dict[str, Any],
+    *,
+    max_text_chars: int,
+    callbacks: CallbackPolicy | None,
+    voices_read: dict[str, Any] | None = None,
+) -> tuple[SynthesisRequest, Voice | None]:
+    """A job's request from its fields as the API takes them, and the catalog voice it speaks in, if any:
+    ``voice_id``, or ``voice`` holding a catalog name, else ``voice`` as :func:`to_speak` reads it (a
+    blend's parts may be catalog names). ``voices_read`` keeps the voices read so far, by their fields,
+    for many jobs at once (a batch's)."""
+    if voices_read is None:
+        voice = _job_voice(arguments)
+    else:
+        asked = json.dumps({k: arguments[k] for k in ("voice_id", "voice") if k in arguments}, sort_keys=True)
+        voice = voices_read[asked] if asked in voices_read else voices_read.setdefault(asked, _job_voice(arguments))
+    arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": argument(voice)}
+    request = SynthesisRequest.from_arguments(arguments, max_text_chars=max_text_chars, callbacks=callbacks)
+    return request, voice if isinstance(voice, Voice) else None
+
+
+def _job_voice(arguments: dict[str, Any]) -> Voice | int | str | Blend | SpeakerSample:
+    if "voice_id" in arguments:
+        if "voice" in arguments:
+            raise ApiError(400, "give voice or voice_id, not both", "voice_id")
+        voice_id = as_integer(arguments["voice_id"])
+        if voice_id is None:
+            raise ApiError(400, "voice_id must be the integer id of a catalog voice", "voice_id")
+        voice = by_id(voice_id)
+        if voice is None:
+            raise ApiError(422, f"no voice with id {voice_id} in the catalog", "voice_id")
+        return voice
+    return to_speak(arguments.get("voice", DEFAULT_VOICE_SEED))
 
 
 def argument(voice: Voice | int | str | Blend | SpeakerSample) -> int | str | dict:

@@ -50,11 +50,11 @@ def test_withdrawing_a_task_takes_out_its_own_message_and_none_that_merely_names
     caller.send_task(TASK_NAME, kwargs={"text": "Its child."}, parent_id=cancelled, root_id=cancelled)
     others = [task_id for task_id in waiting_task_ids(client) if task_id != cancelled]
 
-    assert withdraw(client, cancelled) is True
+    assert withdraw(client, cancelled) == 1
 
     assert sorted(waiting_task_ids(client)) == sorted(others)
     assert read_backlog(client=client, max_queued_jobs=3).waiting == 2
-    assert withdraw(client, cancelled) is False  # taken already (by a worker, say): nothing else goes
+    assert withdraw(client, cancelled) == 0  # taken already (by a worker, say): nothing else goes
 
 
 def test_a_message_deep_in_a_long_queue_is_found(idle_redis_url):
@@ -63,5 +63,19 @@ def test_a_message_deep_in_a_long_queue_is_found(idle_redis_url):
     caller.send_task(TASK_NAME, kwargs={"text": "Later."}, queue=DEFAULT_QUEUE)
     client.lpush(DEFAULT_QUEUE, *[client.lindex(DEFAULT_QUEUE, 0)] * 1200)  # read by the script in chunks of 500
 
-    assert withdraw(client, oldest) is True
+    assert withdraw(client, oldest) == 1
     assert oldest not in waiting_task_ids(client) and client.llen(DEFAULT_QUEUE) == 1201
+
+
+def test_a_batchs_thousands_of_messages_are_withdrawn_in_one_call_and_the_others_keep_their_order(idle_redis_url):
+    caller, client = Celery(broker=idle_redis_url, backend=idle_redis_url), redis.Redis.from_url(idle_redis_url)
+    with caller.producer_or_acquire() as producer, producer.batch(max_size=3000):
+        sent = [
+            caller.send_task(TASK_NAME, kwargs={"text": f"Item {number}."}, queue=DEFAULT_QUEUE, producer=producer).id
+            for number in range(3000)
+        ]
+    cancelled, kept = sent[::2], sent[1::2]
+
+    assert withdraw(client, *cancelled, str(uuid.uuid4())) == 1500
+
+    assert waiting_task_ids(client) == kept[::-1]  # kombu pushes at the head: the newest first

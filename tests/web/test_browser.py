@@ -400,3 +400,30 @@ def wav_clip(seconds: float, rate: int = 16_000) -> bytes:
     buffer = io.BytesIO()
     soundfile.write(buffer, samples, rate, format="WAV", subtype="PCM_16")
     return buffer.getvalue()
+
+
+def test_upload_a_jsonl_batch_watch_its_progress_and_play_each_item_on_its_page(watched_page, web_server, tmp_path):
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"text": "The first line.", "custom_id": "first"}\n\n{"text": "The second line."}\n')
+    page, problems = watched_page(web_server + "/batches")
+    page.set_input_files("#batch-file", str(items))
+    page.fill("#batch-voice", "nova")
+    page.select_option("#batch-format", "mp3")
+    page.click("#batch-submit")
+    page.wait_for_url("**/batches/*")
+    batch_id = page.url.rsplit("/", 1)[1]
+
+    expect(page.locator("#batch-status")).to_have_text("done", timeout=120_000)
+    assert page.eval_on_selector("#batch-progress", "bar => bar.value") == 1
+    assert page.text_content("#batch-counts") == "2 done"
+    assert page.locator("#batch-items td:first-child").all_inner_texts() == ["first", "1"]
+    players = page.locator("#batch-items audio")
+    assert players.count() == 2 and not page.is_visible("#batch-cancel")
+    batch = requests.get(f"{web_server}/api/batches/{batch_id}", timeout=10).json()
+    assert players.first.get_attribute("src") == batch["items"][0]["audio_url"]
+    job = requests.get(web_server + batch["items"][1]["status_url"], timeout=10).json()
+    assert job["format"] == "mp3" and job["voice"]["seed"] == 2_730_000_000  # nova, the form's default
+    assert page.get_attribute("#batch-archive", "href") == batch["archive_url"]
+    page.goto(web_server + "/batches")
+    assert page.locator(f"a[href='/batches/{batch_id}']").count() == 1
+    assert problems == []

@@ -237,6 +237,47 @@ def test_a_cancelled_job_is_called_back_cancelled(client, receiver):
     assert sent["id"] == job_id and sent["status"] == "cancelled"
 
 
+def test_a_batch_nobody_polls_is_called_back_once_when_its_last_item_ends_with_its_status(app, client, receiver):
+    created = client.post(
+        "/api/batches",
+        json={
+            "callback_url": receiver.url("/batch"),
+            "items": [{"text": "The first of two."}, {"text": "The second of two.", "custom_id": "second"}],
+        },
+    ).get_json()
+    assert created["callback"] == {"url": receiver.url("/batch"), "state": "waiting", "attempts": []}
+
+    def called_back():
+        with app.app_context():
+            reconcile.reconcile()
+        return receiver.calls("/batch")
+
+    [(headers, body)] = wait_for(called_back, "the reconciler to notice the batch's end")
+    assert readme_callback_check()(body, headers[SIGNATURE_HEADER], SECRET)
+    sent = json.loads(body)
+    assert sent["id"] == created["id"] and sent["status"] == "done" and sent["progress"] == 1.0
+    assert sent["counts"]["done"] == 2 and [item["custom_id"] for item in sent["items"]] == [None, "second"]
+    assert sent["callback"]["state"] == "pending"  # as it was when the batch ended
+    delivered = wait_for(
+        lambda: (status := client.get(created["status_url"]).get_json())["callback"]["state"] == "delivered" and status,
+        "the batch's callback to be delivered",
+    )
+    assert [attempt["status_code"] for attempt in delivered["callback"]["attempts"]] == [200]
+    with app.app_context():
+        reconcile.reconcile()
+    assert len(receiver.calls("/batch")) == 1  # once, however often its end is looked at
+
+
+def test_a_batchs_callback_url_is_checked_as_a_jobs_is(client):
+    refused = client.post(
+        "/api/batches", json={"callback_url": "http://10.0.0.1/hook", "items": [{"text": "Never sent."}]}
+    )
+
+    assert refused.status_code == 400 and refused.get_json()["field"] == "callback_url"
+    assert refused.get_json()["error"].startswith("callback_url: ")
+    assert client.get("/api/jobs").get_json()["jobs"] == []
+
+
 def test_a_celery_callers_job_is_called_back_by_the_worker_with_its_result(callback_workers, receiver):
     sent = callback_workers.client.send_task(
         TASK_NAME, kwargs={"text": "From a Celery caller.", "callback_url": receiver.url("/celery")}

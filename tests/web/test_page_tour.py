@@ -27,8 +27,8 @@ def screenshots(request, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def farm_with_history(web_server):
-    """A farm that has done some work: tagged voices and a blend of them, a streamed job and a finished job
-    to look at."""
+    """A farm that has done some work: tagged voices and a blend of them, a streamed job, a finished job
+    and a finished batch to look at."""
     for name, seed, tags in (("Calm narrator", 11, ["calm", "narrator"]), ("Bright host", 12, ["bright"])):
         added = requests.post(web_server + "/api/voices", json={"name": name, "seed": seed, "tags": tags}, timeout=30)
         added.raise_for_status()
@@ -38,11 +38,23 @@ def farm_with_history(web_server):
     job = requests.post(
         web_server + "/api/jobs", json={"text": LONG_TEXT[:300], "voice": "Calm narrator"}, timeout=10
     ).json()
+    batch = requests.post(
+        web_server + "/api/batches",
+        json={
+            "items": [
+                {"text": f"Item {number} of the tour's batch.", "custom_id": f"tour-{number}"} for number in range(3)
+            ]
+        },
+        timeout=10,
+    ).json()
     deadline = time.monotonic() + 120
     while requests.get(web_server + job["status_url"], timeout=10).json()["status"] != "done":
         assert time.monotonic() < deadline, "the tour's job never finished"
         time.sleep(0.5)
-    return {"job": f"/jobs/{job['id']}"}
+    while requests.get(web_server + batch["status_url"], timeout=10).json()["status"] != "done":
+        assert time.monotonic() < deadline, "the tour's batch never finished"
+        time.sleep(0.5)
+    return {"job": f"/jobs/{job['id']}", "batch": f"/batches/{batch['id']}"}
 
 
 def pages(farm_with_history) -> dict[str, str]:
@@ -50,6 +62,8 @@ def pages(farm_with_history) -> dict[str, str]:
         "speak": "/",
         "jobs": "/jobs",
         "job": farm_with_history["job"],
+        "batches": "/batches",
+        "batch": farm_with_history["batch"],
         "voices": "/voices",
         "ops": "/ops",
         "sign-in": "/sign-in",
@@ -62,6 +76,8 @@ def drawn(page, name: str) -> bool:
         return int(page.get_attribute("[data-chart=throughput]", "data-points") or 0) > 0
     if name == "job":
         return page.get_attribute("#job-waveform", "data-samples") is not None
+    if name == "batch":
+        return page.locator("#batch-items audio").count() == 3
     return True
 
 

@@ -49,7 +49,7 @@ return 1
 """
 
 # KEYS: the day's charged seconds, the day's reservations (job id -> seconds).
-# ARGV: the job id, its expected seconds, the quota, the counts' lifetime.
+# ARGV: the quota, the counts' lifetime, then each job's id and expected seconds, all reserved or none.
 # Answers {1 if reserved else 0, seconds charged, seconds reserved by other jobs}.
 _RESERVE = """
 local charged = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -57,10 +57,16 @@ local reserved = 0
 for _, seconds in ipairs(redis.call('HVALS', KEYS[2])) do
     reserved = reserved + tonumber(seconds)
 end
-local fits = charged + reserved + tonumber(ARGV[2]) <= tonumber(ARGV[3])
+local asked = 0
+for i = 4, #ARGV, 2 do
+    asked = asked + tonumber(ARGV[i])
+end
+local fits = charged + reserved + asked <= tonumber(ARGV[1])
 if fits then
-    redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
-    redis.call('EXPIRE', KEYS[2], ARGV[4])
+    for i = 3, #ARGV, 2 do
+        redis.call('HSET', KEYS[2], ARGV[i], ARGV[i + 1])
+    end
+    redis.call('EXPIRE', KEYS[2], ARGV[2])
 end
 return {fits and 1 or 0, tostring(charged), tostring(reserved)}
 """
@@ -108,38 +114,47 @@ def count_jobs(api_key: ApiKey | None, jobs: int) -> None:
         )
 
 
-def reserve_audio(api_key: ApiKey | None, job_id: str, submitted_at: datetime, seconds: float) -> None:
-    """Hold ``seconds`` of the key's quota for a job about to be submitted; 429 when the seconds charged
-    and held that day leave no room for them. Keys off: no quota."""
+def reserve_audio(api_key: ApiKey | None, submitted_at: datetime, seconds_of_jobs: dict[str, float]) -> None:
+    """Hold each job's expected seconds (job id -> seconds) of the key's quota, for jobs about to be
+    submitted together, all or none; 429 when the seconds charged and held that day leave no room for
+    them all. Keys off: no quota."""
     if api_key is None:
         return
     quota = current_app.config["SETTINGS"].daily_audio_quota_s
     reserved, charged, held = _script(_RESERVE)(
-        keys=_day_counts(api_key, submitted_at), args=[job_id, seconds, quota, QUOTA_COUNTS_TTL_S]
+        keys=_day_counts(api_key, submitted_at),
+        args=[quota, QUOTA_COUNTS_TTL_S, *[value for pair in seconds_of_jobs.items() for value in pair]],
     )
     if not reserved:
-        charged, held = float(charged), float(held)
+        charged, held, seconds = float(charged), float(held), sum(seconds_of_jobs.values())
         retry_after = _seconds_to_midnight() if charged + seconds > quota else RUNNING_JOBS_RETRY_AFTER_S
+        these = "this job needs" if len(seconds_of_jobs) == 1 else f"these {len(seconds_of_jobs)} jobs need"
         raise too_many_requests(
-            f"this job needs about {seconds:.1f} s of the daily audio quota of {quota} s: "
+            f"{these} about {seconds:.1f} s of the daily audio quota of {quota} s: "
             f"{charged:.1f} s are used today and {held:.1f} s are held by jobs not yet finished",
             retry_after,
         )
 
 
-def settle_audio(job: Job, seconds: float) -> None:
-    """Settle a finished job's reservation: charge ``seconds`` of audio instead (0 gives it back).
+def settle_audio(charges: list[tuple[Job, float]]) -> None:
+    """Settle finished jobs' reservations, each charged its ``seconds`` of audio instead (0 gives it back);
+    one round trip for them all.
 
-    When Redis cannot be reached the reservation stands, counting the job's expected seconds until its
+    When Redis cannot be reached the reservations stand, counting the jobs' expected seconds until their
     day's counts expire; that is logged, and the caller's answer goes on.
     """
-    api_key = db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None
-    if api_key is None:
-        return
+    settle = _script(_SETTLE)
+    pipeline = backends.current().redis.pipeline(transaction=False)
+    for job, seconds in charges:
+        api_key = db.session.get(ApiKey, job.api_key_id) if job.api_key_id is not None else None
+        if api_key is not None:
+            settle(
+                keys=_day_counts(api_key, job.created_at), args=[job.id, seconds, QUOTA_COUNTS_TTL_S], client=pipeline
+            )
     try:
-        _script(_SETTLE)(keys=_day_counts(api_key, job.created_at), args=[job.id, seconds, QUOTA_COUNTS_TTL_S])
+        pipeline.execute()
     except RedisError as error:
-        logger.warning("job %s: its audio could not be settled with its key's quota: %s", job.id, error)
+        logger.warning("job %s, ...: audio could not be settled with its key's quota: %s", charges[0][0].id, error)
 
 
 def _script(source: str) -> Script:

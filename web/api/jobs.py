@@ -5,32 +5,16 @@ from __future__ import annotations
 from flask import Response, current_app, request, url_for
 
 from chattts_farm.callbacks import CallbackPolicy
-from chattts_farm.contract import DEFAULT_VOICE_SEED, MIME_TYPES, Blend, SynthesisRequest, as_integer
+from chattts_farm.contract import MIME_TYPES
 from web import audio_formats, audio_responses, captions, jobs, streaming, voices
 from web.api import bp
 from web.errors import ApiError
 from web.job_status import describe
 from web.json_body import json_object
-from web.models import Job, JobStatus, Voice
+from web.models import Job, JobStatus
 from web.waiting import WaitSlot
 
 MAX_LIST_LIMIT = 500
-
-
-def _voice(arguments: dict) -> Voice | int | str | Blend:
-    """The voice a job asks for: a catalog voice (``voice_id``, or ``voice`` holding a catalog name), else
-    ``voice`` as :func:`web.voices.to_speak` reads it (a blend's parts may be catalog names)."""
-    if "voice_id" in arguments:
-        if "voice" in arguments:
-            raise ApiError(400, "give voice or voice_id, not both", "voice_id")
-        voice_id = as_integer(arguments["voice_id"])
-        if voice_id is None:
-            raise ApiError(400, "voice_id must be the integer id of a catalog voice", "voice_id")
-        voice = voices.by_id(voice_id)
-        if voice is None:
-            raise ApiError(422, f"no voice with id {voice_id} in the catalog", "voice_id")
-        return voice
-    return voices.to_speak(arguments.get("voice", DEFAULT_VOICE_SEED))
 
 
 def visible_job(job_id: str) -> Job:
@@ -43,14 +27,11 @@ def visible_job(job_id: str) -> Job:
 
 @bp.post("/jobs")
 def create_job():
-    arguments = json_object()
-    voice = _voice(arguments)
-    arguments = {**{k: v for k, v in arguments.items() if k != "voice_id"}, "voice": voices.argument(voice)}
     settings = current_app.config["SETTINGS"]
-    synthesis = SynthesisRequest.from_arguments(
-        arguments, max_text_chars=settings.max_text_chars, callbacks=CallbackPolicy.from_settings(settings)
+    synthesis, voice = voices.job_request(
+        json_object(), max_text_chars=settings.max_text_chars, callbacks=CallbackPolicy.from_settings(settings)
     )
-    job = jobs.submit(synthesis, voice if isinstance(voice, Voice) else None)
+    job = jobs.submit(synthesis, voice)
     body = {
         "id": job.id,
         "status": job.status,

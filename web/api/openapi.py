@@ -32,15 +32,18 @@ from web.access.sessions import CSRF_HEADER
 from web.api import bp
 from web.audio_formats import FORMATS as STREAM_FORMATS
 from web.audio_formats import MIME_TYPES as STREAM_MIME_TYPES
+from web.batches import CUSTOM_ID
+from web.batches import DEFAULT_PRIORITY as BATCH_DEFAULT_PRIORITY
+from web.batches import MAX_ITEMS as MAX_BATCH_ITEMS
 from web.clips import MAX_CLIP_BYTES
-from web.models import JobStatus, VoiceKind
+from web.models import BatchStatus, JobStatus, VoiceKind
 
 _ERROR = {"$ref": "#/components/schemas/Error"}
 _ERROR_MEANINGS = {
     400: "a value is wrong: field names it",
     401: "no API key, or an unknown or revoked one",
     403: "a browser session signed in on the pages sent no valid X-CSRF-Token with this change",
-    404: "no such job or voice (another key's job is not found either)",
+    404: "no such job, batch or voice (another key's job or batch is not found either)",
     409: "not now: a name already taken, or a job that is not done",
     410: "the job's audio has expired",
     413: "the body is larger than CHATTTS_FARM_MAX_REQUEST_BYTES",
@@ -282,6 +285,76 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             },
         },
     }
+    defaults = {
+        name: schema for name, schema in job_request["properties"].items() if name not in ("text", "callback_url")
+    }
+    batch_item = {
+        "type": "object",
+        "required": ["text"],
+        "additionalProperties": False,
+        "not": {"required": ["voice", "voice_id"]},
+        "description": (
+            "A job's fields, each taking the batch's default where the item leaves it out (an item's voice, or "
+            "voice_id, replaces the default's either way)."
+        ),
+        "properties": {
+            **job_request["properties"],
+            "priority": {
+                **job_request["properties"]["priority"],
+                "default": BATCH_DEFAULT_PRIORITY,
+                "description": "bulk unless the item or the batch's defaults say otherwise: "
+                + job_request["properties"]["priority"]["description"],
+            },
+            "custom_id": {
+                "type": ["string", "null"],
+                "pattern": CUSTOM_ID.pattern,
+                "description": "Echoed back, and the name of the item's audio in the archive (else, or when "
+                "null, its place, from 0); unique in the batch.",
+            },
+        },
+    }
+    batch_request = {
+        "type": "object",
+        "required": ["items"],
+        "additionalProperties": False,
+        "not": {"required": ["voice", "voice_id"]},
+        "description": (
+            f"Up to {MAX_BATCH_ITEMS:,} items. Every field but items (and callback_url, the batch's own) is a "
+            "default of every item, checked by itself (a 400 naming it). Every item is checked before any job is "
+            "made: one bad item refuses the whole batch with a 400 naming it (items[5].text), and no job is left "
+            "behind. The queue's caps, the key's rate limit and its daily audio quota count every item: all are "
+            "accepted or none."
+        ),
+        "properties": {
+            **defaults,
+            "items": {"type": "array", "minItems": 1, "maxItems": MAX_BATCH_ITEMS, "items": batch_item},
+        },
+    }
+    if callbacks:
+        batch_request["properties"]["callback_url"] = {
+            **job_request["properties"]["callback_url"],
+            "description": "Where the batch's status (this API's Batch) is POSTed once every item has ended, "
+            "signed and checked as a job's callback_url is (an item may have a callback_url of its own).",
+        }
+    batch_upload = {
+        "type": "object",
+        "required": ["items"],
+        "additionalProperties": False,
+        "properties": {
+            "items": {
+                "type": "string",
+                "contentMediaType": "application/jsonl",
+                "description": "JSON Lines: one item a line (blank lines skipped); line n is items[n - 1].",
+            },
+            "defaults": {
+                "type": "string",
+                "contentMediaType": "application/json",
+                "description": "A JSON object of the JSON body's other fields (the defaults, callback_url).",
+            },
+        },
+    }
+    batch = {"$ref": "#/components/schemas/Batch"}
+    batch_id = [{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}]
     voice_fields = {
         "name": {
             "type": "string",
@@ -501,6 +574,76 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                             "content": {"text/vtt": {}, "application/x-subrip": {}},
                         },
                         **_errors(400, 404, 409, 503),
+                    },
+                },
+            },
+            "/api/batches": {
+                "post": {
+                    "summary": "Submit up to 10,000 jobs at once, all or none",
+                    "description": (
+                        "A JSON body, or a multipart/form-data upload of the items as a JSON Lines file (with "
+                        f"keys off, such a form must carry the {CSRF_HEADER} header, any value). The items are "
+                        "bulk jobs unless they say otherwise. Its status, answered here and at its status_url, "
+                        "counts its items by status; its archive_url is a zip of the finished items' audio."
+                    ),
+                    "parameters": [
+                        {
+                            "name": CSRF_HEADER,
+                            "in": "header",
+                            "required": False,
+                            "schema": {"type": "string"},
+                            "description": "Required with keys off on a form upload; any value.",
+                        }
+                    ],
+                    "requestBody": {
+                        "required": True,
+                        "content": {
+                            "application/json": {"schema": batch_request},
+                            "multipart/form-data": {"schema": batch_upload},
+                        },
+                    },
+                    "responses": {
+                        "202": _json(batch, "accepted: every item queued"),
+                        **_errors(400, 422),
+                        "403": _error(
+                            403,
+                            f"a form upload without {CSRF_HEADER} with keys off"
+                            + (f"; or {_ERROR_MEANINGS[403]}" if keys_required else ""),
+                        ),
+                        "413": _error(413, "the body is larger than CHATTTS_FARM_MAX_BATCH_BYTES"),
+                        "503": _error(503, _QUEUE_FULL),
+                    },
+                },
+            },
+            "/api/batches/{batch_id}": {
+                "get": {
+                    "summary": "A batch's status: its items counted by status, its progress, each item",
+                    "parameters": batch_id,
+                    "responses": {"200": _json(batch), **_errors(404, 503)},
+                },
+                "delete": {
+                    "summary": "Cancel every unfinished item of a batch",
+                    "description": "The batch ends cancelled, unless every item had ended already.",
+                    "parameters": batch_id,
+                    "responses": {"200": _json(batch), **_errors(404, 503)},
+                },
+            },
+            "/api/batches/{batch_id}/archive": {
+                "get": {
+                    "summary": "A zip of every done item's audio, and manifest.json",
+                    "description": (
+                        "Streamed as it is written. Each done item's audio is named by its custom_id, else its "
+                        "place (zero-padded), with its format's extension (a custom_id that is another item's place "
+                        "makes the second of the two <name>~<its place>). manifest.json: batch_id, and for each "
+                        "item its place (item), custom_id, job_id, status, duration_s, error and file (null for "
+                        "an item not done, or whose audio has expired). Asked for before every item has ended, it "
+                        "holds those done so far."
+                    ),
+                    "parameters": batch_id,
+                    "responses": {
+                        "200": {"description": "the zip", "content": {"application/zip": {}}},
+                        **_errors(404, 503),
+                        "429": _error(429, _TOO_MANY_WAITING),
                     },
                 },
             },
@@ -832,6 +975,47 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                         "end_s": {
                             "type": "number",
                             "description": "Where its audio ends; silence follows (a pause, or an SSML break's).",
+                        },
+                    },
+                },
+                "Batch": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string"},
+                        "status": {
+                            "type": "string",
+                            "enum": list(BatchStatus.ALL),
+                            "description": "running while an item has not ended; then done, or cancelled when the "
+                            "batch was (DELETE).",
+                        },
+                        "size": {"type": "integer"},
+                        "counts": {
+                            "type": "object",
+                            "properties": {status: {"type": "integer"} for status in JobStatus.ALL},
+                        },
+                        "progress": {"type": "number", "description": "the share of its items' work done, 0 to 1"},
+                        "created_at": {"type": "string"},
+                        "finished_at": {"type": ["string", "null"]},
+                        "cancelled_at": {"type": ["string", "null"]},
+                        "status_url": {"type": "string"},
+                        "archive_url": {"type": "string"},
+                        "callback": {**callback, "description": "The batch's callback, as a job's is."},
+                        "items": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "properties": {
+                                    "item": {"type": "integer", "description": "its place in the batch, from 0"},
+                                    "custom_id": {"type": ["string", "null"]},
+                                    "job_id": {"type": "string"},
+                                    "status": {"type": "string", "enum": list(JobStatus.ALL)},
+                                    "progress": {"type": "number"},
+                                    "error": {"type": ["string", "null"]},
+                                    "duration_s": {"type": ["number", "null"]},
+                                    "status_url": {"type": "string"},
+                                    "audio_url": {"type": "string"},
+                                },
+                            },
                         },
                     },
                 },

@@ -7,7 +7,7 @@ import json
 
 from flask import Response, current_app, request
 
-from web import access, clips, jobs, takes_uploads_up_to, voices
+from web import access, clips, jobs, sent_as_form, takes_uploads_up_to, voices
 from web.api import bp
 from web.api.jobs import visible_job
 from web.job_status import describe
@@ -30,7 +30,7 @@ CLIP_FORM_ALLOWANCE = 64 * 1024
 def create_voice():
     """A voice from JSON (a seed, an embedding or a blend), or from a reference clip: a multipart form
     with the file ``audio`` and its ``transcript``."""
-    if request.mimetype != "multipart/form-data":
+    if not sent_as_form():
         return voices.describe(voices.create(json_object())), 201
     access.refuse_cross_site_forms()
     return voices.describe(voices.create_from_clip(request.form.to_dict(), request.files.get("audio"))), 201

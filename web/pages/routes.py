@@ -6,6 +6,7 @@ from flask import abort, current_app, redirect, render_template, request, send_f
 
 from chattts_farm import ssml
 from chattts_farm.contract import (
+    FORMATS,
     MAX_CLIP_S,
     MAX_MIX_PARTS,
     MAX_MIX_WEIGHT,
@@ -13,7 +14,7 @@ from chattts_farm.contract import (
     MIN_CLIP_S,
     OPENAI_VOICE_SEEDS,
 )
-from web import clips, jobs, voices
+from web import batches, clips, jobs, voices
 from web.access import api_keys, sessions
 from web.models import Job, JobStatus, Voice, VoiceKind, db
 from web.pages import bp
@@ -55,6 +56,21 @@ def job(job_id: str):
 @bp.get("/jobs")
 def job_list():
     return render_template("jobs.html", jobs=jobs.recent(RECENT_JOBS))
+
+
+@bp.get("/batches/<batch_id>")
+def batch(batch_id: str):
+    found = batches.visible_or_none(batch_id)
+    if found is None:
+        abort(404, f"no batch {batch_id}")
+    return render_template("batch.html", batch=found, items=batches.items(found))
+
+
+@bp.get("/batches")
+def batch_list():
+    return render_template(
+        "batches.html", batches=batches.recent(RECENT_JOBS), max_items=batches.MAX_ITEMS, formats=FORMATS
+    )
 
 
 @bp.get("/voices")

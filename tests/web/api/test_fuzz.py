@@ -189,21 +189,24 @@ class Api:
 class Catalog:
     """What valid requests refer to, made afresh for each example: deleting or renaming one harms none other."""
 
-    def __init__(self, voice: dict, job_id: str):
-        self.voice, self.job_id = voice, job_id
+    def __init__(self, voice: dict, job_id: str, batch_id: str):
+        self.voice, self.job_id, self.batch_id = voice, job_id, batch_id
 
     def __repr__(self) -> str:
-        return f"Catalog(voice {self.voice['id']} named {self.voice['name']!r}, job {self.job_id})"
+        return (
+            f"Catalog(voice {self.voice['id']} named {self.voice['name']!r}, job {self.job_id}, batch {self.batch_id})"
+        )
 
     @classmethod
     def make(cls, client) -> "Catalog":
         voice = client.post("/api/voices", json={"name": unique_name("catalog voice"), "spk_emb": EMBEDDING})
         job = client.post("/api/jobs", json={"text": "A job to point at.", "voice": EMBEDDING})
-        assert voice.status_code == 201 and job.status_code == 202
-        return cls(voice.get_json(), job.get_json()["id"])
+        batch = client.post("/api/batches", json={"items": [{"text": "A batch to point at.", "voice": EMBEDDING}]})
+        assert voice.status_code == 201 and job.status_code == 202 and batch.status_code == 202
+        return cls(voice.get_json(), job.get_json()["id"], batch.get_json()["id"])
 
     def path_values(self, operation: Operation) -> dict:
-        known = {"job_id": self.job_id, "voice_id": self.voice["id"]}
+        known = {"job_id": self.job_id, "voice_id": self.voice["id"], "batch_id": self.batch_id}
         return {name: known[name] for name in operation.parameters("path")}
 
 
@@ -223,6 +226,7 @@ def api(request, tiny_settings, redis_url, tmp_path_factory):
         data_dir=data_dir,
         database_url=fresh_database(request.param, request, data_dir),
         max_request_bytes=MAX_REQUEST_BYTES,
+        max_batch_bytes=MAX_REQUEST_BYTES,
         max_text_chars=2000,
     )
     app = create_app({"TESTING": True, "SETTINGS": farm_settings})
@@ -263,6 +267,8 @@ def meaningful(name: str | None, catalog: Catalog):
         "spk_smp": st.just(EMBEDDING),
         "txt_smp": SPEAKABLE_TEXT,
         "name": st.text(max_size=60).map(unique_name),
+        # Unique in its batch.
+        "custom_id": st.builds(lambda: f"item-{next(_numbers)}"),
     }.get(name)
 
 
@@ -292,7 +298,9 @@ def valid(schema: dict, catalog: Catalog, name: str | None = None):
     if types == "null":
         return st.none()
     if types == "array":
-        return st.lists(valid(schema.get("items", {"type": "string"}), catalog), max_size=3)
+        return st.lists(
+            valid(schema.get("items", {"type": "string"}), catalog), min_size=schema.get("minItems", 0), max_size=3
+        )
     assert types == "object", schema
     return valid_object(schema, catalog)
 
@@ -485,13 +493,15 @@ BREAKABLE = [name for name, operation in OPERATIONS.items() if can_break(operati
 
 
 def assert_a_json_error(answer, operation: Operation, fields: set[str] | None = None):
-    """An error answer is JSON with a message; a 400, 413 or 422 names its field (one of ``fields``)."""
+    """An error answer is JSON with a message; a 400, 413 or 422 names its field (one of ``fields``, or a
+    part of one: ``items[0].text`` of ``items``)."""
     assert answer.is_json, f"{operation}: {answer.status_code} is not JSON: {answer.data[:200]!r}"
     error = answer.get_json()
     assert isinstance(error.get("error"), str) and error["error"], f"{operation}: {error}"
     if answer.status_code in (400, 413, 422):
         assert isinstance(error.get("field"), str), f"{operation}: a {answer.status_code} names no field: {error}"
-        assert fields is None or error["field"] in fields, f"{operation}: {error}"
+        named = error["field"].split("[", 1)[0]
+        assert fields is None or error["field"] in fields or named in fields, f"{operation}: {error}"
 
 
 def test_the_description_covers_every_route_of_the_api(api):
@@ -637,7 +647,7 @@ def test_with_keys_on_every_operation_but_the_description_documents_bearer_keys_
         if operation.path == "/api/openapi.json":
             assert operation.spec["security"] == [], "the description itself is public"
             continue
-        path = operation.path.format(job_id="a-job", voice_id=1)
+        path = operation.path.format(job_id="a-job", voice_id=1, batch_id="a-batch")
         without_a_key = client.open(path, method=operation.method.upper())
         assert without_a_key.status_code == 401 and 401 in operation.statuses, str(operation)
         over_the_limit = client.open(path, method=operation.method.upper(), headers=bearer(key))
@@ -652,8 +662,9 @@ def test_with_keys_off_the_description_asks_for_no_key_nor_documents_its_refusal
     assert "security" not in description
     for operation in operations_of(description).values():
         assert 401 not in operation.statuses, str(operation)
-        # Only the bound on calls waiting for their audio (speech calls, stream listeners) holds without keys.
-        waits = operation.path in ("/v1/audio/speech", "/api/jobs/{job_id}/stream")
+        # Only the bound on calls waiting for their audio (speech calls, stream listeners, a batch's archive,
+        # written as it is sent) holds without keys.
+        waits = operation.path in ("/v1/audio/speech", "/api/jobs/{job_id}/stream", "/api/batches/{batch_id}/archive")
         assert (429 in operation.statuses) == waits, str(operation)
 
 

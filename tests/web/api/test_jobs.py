@@ -182,7 +182,7 @@ def test_an_unreachable_queue_is_a_503_and_leaves_no_job(make_app):
 
 def test_a_queue_lost_between_admitting_and_sending_a_job_is_a_503_and_the_job_is_recorded_failed(make_app, redis_url):
     app = make_app(redis_url=redis_url)
-    app.extensions["backends"].celery.conf.broker_url = "redis://127.0.0.1:1/0"  # the broker goes away
+    app.extensions["backends"].sender.conf.broker_url = "redis://127.0.0.1:1/0"  # the broker goes away
     answer = app.test_client().post("/api/jobs", json={"text": "Hi."})
     assert answer.status_code == 503 and "could not be reached" in answer.get_json()["error"]
     with app.app_context():
