@@ -172,7 +172,7 @@ def batch(items: Path, url: str, api_key: str | None, voice: str | None, audio_f
                     if status["status"] != "running":
                         break
                     time.sleep(BATCH_POLL_S)
-                    status = farm.status(status["status_url"])
+                    status = farm.status(status["status_url"] + "?items=none")
         except KeyboardInterrupt:
             raise click.ClickException(
                 f"stopped watching; batch {status['id']} goes on (cancel it: DELETE {url}{status['status_url']})"

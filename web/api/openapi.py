@@ -618,8 +618,17 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             "/api/batches/{batch_id}": {
                 "get": {
                     "summary": "A batch's status: its items counted by status, its progress, each item",
-                    "parameters": batch_id,
-                    "responses": {"200": _json(batch), **_errors(404, 503)},
+                    "parameters": [
+                        *batch_id,
+                        {
+                            "name": "items",
+                            "in": "query",
+                            "schema": {"type": "string", "enum": ["all", "none"], "default": "all"},
+                            "description": "none: the counts and progress without the items, for watching a "
+                            "large batch.",
+                        },
+                    ],
+                    "responses": {"200": _json(batch), **_errors(400, 404, 503)},
                 },
                 "delete": {
                     "summary": "Cancel every unfinished item of a batch",

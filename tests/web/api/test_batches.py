@@ -325,12 +325,36 @@ def test_ten_thousand_items_are_submitted_in_seconds_sent_in_order_and_cancelled
     sent = queued_messages(app, PRIORITY_QUEUES["bulk"])
     assert sent[::-1] == [item["job_id"] for item in created["items"]]  # the newest at the head
 
+    # Watched without its items, a large batch costs a fraction of its whole description.
+    started = time.monotonic()
+    whole = client.get(created["status_url"])
+    whole_s = time.monotonic() - started
+    started = time.monotonic()
+    counted = client.get(created["status_url"] + "?items=none")
+    print(
+        f"its status read in {whole_s:.2f} s ({len(whole.data):,} bytes), without items in "
+        f"{time.monotonic() - started:.2f} s ({len(counted.data):,} bytes)"
+    )
+    assert "items" not in counted.get_json() and len(whole.get_json()["items"]) == MAX_ITEMS
+    assert counted.get_json()["counts"] == whole.get_json()["counts"] and len(counted.data) < 2_000
+
     started = time.monotonic()
     cancelled = client.delete(created["status_url"]).get_json()
     print(f"{MAX_ITEMS} items cancelled in {time.monotonic() - started:.1f} s")
 
     assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] == MAX_ITEMS
     assert waiting(app) == 0  # every message taken out of the queue
+
+
+def test_a_batchs_status_lists_its_items_unless_asked_not_to(tiny_settings, tmp_path, idle_redis_url):
+    client = capped_app(tiny_settings, tmp_path, idle_redis_url).test_client()
+    created = client.post("/api/batches", json={"items": [{"text": "One."}, {"text": "Two."}]}).get_json()
+
+    assert len(client.get(created["status_url"]).get_json()["items"]) == 2
+    counted = client.get(created["status_url"] + "?items=none").get_json()
+    assert "items" not in counted and counted["size"] == 2 and counted["counts"]["queued"] == 2
+    refused = client.get(created["status_url"] + "?items=some")
+    assert refused.status_code == 400 and refused.get_json()["field"] == "items"
 
 
 def test_gc_deletes_a_batch_that_ended_past_the_retention_with_its_items_and_keeps_a_younger_one(
