@@ -355,6 +355,15 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
     }
     batch = {"$ref": "#/components/schemas/Batch"}
     batch_id = [{"name": "batch_id", "in": "path", "required": True, "schema": {"type": "string"}}]
+    form_csrf_header = [
+        {
+            "name": CSRF_HEADER,
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string"},
+            "description": "Required with keys off on a form upload; any value.",
+        }
+    ]
     voice_fields = {
         "name": {
             "type": "string",
@@ -586,15 +595,7 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                         "bulk jobs unless they say otherwise. Its status, answered here and at its status_url, "
                         "counts its items by status; its archive_url is a zip of the finished items' audio."
                     ),
-                    "parameters": [
-                        {
-                            "name": CSRF_HEADER,
-                            "in": "header",
-                            "required": False,
-                            "schema": {"type": "string"},
-                            "description": "Required with keys off on a form upload; any value.",
-                        }
-                    ],
+                    "parameters": form_csrf_header,
                     "requestBody": {
                         "required": True,
                         "content": {
@@ -686,15 +687,7 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
                     "uploads a reference clip (audio) with its words (transcript), which a worker encodes into "
                     "ChatTTS's speaker sample before the voice is stored (kind clip). With keys off, such a form "
                     f"must carry the {CSRF_HEADER} header (any value): no cross-site form can send one.",
-                    "parameters": [
-                        {
-                            "name": CSRF_HEADER,
-                            "in": "header",
-                            "required": False,
-                            "schema": {"type": "string"},
-                            "description": "Required with keys off on a form upload; any value.",
-                        }
-                    ],
+                    "parameters": form_csrf_header,
                     "requestBody": {
                         "required": True,
                         "content": {
