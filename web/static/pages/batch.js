@@ -50,7 +50,7 @@ function setUpBatch(section) {
     progress.value = batch.progress;
     cancel.hidden = batch.status !== "running";
     if (callback && batch.callback) callback.textContent = batch.callback.state;
-    for (const item of batch.items) {
+    for (const item of batch.items || []) {
       const row = rows.get(item.job_id);
       if (!row) continue;
       const cell = row.querySelector(".item-status");
@@ -67,10 +67,17 @@ function setUpBatch(section) {
     }
   }
 
+  // The counts alone each poll (a batch of thousands is megabytes whole); the items only when they change.
+  let shownCounts = null;
   async function poll() {
     let batch;
     try {
-      batch = await sendJson("GET", section.dataset.statusUrl);
+      batch = await sendJson("GET", `${section.dataset.statusUrl}?items=none`);
+      const counts = JSON.stringify([batch.status, batch.counts]);
+      if (counts !== shownCounts) {
+        batch = await sendJson("GET", section.dataset.statusUrl);
+        shownCounts = JSON.stringify([batch.status, batch.counts]);
+      }
       error.textContent = "";
     } catch (failure) {
       error.textContent = failure.message;
