@@ -430,15 +430,17 @@ def test_a_job_delivered_again_runs_once(workers):
     """A broker reconnection hands unacknowledged jobs out again: a job runs once however often it comes."""
     client = workers.client
     job_id = str(uuid.uuid4())
-    first = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    # Long enough that the second delivery reaches the worker while the first runs, on a loaded machine too
+    # (with 600 characters a fresh clone's CI once logged no delivery while it ran: a race, most likely).
+    first = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1200]}, queue="cpu0", task_id=job_id)
     wait_for_state(first, {PROGRESS_STATE})
-    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1200]}, queue="cpu0", task_id=job_id)
     first.get(timeout=120)
     deadline = time.monotonic() + 30
     while f"job {job_id} is delivered again while it runs here" not in workers.log():
         assert time.monotonic() < deadline
         time.sleep(0.1)
-    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:600]}, queue="cpu0", task_id=job_id)
+    client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:1200]}, queue="cpu0", task_id=job_id)
     while f"job {job_id} is delivered again but has succeeded already" not in workers.log():
         assert time.monotonic() < deadline + 30
         time.sleep(0.1)
