@@ -266,7 +266,9 @@ class Engine:
             return rejected
         # The host's lengths: read back from the device, they would wait for the steps queued there.
         lengths = to_device(host_lengths, device, torch.long)
-        input_ids, _, text_mask = encode_prompts(self.model, admitted)
+        # The mask stays on the host: the pass takes its lengths, which the host has.
+        input_ids, _, text_mask = _padded_prompts(self.model, admitted)
+        input_ids, text_mask = to_device(input_ids, device), to_device(text_mask, device)
 
         embeddings = _with_speakers(self.model, admitted, input_ids, self.model.chat.embed(input_ids, text_mask))
         # The tokenizer pads on the left; each slot's prompt starts at its column 0.
@@ -321,7 +323,12 @@ def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Te
 def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The segments' prompts as ChatTTS's tokenizer gives them for a batch (left-padded ids, attention
     mask, text mask: false on the padding and on a speaker sample's codes), from each segment's own
-    encoding (:func:`encode_prompt`), in one copy to the device."""
+    encoding (:func:`encode_prompt`), on the device."""
+    return tuple(to_device(host, model.device) for host in _padded_prompts(model, segments))
+
+
+def _padded_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`encode_prompts`, on the host."""
     encoded = [encode_prompt(model, segment) for segment in segments]
     longest = max(len(ids) for ids in encoded)
     input_ids = torch.zeros(len(encoded), longest, encoded[0].shape[1], dtype=encoded[0].dtype)
@@ -331,7 +338,7 @@ def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.T
         input_ids[row, longest - len(ids) :] = ids
         attention_mask[row, longest - len(ids) :] = 1
         text_mask[row, longest - len(ids) : longest - segment.sample_steps] = True
-    return tuple(to_device(host, model.device) for host in (input_ids, attention_mask, text_mask))
+    return input_ids, attention_mask, text_mask
 
 
 def encode_prompt(model: LoadedModel, segment: Segment) -> torch.Tensor:
