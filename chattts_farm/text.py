@@ -6,6 +6,7 @@ normaliser, and some characters are never speech at all.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 
@@ -29,10 +30,12 @@ NOTHING_SPEAKABLE = (
 )
 
 
-def _visible_character() -> str:
+@functools.cache
+def visible_character() -> str:
     """A regular expression for one character that :func:`drop_invisible` keeps and ``strip`` does not
     drop (neither whitespace, nor a control or invisible format character), over the Basic Multilingual
-    Plane: the pattern of names that must keep something visible, as their schema says it."""
+    Plane: the pattern of names that must keep something visible, as their schema says it. Made when
+    first asked for (10 ms), not by every process that imports this module."""
     hidden = [code for code in range(0x10000) if chr(code).isspace() or unicodedata.category(chr(code)) in ("Cc", "Cf")]
     ranges, start = [], hidden[0]
     for previous, code in zip(hidden, [*hidden[1:], None], strict=True):
@@ -40,9 +43,6 @@ def _visible_character() -> str:
             ranges.append(f"\\u{start:04x}" if start == previous else f"\\u{start:04x}-\\u{previous:04x}")
             start = code
     return "[^" + "".join(ranges) + "]"
-
-
-VISIBLE_CHARACTER = _visible_character()
 
 
 def drop_invisible(text: str) -> str:

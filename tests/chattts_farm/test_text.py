@@ -2,7 +2,7 @@
 
 import re
 
-from chattts_farm.text import VISIBLE_CHARACTER, drop_invisible, is_speakable, is_ssml
+from chattts_farm.text import drop_invisible, is_speakable, is_ssml, visible_character
 
 
 def test_speakable_means_letters_or_chinese_characters():
@@ -25,7 +25,7 @@ def test_ssml_is_told_from_angle_brackets_in_prose():
 def test_the_visible_character_pattern_matches_exactly_the_characters_that_survive_dropping_and_stripping():
     # The schema's pattern for names that must keep something visible: a name of characters it does not
     # match is refused, and the API's fuzzer sends such names as valid ones unless the schema says so.
-    visible = re.compile(VISIBLE_CHARACTER)
+    visible = re.compile(visible_character())
     for code in range(0x10000):
         character = chr(code)
         assert bool(visible.fullmatch(character)) == bool(drop_invisible(character).strip()), hex(code)

@@ -26,7 +26,7 @@ from chattts_farm.contract import (
     OPENAI_VOICE_SEEDS,
     PRIORITIES,
 )
-from chattts_farm.text import SPEAKABLE_CHARACTER, VISIBLE_CHARACTER
+from chattts_farm.text import SPEAKABLE_CHARACTER, visible_character
 from web.access import PUBLIC_PATHS, SAFE_METHODS
 from web.access.sessions import CSRF_HEADER
 from web.api import bp
@@ -369,7 +369,7 @@ def openapi_description(max_text_chars: int, keys_required: bool, callbacks: boo
             "type": "string",
             "minLength": 1,
             "maxLength": 100,
-            "pattern": VISIBLE_CHARACTER,
+            "pattern": visible_character(),
             "description": (
                 "Unique. Control and invisible characters and surrounding spaces are dropped, as from tags and job "
                 "texts; something must be left. maxLength counts the name as sent. An OpenAI voice name "
