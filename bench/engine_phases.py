@@ -12,11 +12,18 @@ the wall its synthesizer steps took by how many segments were running when each 
 step, which admits the first segments, and the steps after the last segment, with only the
 vocoder's and the finishing's work left).
 
+``--profile-run`` adds, after the untimed pass, two more whole workloads: the first (on CUDA) in
+torch's synchronisation debug mode (every place the host waited for the device without asking to,
+by count: the host waiting so lets the GPU run dry behind it); the second under ``cProfile`` (the
+host's functions over a whole workload, ramp and tail included).
+
 ``--profile-steps N`` adds, between the two passes, a look at N synthesizer steps in the middle of
 another workload (after 20 steps, with the slots taken): on CUDA the GPU's kernels under
 ``torch.profiler`` (their GPU time per step beside the steps' wall time), then the host's
 Python functions under ``cProfile`` over the next N steps (by their own time, then with their
-callees'): what a step spends beside the device.
+callees'): what a step spends beside the device; and on CUDA, the attention of the first layer
+timed at the slots' state of that moment under other launch settings (tile, warps, stages, split
+width, programs a slot and head), against the one chosen.
 """
 
 from __future__ import annotations
@@ -25,10 +32,13 @@ import argparse
 import collections
 import cProfile
 import gc
+import itertools
 import logging
 import pstats
+import sys
 import time
 import types
+import warnings
 from collections.abc import Callable
 
 from worker.cuda import configure_allocator
@@ -37,10 +47,11 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
-from bench.decode_step import print_kernels, profiled_kernels, synchronize  # noqa: E402
+from bench.decode_step import print_kernels, profiled_kernels, synchronize, time_attention  # noqa: E402
 from bench.standard import seconds_range  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
+from worker.engine import attention  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
 from worker.engine_process import pipeline  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -137,6 +148,7 @@ def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tupl
 
         wall, kernels = profiled_kernels(run_steps, device)
         print_kernels(f"  {steps} synthesizer steps at full load, {1000 * wall / steps:.1f} ms each", kernels, steps)
+        live_attention(synthesizer)
     host = cProfile.Profile()
     host.enable()
     for _ in range(steps):
@@ -147,6 +159,95 @@ def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tupl
         pstats.Stats(host).sort_stats(order).print_stats(25)
     while synthesizer.in_flight:
         synthesizer.step()
+
+
+def profile_run(synthesizer: Synthesizer, jobs: int, seconds: tuple[float, float]) -> None:
+    """A whole workload with the implicit synchronisations counted, then another under cProfile (see the
+    module's doc)."""
+    device = synthesizer.model.device
+    if device.type == "cuda":
+        places: collections.Counter[tuple] = collections.Counter()
+
+        def note_sync(message, category, filename, lineno, file=None, line=None):
+            # Frames, not traceback.extract_stack: that reads each frame's source line, too slow for a
+            # warning that may come thousands of times.
+            frame, ours = sys._getframe(1), []
+            while frame is not None and len(ours) < 3:
+                if _is_ours(frame.f_code.co_filename):
+                    ours.append((_short(frame.f_code.co_filename), frame.f_lineno, frame.f_code.co_name))
+                frame = frame.f_back
+            places[tuple(ours)] += 1
+
+        started = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = note_sync
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                synthesizer.synthesize(standard_requests(jobs, seed=4, seconds=seconds))
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        print(
+            f"  a whole workload in torch's sync debug mode ({time.perf_counter() - started:.2f} s): the host "
+            f"waited for the device unasked {sum(places.values())} times; by place (innermost first):"
+        )
+        for frames, count in places.most_common(15):
+            print(f"  | {count} | " + " < ".join(f"{name}:{line} {function}" for name, line, function in frames) + " |")
+    host = cProfile.Profile()
+    host.enable()
+    synthesizer.synthesize(standard_requests(jobs, seed=5, seconds=seconds))
+    host.disable()
+    for order, meaning in (("cumulative", "time with callees"), ("tottime", "own time")):
+        print(f"  the host over a whole workload (cProfile, by {meaning}):", flush=True)
+        pstats.Stats(host).sort_stats(order).print_stats(40 if order == "cumulative" else 20)
+
+
+def _is_ours(filename: str) -> bool:
+    return any(f"/{package}/" in filename for package in ("worker", "bench", "chattts_farm"))
+
+
+def _short(filename: str) -> str:
+    return filename[max(filename.rfind(f"/{package}/") for package in ("worker", "bench", "chattts_farm")) + 1 :]
+
+
+def live_attention(synthesizer: Synthesizer) -> None:
+    """The first layer's decode attention at the slots' state now, under the chosen launch settings and
+    others: microseconds a call and GB/s read (see the module's doc)."""
+    runner, engine = synthesizer.engine.runner, synthesizer.engine
+    rows = engine._bucket(engine.scheduler.rows_in_use)
+    columns = torch.where(runner.finished[:rows], -1, runner.prompt_length[:rows] + runner.step[:rows] - 1)
+    heads = runner.llama.config.num_attention_heads
+    kv_heads, dim = runner.keys.shape[2], runner.keys.shape[4]
+    query = torch.randn(rows, heads, 1, dim, device=runner.device, dtype=runner.llama.dtype)
+    new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=runner.device, dtype=runner.llama.dtype)
+    taking_part = columns[columns >= 0]
+    read = int((taking_part + 1).sum()) * kv_heads * dim * runner.keys.element_size() * 2
+    print(
+        f"\n  layer 0's attention at the slots' state: {rows} rows, {taking_part.numel()} taking part, "
+        f"mean context {float(taking_part.float().mean()) + 1:.0f}, {read / 1e9:.2f} GB read a call"
+    )
+    print("  | split | programs a slot and head | tile | warps | stages | tensor cores | us a call | GB/s |")
+    print("  |---:|---:|---:|---:|---:|---|---:|---:|")
+    size = min(runner.keys.element_size(), 2)
+    chosen, chosen_split = dict(attention._LAUNCH), attention.SPLIT_COLUMNS
+
+    def timed(split: int, programs: int | None, launch: dict) -> None:
+        attention._LAUNCH, attention.SPLIT_COLUMNS = {size: launch}, split
+        arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows])
+        seconds = time_attention((*arguments, columns, runner._scale, programs), calls=10)
+        shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context))
+        settings = f"{launch['TILE']} | {launch['num_warps']} | {launch['num_stages']} | {launch['TENSOR_CORES']}"
+        print(f"  | {split} | {shown} | {settings} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} |", flush=True)
+
+    try:
+        timed(chosen_split, None, chosen[size])
+        for tile, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
+            timed(chosen_split, None, {**chosen[size], "TILE": tile, "num_warps": warps, "num_stages": stages})
+        timed(chosen_split, None, {**chosen[size], "TENSOR_CORES": not chosen[size]["TENSOR_CORES"]})
+        for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
+            timed(split, programs, {**chosen[size], "TILE": min(chosen[size]["TILE"], split)})
+    finally:
+        attention._LAUNCH, attention.SPLIT_COLUMNS = chosen, chosen_split
 
 
 def main() -> None:
@@ -164,6 +265,9 @@ def main() -> None:
     parser.add_argument("--kv-dtypes", default="model,fp8", help="KV cache dtypes to run, comma-separated.")
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
     parser.add_argument("--profile-steps", type=int, default=0, help="Profile this many steps at full load.")
+    parser.add_argument(
+        "--profile-run", action="store_true", help="Profile whole workloads: the GPU's busy share, syncs, the host."
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -198,6 +302,8 @@ def main() -> None:
         steps_timer.remove()
         print_timeline(steps_timer)
         print(f"  segments preempted so far: {synthesizer.engine.preemptions}")
+        if arguments.profile_run:
+            profile_run(synthesizer, arguments.jobs, arguments.seconds)
         if arguments.profile_steps:
             profile_steps(synthesizer, arguments.profile_steps, arguments.jobs, arguments.seconds)
 

@@ -158,7 +158,8 @@ def running_web(redis_url: str, workdir: Path) -> Iterator[str]:
             except (requests.ConnectionError, requests.Timeout):  # gunicorn's socket is open before its worker
                 pass
             if web.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"the web did not start; see {workdir / 'latency-web.log'}")
+                tail = (workdir / "latency-web.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"the web did not start; the end of {workdir / 'latency-web.log'}:\n{tail}")
             time.sleep(0.2)
         yield base
     finally:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import lzma
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,9 +58,21 @@ def _embedding_string(embedding: torch.Tensor) -> str:
 
 def embedding_for_seed(speaker: Speaker, seed: int) -> str:
     """The speaker-embedding string of the voice a seed names (the speaker statistics scale it)."""
-    return _embedding_for_seed(
-        seed, tuple(speaker.std.float().cpu().tolist()), tuple(speaker.mean.float().cpu().tolist())
-    )
+    return _embedding_for_seed(seed, *_host_statistics(speaker))
+
+
+# Each model's speaker statistics, read from its device once: a copy from the GPU waits for all the
+# work queued there, and every request named by a seed needs them (on an H200 at full load, each
+# request added waited for the decode steps in flight, and the GPU then idled while the host went on).
+_statistics: weakref.WeakKeyDictionary[Speaker, tuple[tuple[float, ...], tuple[float, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _host_statistics(speaker: Speaker) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    if speaker not in _statistics:
+        _statistics[speaker] = (tuple(speaker.std.float().cpu().tolist()), tuple(speaker.mean.float().cpu().tolist()))
+    return _statistics[speaker]
 
 
 def embedding_tensor(speaker: Speaker, embedding: str) -> torch.Tensor:
