@@ -241,7 +241,7 @@ def live_attention(synthesizer: Synthesizer) -> None:
 
     try:
         timed(chosen_split, None, chosen[size])
-        for tile, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4)):
+        for tile, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
             timed(chosen_split, None, {**chosen[size], "TILE": tile, "num_warps": warps, "num_stages": stages})
         timed(chosen_split, None, {**chosen[size], "TENSOR_CORES": not chosen[size]["TENSOR_CORES"]})
         for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
