@@ -108,10 +108,8 @@ class Whisper:
         self._model = model
         self._fp16 = device.type == "cuda"
         self._device = device
-        # Beside the engine's stream, not behind it (nor it behind this one); and first in line for the
-        # cores: its decoding loop waits for every step's small kernels before it launches the next,
-        # and at normal priority each step queued behind the engine's batch-wide kernels.
-        self._stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
+        # Beside the engine's stream, not behind it (nor it behind this one).
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def hears(self, text: str) -> bool:
         return True

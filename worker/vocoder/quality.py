@@ -27,11 +27,18 @@ def assess(samples: np.ndarray, tokens: int, expected: int, ended_by: str) -> Se
         quality.flags.append("too_long")
     if tokens < expected / 4:
         quality.flags.append("too_short")
-    if not np.all(np.isfinite(samples)):
+    # A few passes over the samples without temporary arrays: at 250 segments a second this runs on the
+    # engine's thread (0.3 ms a 10-s segment with np.square, np.abs and np.isfinite's temporaries).
+    with np.errstate(over="ignore"):
+        energy = float(np.dot(samples, samples)) if samples.size else 0.0
+    # Not finite: a NaN or an infinity in the samples, or squares too large to add up (still checked one by one).
+    if not np.isfinite(energy) and not np.all(np.isfinite(samples)):
         quality.flags.append("nan")
         return quality
-    if samples.size == 0 or float(np.sqrt(np.mean(np.square(samples)))) < SILENCE_RMS:
+    if samples.size == 0 or np.sqrt(energy / samples.size) < SILENCE_RMS:
         quality.flags.append("silence")
-    elif float(np.mean(np.abs(samples) >= CLIPPING_LEVEL)) > CLIPPING_FRACTION:
+    elif max(samples.max(), -samples.min()) >= CLIPPING_LEVEL and (
+        np.count_nonzero(np.abs(samples) >= CLIPPING_LEVEL) > CLIPPING_FRACTION * samples.size
+    ):
         quality.flags.append("clipping")
     return quality

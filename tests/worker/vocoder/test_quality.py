@@ -24,3 +24,22 @@ def test_nan_silence_and_clipping_are_flagged():
     assert "nan" in assess(np.array([np.nan, 0.1], dtype=np.float32), 50, 50, "eos").flags
     assert "silence" in assess(np.zeros(24_000, dtype=np.float32), 50, 50, "eos").flags
     assert "clipping" in assess(np.ones(24_000, dtype=np.float32), 50, 50, "eos").flags
+
+
+def test_an_infinity_is_flagged_as_not_finite():
+    with_infinity = SPEECH_LIKE.copy()
+    with_infinity[100] = -np.inf
+    assert "nan" in assess(with_infinity, 50, 50, "eos").flags
+
+
+def test_finite_samples_too_loud_to_square_and_add_are_clipping_not_nan():
+    flags = assess(np.full(24_000, 1e30, dtype=np.float32), 50, 50, "eos").flags
+    assert "nan" not in flags and "clipping" in flags
+
+
+def test_a_few_clipped_samples_are_within_bounds_and_many_are_not():
+    few, many = SPEECH_LIKE.copy(), SPEECH_LIKE.copy()
+    few[:100] = 1.0  # 0.4% of the samples
+    many[:1_000] = -1.0  # 4%
+    assert assess(few, 50, 50, "eos").ok
+    assert "clipping" in assess(many, 50, 50, "eos").flags

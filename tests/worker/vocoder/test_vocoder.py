@@ -204,3 +204,24 @@ def test_a_streamed_piece_needs_only_the_context_its_audio_reads_above_rounding(
         # (and a hop short: the ISTFT's last frame lacks its right neighbour).
         bare = kept_audio(keep_from, keep_to, 0)
         assert np.abs(bare - expected[: bare.size]).max() > 1e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+def test_on_a_gpu_graphs_captured_beside_queued_work_decode_what_the_network_decodes_op_by_op(tiny_settings):
+    from dataclasses import replace
+
+    from worker.model.loading import load_model
+
+    # fp32, so that the graphs and the op-by-op network agree to rounding.
+    model = load_model(replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
+    graphed, eager = Vocoder(model, 64, graphs=True), Vocoder(model, 64, graphs=False)
+    busy = torch.randn(4096, 4096, device="cuda")
+    for batch in (1, 3, 5, 3):  # rows of two windows each: three batch buckets, the last met again
+        rows = [random_hidden_states(model.chat, 3 * WINDOW_STEP_FRAMES, seed).cuda() for seed in range(batch)]
+        for _ in range(20):  # work queued ahead on the stream while the graphs are captured
+            busy = busy @ busy / 64
+        expected = eager.decode(rows)
+        for samples, reference in zip(graphed.decode(rows), expected, strict=True):
+            assert samples.shape == reference.shape
+            assert np.abs(samples - reference).max() < 1e-4
+    assert len(graphed.graphs) == 3
