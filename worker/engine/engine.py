@@ -270,7 +270,7 @@ class Engine:
         input_ids, _, text_mask = _padded_prompts(self.model, admitted)
         input_ids, text_mask = to_device(input_ids, device), to_device(text_mask, device)
 
-        embeddings = _with_speakers(self.model, admitted, input_ids, self.model.chat.embed(input_ids, text_mask))
+        embeddings = _with_speakers(self.model, admitted, input_ids, _embed(self.model, input_ids, text_mask))
         # The tokenizer pads on the left; each slot's prompt starts at its column 0.
         width = embeddings.shape[1]
         shifted = (torch.arange(width, device=device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
@@ -317,7 +317,19 @@ class Engine:
 def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded prompt embeddings (rows, length, width), each with its speaker, and their mask."""
     input_ids, attention_mask, text_mask = encode_prompts(model, segments)
-    return _with_speakers(model, segments, input_ids, model.chat.embed(input_ids, text_mask)), attention_mask
+    return _with_speakers(model, segments, input_ids, _embed(model, input_ids, text_mask)), attention_mask
+
+
+def _embed(model: LoadedModel, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
+    """ChatTTS's prompt embedding (``Embed``: a text token's embedding where ``text_mask`` holds, else the
+    sum of the codebooks' code embeddings), to the bit, without its boolean indexing: that reads the
+    mask's count back from the device, and before every prefill pass the host waited for all the decode
+    steps queued there (torch's sync debug mode on an H200)."""
+    embed = model.chat.embed
+    text = embed.emb_text(input_ids[..., 0].masked_fill(~text_mask, 0))
+    codes = input_ids.masked_fill(text_mask.unsqueeze(-1), 0)
+    summed = torch.stack([embed.emb_code[q](codes[..., q]) for q in range(embed.num_vq)], 2).sum(2)
+    return torch.where(text_mask.unsqueeze(-1), text, summed.to(text.dtype))
 
 
 def encode_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -290,11 +290,16 @@ class ModelRunner:
         self.prompt_length[index] = prompt_lengths
         self.min_tokens[index] = min_tokens
         self.end_at[index] = end_at
-        self.step[index] = 0
-        self.recent[index] = NO_TOKEN
-        self.finished[index] = False
-        self.lengths[index] = 0
-        self.ended_by[index] = STILL_RUNNING
+        # index_fill_, not [index] = number: on CUDA that assignment waits for the device (torch's sync
+        # debug mode found each of these five in every prefill pass on an H200).
+        for state, value in (
+            (self.step, 0),
+            (self.recent, NO_TOKEN),
+            (self.finished, False),
+            (self.lengths, 0),
+            (self.ended_by, STILL_RUNNING),
+        ):
+            state.index_fill_(0, index, value)
 
         rows, length, _ = embeddings.shape
         bucket_rows = bucket_for(self.prefill_row_buckets, rows)

@@ -471,3 +471,17 @@ def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype
         torch.testing.assert_close(
             output.hiddens[: first_difference + 1], reference.hiddens[: first_difference + 1], atol=2e-2, rtol=0
         )
+
+
+def test_prompts_embed_as_chattts_embeds_them_text_tokens_and_a_speaker_sample_s_codes(synthesizer, mixed_segments):
+    model = synthesizer.model
+    segments = mixed_segments()[:3]
+    codes = torch.randint(0, model.chat.config.gpt.num_audio_tokens - 1, (model.chat.config.gpt.num_vq, 9))
+    segments[1].sample, segments[1].speaker, segments[1].transcript = codes, None, "the clip's words"
+    input_ids, _, text_mask = encode_prompts(model, segments)
+    embeddings, _ = embed_prompts(model, segments)
+    expected = model.chat.embed(input_ids, text_mask)
+    assert (~text_mask[1]).sum() >= codes.shape[1]  # the sample's codes (and the padding) are code positions
+    # Everywhere but the speaker slots, which take each segment's speaker afterwards.
+    speaker_slots = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids)
+    assert torch.equal(embeddings[~speaker_slots], expected[~speaker_slots])
