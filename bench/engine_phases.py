@@ -47,12 +47,19 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
-from bench.decode_step import print_kernels, profiled_kernels, synchronize, time_attention  # noqa: E402
+from bench.decode_step import (  # noqa: E402
+    copy_bandwidth,
+    print_kernels,
+    profiled_kernels,
+    synchronize,
+    time_attention,
+)
 from bench.standard import seconds_range  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from worker.engine import attention  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
+from worker.engine.engine import encode_prompt  # noqa: E402
 from worker.engine_process import pipeline  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
@@ -127,13 +134,44 @@ def print_timeline(timer: PhaseTimer) -> None:
             print(f"  | {name} | {timer.calls[name]} | {timer.seconds[name]:.2f} |")
 
 
-def audio_per_wall(synthesizer: Synthesizer, jobs: int, seed: int, seconds: tuple[float, float]) -> tuple[float, float]:
+def audio_per_wall(
+    synthesizer: Synthesizer, jobs: int, seed: int, seconds: tuple[float, float], bandwidth: float | None = None
+) -> tuple[float, float]:
+    """The workload's wall seconds and audio-s per wall-s; given the device's copy bandwidth (bytes a
+    second), also prints what its KV cache reads alone allow (:func:`kv_cache_reads`)."""
     # Made before the clock starts: writing 1,536 texts is the client's work (~0.25 s), not the engine's.
     requests = standard_requests(jobs, seed=seed, seconds=seconds)
     started = time.perf_counter()
     outcomes = synthesizer.synthesize(requests)
     wall = time.perf_counter() - started
-    return wall, sum(outcome.duration_s for outcome in outcomes) / wall
+    audio_s = sum(outcome.duration_s for outcome in outcomes)
+    if bandwidth:
+        reads = kv_cache_reads(synthesizer, requests, [outcome.tokens for outcome in outcomes])
+        floor = reads / bandwidth
+        print(
+            f"  its decode steps read {reads / 1e12:.1f} TB of KV cache: {floor:.2f} s at the copy bandwidth "
+            f"measured at start ({bandwidth / 1e9:,.0f} GB/s), so at most {audio_s / floor:,.0f} audio-s "
+            "per wall-s with nothing else to do"
+        )
+    return wall, audio_s / wall
+
+
+def kv_cache_reads(synthesizer: Synthesizer, requests: list, tokens: list[int]) -> int:
+    """The bytes of KV cache the decode steps of requests that drew ``tokens`` each read: a segment's
+    decode step t attends its prompt and the t positions after it (step 0 is the prefill's), which is
+    all the attention reads. A request's tokens are shared among its segments by their expected lengths
+    (the standard workload's requests are one segment each)."""
+    keys = synthesizer.engine.runner.keys  # (layers, blocks, kv heads, block positions, head dim)
+    per_position = 2 * keys.shape[0] * keys.shape[2] * keys.shape[4] * keys.element_size()
+    positions = 0
+    for number, (request, drawn) in enumerate(zip(requests, tokens, strict=True)):
+        segments = synthesizer.preparer.prepare(number, request).segments
+        expected = sum(segment.expected_tokens for segment in segments)
+        for segment in segments:
+            steps = round(drawn * segment.expected_tokens / expected) - 1
+            prompt = len(encode_prompt(synthesizer.model, segment))
+            positions += steps * prompt + steps * (steps + 1) // 2
+    return positions * per_position
 
 
 def profile_steps(synthesizer: Synthesizer, steps: int, jobs: int, seconds: tuple[float, float]) -> None:
@@ -243,7 +281,7 @@ def live_attention(synthesizer: Synthesizer) -> None:
 
     try:
         timed(chosen_split, None, chosen[size])
-        for tile, warps, stages in itertools.product((32, 64, 128), (2, 4, 8), (2, 3)):
+        for tile, warps, stages in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3)):
             timed(chosen_split, None, {**chosen[size], "TILE": tile, "num_warps": warps, "num_stages": stages})
         timed(chosen_split, None, {**chosen[size], "TENSOR_CORES": not chosen[size]["TENSOR_CORES"]})
         for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
@@ -268,11 +306,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
     parser.add_argument("--profile-steps", type=int, default=0, help="Profile this many steps at full load.")
     parser.add_argument(
-        "--profile-run", action="store_true", help="Profile whole workloads: the GPU's busy share, syncs, the host."
+        "--profile-run", action="store_true", help="Profile whole workloads: the implicit syncs, the host."
     )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
+    # Measured before any model takes the memory it needs.
+    bandwidth = (
+        copy_bandwidth(torch.device("cuda"))
+        if arguments.device in ("cuda", "auto") and torch.cuda.is_available()
+        else None
+    )
 
     for kv_dtype in arguments.kv_dtypes.split(","):
         settings = Settings.from_env(
@@ -299,7 +343,7 @@ def main() -> None:
         # (the allocator's, the vocoder's batches), and a worker lives in the steady state after it.
         synthesizer.synthesize(standard_requests(arguments.jobs, seed=7, seconds=arguments.seconds))
         steps_timer = timeline(synthesizer)
-        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds)
+        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds, bandwidth)
         print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases untimed)")
         steps_timer.remove()
         print_timeline(steps_timer)
