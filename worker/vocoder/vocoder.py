@@ -19,11 +19,10 @@ graph captured the first time its (window size, batch bucket) is met.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -187,28 +186,16 @@ class WindowGraphs:
             self.network(inputs)
         stream.wait_stream(warm_up)
         graph = torch.cuda.CUDAGraph()
-        with _capturing(graph, self._pool, warm_up):
-            audio = self.network(inputs)
-        return graph, inputs, audio
-
-
-@contextlib.contextmanager
-def _capturing(graph: torch.cuda.CUDAGraph, pool, stream: torch.cuda.Stream) -> Iterator[None]:
-    """``torch.cuda.graph(graph, pool, stream)`` without what it does first: synchronise the device and
-    empty the caches of device and pinned host memory. A window graph is captured mid-run, when its
-    size and batch first meet: that made the engine's thread wait for every decode step queued while
-    the GPU then idled through the capture (8 captures in a workload of 1,536 jobs on an H200, after
-    a warm-up workload: 0.85 s of the host under cProfile), and the copies after it allocate pinned
-    memory anew."""
-    with torch.cuda.stream(stream):
+        # torch.cuda.graph synchronises the device and empties the memory caches first: mid-run that
+        # waits for the decode steps queued, but without emptying them the capture's pool found no
+        # memory on an H200 (the engine leaves little free); a workload that met 8 new (size, batch)
+        # pairs after a warm-up workload spent 0.85 s of its host here (cProfile).
         # Thread-local, as the engine's captures: the ASR gate's Whisper runs on a thread of its own
         # (worker.asr.listener) and a worker's heartbeat asks the GPU for free memory; either's CUDA
         # calls while this thread captures would break a capture in the default global mode.
-        graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-        try:
-            yield
-        finally:
-            graph.capture_end()
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            audio = self.network(inputs)
+        return graph, inputs, audio
 
 
 def batch_bucket(count: int, most: int) -> int:

@@ -218,7 +218,7 @@ def test_on_a_gpu_graphs_captured_beside_queued_work_decode_what_the_network_dec
     busy = torch.randn(4096, 4096, device="cuda")
     for batch in (1, 3, 5, 3):  # rows of two windows each: three batch buckets, the last met again
         rows = [random_hidden_states(model.chat, 3 * WINDOW_STEP_FRAMES, seed).cuda() for seed in range(batch)]
-        for _ in range(20):  # work queued ahead on the stream while the graphs are captured
+        for _ in range(20):  # work queued ahead on the stream when a graph is captured
             busy = busy @ busy / 64
         expected = eager.decode(rows)
         for samples, reference in zip(graphed.decode(rows), expected, strict=True):
