@@ -6,7 +6,7 @@ as a whole (:func:`web.jobs.submit_together`, as the voice workshop's jobs are).
 other, bulk unless they say otherwise, each knowing its batch, its place in it and its ``custom_id``.
 
 A batch ends when its last item has ended (done, failed or cancelled): the request that ends that item
-notices it (:func:`notice_end`), once, and hands the batch's callback, if it has one, to the delivery
+notices it (:func:`web.batch_status.notice_end`), once, and hands the batch's callback, if it has one, to the delivery
 queue as a job's is (web.callbacks). The reconciler looks at the unfinished items of batches with a
 callback, which nobody may be polling.
 """
@@ -19,21 +19,19 @@ import re
 import uuid
 import zipfile
 from collections.abc import Iterator
-from contextlib import nullcontext
 from typing import Any
 
-from flask import current_app, has_request_context, url_for
-from sqlalchemy import case
+from flask import current_app
 from sqlalchemy import inspect as sa_inspect
 from werkzeug.datastructures import FileStorage
 
 from chattts_farm.audio_store import AudioStore
 from chattts_farm.callbacks import CallbackPolicy, CallbackRefused
 from chattts_farm.contract import InvalidRequest, SynthesisRequest
-from web import access, backends, callbacks, jobs, voices
+from web import access, backends, batch_status, callbacks, jobs, voices
 from web.errors import ApiError
 from web.json_body import json_value
-from web.models import CUSTOM_ID_MAX_CHARS, Batch, CallbackState, Job, JobStatus, Voice, db, utcnow
+from web.models import CUSTOM_ID_MAX_CHARS, Batch, Job, JobStatus, Voice, db, utcnow
 
 logger = logging.getLogger(__name__)
 
@@ -188,16 +186,16 @@ def recent(limit: int) -> list[Batch]:
 
 def items(batch: Batch) -> list[Job]:
     """The batch's items in their order, brought up to date (their tasks' states read in bulk)."""
-    stored = _stored_items(batch)
+    stored = batch_status.stored_items(batch)
     jobs.refresh_all(stored)
     if batch.finished_at is None:
-        notice_end(batch.id)
+        batch_status.notice_end(batch.id)
     else:
         callbacks.settle(batch)
     # Read again in one query when a commit above (an item's end, the batch's) expired every row; not
     # when none did (the rows of 10,000 items, loaded, are most of a poll's time).
     if any(sa_inspect(job).expired for job in stored):
-        return _stored_items(batch)
+        return batch_status.stored_items(batch)
     return stored
 
 
@@ -212,41 +210,8 @@ def cancel(batch: Batch) -> list[Job]:
     )
     db.session.commit()
     jobs.cancel_all(items(batch))
-    notice_end(batch.id)
-    return _stored_items(batch)
-
-
-def notice_end(batch_id: str) -> None:
-    """Once the batch's last item has ended, mark the batch ended and queue its callback; of the requests
-    that notice at once, only the one whose update marks it does."""
-    still_running = db.session.execute(
-        db.select(Job.id).where(Job.batch_id == batch_id, Job.status.not_in(JobStatus.FINISHED)).limit(1)
-    ).first()
-    if still_running is not None:
-        return
-    marked = db.session.execute(
-        db.update(Batch)
-        .where(Batch.id == batch_id, Batch.finished_at.is_(None))
-        .values(
-            finished_at=utcnow(),
-            callback_state=case((Batch.callback_url.is_not(None), CallbackState.PENDING), else_=None),
-        ),
-        execution_options={"synchronize_session": False},
-    )
-    db.session.commit()
-    if marked.rowcount == 1:
-        batch = db.session.get(Batch, batch_id)
-        logger.info("batch %s ended (%s)", batch_id, batch.status)
-        if batch.callback_url is not None:
-            call_back(batch)
-
-
-def call_back(batch: Batch) -> None:
-    """Hand an ended batch's status to its callback's delivery queue."""
-    # The reconciler notices ends outside any request: its status's URLs are the paths a request's are.
-    with nullcontext() if has_request_context() else current_app.test_request_context():
-        body = json.dumps(describe(batch, _stored_items(batch)))
-    callbacks.send(batch, body)
+    batch_status.notice_end(batch.id)
+    return batch_status.stored_items(batch)
 
 
 def watch_for_callbacks() -> None:
@@ -256,50 +221,7 @@ def watch_for_callbacks() -> None:
     for batch in db.session.execute(unfinished).scalars().all():
         items(batch)
     for batch in callbacks.pending(Batch):
-        call_back(batch)
-
-
-def describe(batch: Batch, batch_items: list[Job], *, listed: bool = True) -> dict[str, Any]:
-    """A batch's status as the API answers it and its callback sends it: counts of its items by status,
-    its progress (the share of its items' work done), and each item (unless not ``listed``)."""
-    counts = dict.fromkeys(JobStatus.ALL, 0)
-    for item in batch_items:
-        counts[item.status] += 1
-    progress = sum(1.0 if item.status in JobStatus.FINISHED else item.progress for item in batch_items)
-    described = {
-        "id": batch.id,
-        "status": batch.status,
-        "size": batch.size,
-        "counts": counts,
-        "progress": round(progress / max(batch.size, 1), 3),
-        "created_at": batch.created_at.isoformat(),
-        "finished_at": batch.finished_at.isoformat() if batch.finished_at else None,
-        "cancelled_at": batch.cancelled_at.isoformat() if batch.cancelled_at else None,
-        "status_url": url_for("api.get_batch", batch_id=batch.id),
-        "archive_url": url_for("api.batch_archive", batch_id=batch.id),
-        "callback": callbacks.delivery(batch),
-    }
-    if listed:
-        described["items"] = [_describe_item(item) for item in batch_items]
-    return described
-
-
-def _describe_item(job: Job) -> dict[str, Any]:
-    return {
-        "item": job.batch_item,
-        "custom_id": job.custom_id,
-        "job_id": job.id,
-        "status": job.status,
-        "progress": round(job.progress, 3),
-        "error": job.error,
-        "duration_s": job.duration_s,
-        "status_url": url_for("api.get_job", job_id=job.id),
-        "audio_url": url_for("api.job_audio", job_id=job.id),
-    }
-
-
-def _stored_items(batch: Batch) -> list[Job]:
-    return list(db.session.execute(db.select(Job).where(Job.batch_id == batch.id).order_by(Job.batch_item)).scalars())
+        batch_status.call_back(batch)
 
 
 def archive(batch: Batch, batch_items: list[Job]) -> Iterator[bytes]:

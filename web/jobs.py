@@ -19,7 +19,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from chattts_farm.audio_store import StoredAudio
 from chattts_farm.contract import PROGRESS_STATE, TASK_NAME, Blend, SpeakerSample, SynthesisRequest
-from web import access, admission, backends, callbacks, delivery
+from web import access, admission, backends, batch_status, callbacks, delivery
 from web.access import limits
 from web.errors import ApiError
 from web.job_status import describe
@@ -342,8 +342,6 @@ def _ended(jobs: list[Job], charged_s: dict[str, float]) -> None:
     """What follows jobs' ends, done by the request that ended them: each job's reservation settled (its
     charge in ``charged_s``), its place in the queue freed, its callback queued; and the end of the
     batches whose last items they were noticed."""
-    from web import batches
-
     limits.settle_audio([(job, charged_s[job.id]) for job in jobs])
     for api_key_id in {job.api_key_id for job in jobs}:
         api_key = db.session.get(ApiKey, api_key_id) if api_key_id is not None else None
@@ -352,7 +350,7 @@ def _ended(jobs: list[Job], charged_s: dict[str, float]) -> None:
         if job.callback_url is not None:
             call_back(job)
     for batch_id in {job.batch_id for job in jobs if job.batch_id is not None}:
-        batches.notice_end(batch_id)
+        batch_status.notice_end(batch_id)
 
 
 def call_back(job: Job) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flask import Response, request
 
-from web import MULTIPART, access, batches, sent_as_form, takes_uploads_up_to
+from web import MULTIPART, access, batch_status, batches, sent_as_form, takes_uploads_up_to
 from web.api import bp
 from web.errors import ApiError
 from web.json_body import json_object
@@ -24,7 +24,7 @@ def create_batch():
         batch = batches.create_from_upload(request.files.get("items"), request.form.get("defaults"))
     else:
         batch = batches.create(json_object())
-    body = batches.describe(batch, batches.items(batch))
+    body = batch_status.describe(batch, batches.items(batch))
     return body, 202, {"Location": body["status_url"]}
 
 
@@ -36,7 +36,7 @@ def get_batch(batch_id: str):
     if listed not in ("all", "none"):
         raise ApiError(400, "items must be all or none", "items")
     batch = batches.visible(batch_id)
-    return batches.describe(batch, batches.items(batch), listed=listed == "all")
+    return batch_status.describe(batch, batches.items(batch), listed=listed == "all")
 
 
 @bp.get("/batches/<batch_id>/archive")
@@ -56,4 +56,4 @@ def batch_archive(batch_id: str):
 @bp.delete("/batches/<batch_id>")
 def cancel_batch(batch_id: str):
     batch = batches.visible(batch_id)
-    return batches.describe(batch, batches.cancel(batch))
+    return batch_status.describe(batch, batches.cancel(batch))
