@@ -151,9 +151,12 @@ class Whisper:
                 for clip in audio
             ]
         )
-        rows = greedy_tokens(self._model, mels, tokenizer, max(limits), fp16=self._fp16)
+        options = whisper.DecodingOptions(
+            language=language, temperature=0.0, sample_len=max(limits), without_timestamps=True, fp16=self._fp16
+        )
+        results = whisper.decode(self._model, mels, options)
         # A row decoded past its own limit (the batch ran to the longest's) is cut where it would have stopped alone.
-        return [tokenizer.decode(tokens[:limit]).strip() for tokens, limit in zip(rows, limits, strict=True)]
+        return [tokenizer.decode(result.tokens[:limit]).strip() for result, limit in zip(results, limits, strict=True)]
 
     def _transcribe_long(self, audio: np.ndarray, expected_text: str) -> str:
         language = _language(expected_text)
@@ -172,50 +175,6 @@ class Whisper:
         return self._whisper.tokenizer.get_tokenizer(
             self._model.is_multilingual, num_languages=self._model.num_languages, language=language, task="transcribe"
         )
-
-
-# Decoding steps between two looks at whether every row has ended (each look waits for the device).
-STEPS_BETWEEN_LOOKS = 16
-
-
-@torch.inference_mode()
-def greedy_tokens(model, mels: torch.Tensor, tokenizer, sample_len: int, *, fp16: bool) -> list[list[int]]:
-    """The tokens ``whisper.decode`` gives each row of log-mel spectrograms, decoding greedily without
-    timestamps (temperature 0, its blank and non-speech tokens suppressed), up to each row's end; the
-    same loop but for how often it reads the device. whisper.decode reads it twice a step (which rows
-    ended, and whether all have): beside the engine each read waited for the engine's kernels queued
-    on the GPU before the next step could be launched. Here a row that ended draws the end again,
-    and the loop looks at whether all have ended every STEPS_BETWEEN_LOOKS steps."""
-    device, end = mels.device, tokenizer.eot
-    initial = list(tokenizer.sot_sequence_including_notimestamps)
-    suppressed = {tokenizer.transcribe, tokenizer.translate, tokenizer.sot, tokenizer.sot_prev, tokenizer.sot_lm}
-    suppressed.update(tokenizer.non_speech_tokens)
-    if tokenizer.no_speech is not None:
-        suppressed.add(tokenizer.no_speech)
-    suppress = torch.tensor(sorted(suppressed), device=device)
-    blank = torch.tensor([*tokenizer.encode(" "), end], device=device)  # never a row's first token
-    audio_features = model.embed_audio(mels.half() if fp16 else mels)
-    tokens = torch.tensor([initial], device=device).repeat(len(mels), 1)
-    ended = torch.zeros(len(mels), dtype=torch.bool, device=device)
-    kv_cache, hooks = model.install_kv_cache_hooks()
-    try:
-        for step in range(sample_len):
-            logits = model.decoder(tokens if step == 0 else tokens[:, -1:], audio_features, kv_cache=kv_cache)[:, -1]
-            if step == 0:
-                logits.index_fill_(1, blank, -np.inf)
-            logits.index_fill_(1, suppress, -np.inf)
-            drawn = logits.argmax(dim=-1).masked_fill_(ended, end)
-            ended |= drawn == end
-            tokens = torch.cat([tokens, drawn[:, None]], dim=-1)
-            if tokens.shape[-1] > model.dims.n_text_ctx:
-                break
-            if (step + 1) % STEPS_BETWEEN_LOOKS == 0 and bool(ended.all()):
-                break
-    finally:
-        for hook in hooks:
-            hook.remove()
-    rows = tokens[:, len(initial) :].tolist()
-    return [row[: row.index(end)] if end in row else row for row in rows]
 
 
 def token_limit(tokenizer, expected_text: str) -> int:
