@@ -1,5 +1,5 @@
 """bench/engine_phases.py in a tiny form: every phase of the synthesizer is timed, the decode step alone too,
-the untimed pass's timeline accounts for its steps, and a profile of the host runs."""
+the untimed pass's timeline accounts for its steps, and profiles of the host (a few steps, a whole workload) run."""
 
 from tests.support import run_bench
 
@@ -20,7 +20,7 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     finished = run_bench(
         "engine_phases",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "4", "--slots", "4"),
-        *("--kv-dtypes", "model,fp8", "--seconds", "1-2", "--profile-steps", "2"),
+        *("--kv-dtypes", "model,fp8", "--seconds", "1-2", "--profile-steps", "2", "--profile-run"),
         data_dir=data_dir,
         timeout_s=300,
     )
@@ -35,3 +35,6 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     timeline = table_after(lines, "| running |")
     assert "0" in timeline and int(timeline["1-64"][0]) > 0 and float(timeline["1-64"][1]) > 0
     assert output.count("the host over 2 steps (cProfile, by own time)") == 2
+    # A whole workload's host profile, the synthesizer's steps in it (the sync count is CUDA's alone).
+    assert output.count("the host over a whole workload (cProfile, by time with callees)") == 2
+    assert "pipeline.py" in output.split("the host over a whole workload")[1]
