@@ -14,16 +14,18 @@ import cn2an
 import jiwer
 from num2words import num2words
 
+from chattts_farm.text import CJK_CHARACTER
+
 # ChatTTS's control tags ([uv_break], [laugh], [lbreak], ...) are said as pauses and laughs, not words.
 _TAG = re.compile(r"\[[^\]]*\]")
-_CHINESE = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff]")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 # Everything but letters, digits and apostrophes; an apostrophe only inside a word ("don't").
 _PUNCTUATION = re.compile(r"[^\w\s']|_|(?<!\w)'|'(?!\w)")
 
 
 def is_chinese(text: str) -> bool:
-    return bool(_CHINESE.search(text))
+    """Whether a text is Chinese, by the characters ChatTTS speaks as Chinese (the farm's one rule)."""
+    return bool(CJK_CHARACTER.search(text))
 
 
 def normalise(text: str) -> str:
