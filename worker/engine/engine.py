@@ -32,7 +32,7 @@ from worker.engine.runner import (
     to_device,
 )
 from worker.engine.sampler import RowSampling
-from worker.engine.scheduler import Scheduler
+from worker.engine.scheduler import PASSES_FOR_DUE, Scheduler
 from worker.engine.segment import Segment, SegmentOutput
 from worker.model.loading import LoadedModel
 
@@ -156,6 +156,9 @@ class Engine:
     def _admit(self) -> list[Segment]:
         """Give the running segments the blocks of this round's decode steps and admit waiting ones;
         returns those admitted (their prefill is still to run, a pass of ``max_admissions`` at a time)."""
+        waiting = self.scheduler.waiting
+        if waiting and waiting.first().prompt_ids is None:  # a burst: what may be admitted, in one call
+            tokenise_prompts(self.model, waiting.next(PASSES_FOR_DUE * self.scheduler.max_admissions))
         schedule = self.scheduler.schedule(self.decode_steps + SYNC_EVERY, self._demand, time.monotonic())
         if schedule.preempted:
             # Their slots stop now; the scheduler has put the segments back in the queue.
@@ -183,8 +186,7 @@ class Engine:
             for _ in range(SYNC_EVERY):
                 self._decode_step()
             # The next admissions' prompts are tokenised while the device runs the steps just queued.
-            for segment in self.scheduler.waiting.next(self.scheduler.max_admissions):
-                encode_prompt(self.model, segment)
+            tokenise_prompts(self.model, self.scheduler.waiting.next(self.scheduler.max_admissions))
         if self._snapshot is not None:
             left.extend(self._take_snapshot())
         if launched and self.scheduler.running:
@@ -355,13 +357,26 @@ def _padded_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.
 
 def encode_prompt(model: LoadedModel, segment: Segment) -> torch.Tensor:
     """The token ids of a segment's prompt (on the CPU; positions x codebooks: each text token in every
-    codebook, then a speaker sample's codes), as ChatTTS's tokenizer encodes it, once, kept on the segment."""
-    if segment.prompt_ids is None:
-        ids, _, _ = model.chat.tokenizer.encode(
-            [segment.prompt], model.chat.config.gpt.num_vq, prompt=segment.sample, device="cpu"
-        )
-        segment.prompt_ids = ids[0]
+    codebook, then a speaker sample's codes), as ChatTTS's tokenizer encodes it alone, once, kept on
+    the segment."""
+    tokenise_prompts(model, [segment])
     return segment.prompt_ids
+
+
+def tokenise_prompts(model: LoadedModel, segments: list[Segment]) -> None:
+    """Encode the prompts of the segments not encoded yet (see :func:`encode_prompt`), their texts in one
+    call of the tokenizer. ChatTTS's ``Tokenizer.encode`` calls it once a text even for a list: 1,536
+    prompts took 0.67 s of an H200 host's workload (cProfile), and a burst's first prefill pass waited
+    for its 512; batched, 512 of the standard workload's prompts take 87-107 ms instead of 180-246 (a
+    2-core CPU)."""
+    pending = [segment for segment in segments if segment.prompt_ids is None]
+    if not pending:
+        return
+    codebooks = model.chat.config.gpt.num_vq
+    texts = model.chat.tokenizer._tokenizer([segment.prompt for segment in pending], add_special_tokens=False)
+    for segment, ids in zip(pending, texts["input_ids"], strict=True):
+        text = torch.tensor(ids, dtype=torch.long).unsqueeze(-1).expand(-1, codebooks).clone()
+        segment.prompt_ids = text if segment.sample is None else torch.cat([text, segment.sample.t().long()])
 
 
 def _with_speakers(

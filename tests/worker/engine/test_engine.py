@@ -16,9 +16,10 @@ from transformers.cache_utils import DynamicCache
 
 from worker.engine import runner
 from worker.engine.blocks import blocks_for
-from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling
+from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling, tokenise_prompts
 from worker.engine.sampler import sample
-from worker.engine.segment import Segment, SegmentOutput
+from worker.engine.scheduler import PASSES_FOR_DUE
+from worker.engine.segment import Segment, SegmentOutput, SegmentStatus
 
 
 @torch.inference_mode()
@@ -323,12 +324,19 @@ def test_prompts_encoded_one_by_one_and_ahead_are_the_tokenizers_batch(synthesiz
     assert all(segment.prompt_ids is not None for segment in segments)
 
 
-def test_the_next_admissions_are_tokenised_while_the_steps_run(synthesizer, mixed_segments):
-    engine = Engine(synthesizer.model, slots=2, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
-    segments = mixed_segments()
+def test_a_burst_is_tokenised_as_far_as_its_passes_go_and_the_next_admission_while_the_steps_run(
+    synthesizer, mixed_segments
+):
+    engine = Engine(synthesizer.model, slots=1, max_admissions=1, max_prompt_tokens=128, max_new_tokens=160)
+    segments = mixed_segments()  # six, all due
     engine.add(segments)
     engine.step()
-    assert [segment.prompt_ids is not None for segment in segments] == [True] * 4 + [False] * 2
+    # Admitting the first, the engine tokenised what a round's passes for segments due may take, at once.
+    assert [segment.prompt_ids is not None for segment in segments] == [True] * PASSES_FOR_DUE + [False] * 2
+    while segments[3].status is SegmentStatus.WAITING:
+        engine.step()
+    # The fourth admitted: the fifth, next in line, was tokenised while the steps ran; the sixth waits.
+    assert segments[4].prompt_ids is not None and segments[5].prompt_ids is None
 
 
 def test_prompts_are_padded_to_few_lengths():
@@ -485,3 +493,16 @@ def test_prompts_embed_as_chattts_embeds_them_text_tokens_and_a_speaker_sample_s
     # Everywhere but the speaker slots, which take each segment's speaker afterwards.
     speaker_slots = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids)
     assert torch.equal(embeddings[~speaker_slots], expected[~speaker_slots])
+
+
+def test_prompts_tokenised_together_are_each_as_chattts_encodes_it_alone(synthesizer, mixed_segments):
+    model = synthesizer.model
+    segments = mixed_segments()
+    codes = torch.randint(0, model.chat.config.gpt.num_audio_tokens - 1, (model.chat.config.gpt.num_vq, 7))
+    segments[2].sample, segments[2].speaker, segments[2].transcript = codes, None, "the clip's words"
+    tokenise_prompts(model, segments)
+    for segment in segments:
+        alone, _, _ = model.chat.tokenizer.encode(
+            [segment.prompt], model.chat.config.gpt.num_vq, prompt=segment.sample, device="cpu"
+        )
+        assert segment.prompt_ids.dtype == alone.dtype and torch.equal(segment.prompt_ids, alone[0])
