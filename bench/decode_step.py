@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import inspect
 import itertools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from worker.cuda import configure_allocator
 
@@ -54,6 +55,7 @@ from transformers.cache_utils import DynamicCache  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
+from worker.engine import attention  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
@@ -220,12 +222,21 @@ def read_bytes(arguments: tuple) -> int:
     return int(columns.sum()) * new_key.shape[1] * new_key.shape[3] * keys.element_size() * 2
 
 
+@contextlib.contextmanager
+def launch_settings(size: int, launch: dict, split_columns: int | None = None) -> Iterator[None]:
+    """The decode attention launched with ``launch`` for caches of ``size`` bytes a value (and splits of
+    ``split_columns`` positions, if given) inside the block; its own settings back after it."""
+    chosen, chosen_split = attention._LAUNCH, attention.SPLIT_COLUMNS
+    attention._LAUNCH, attention.SPLIT_COLUMNS = {**chosen, size: launch}, split_columns or chosen_split
+    try:
+        yield
+    finally:
+        attention._LAUNCH, attention.SPLIT_COLUMNS = chosen, chosen_split
+
+
 def launch_sweep(model: LoadedModel, context: int) -> None:
     """The three fastest launch settings per cache dtype and way of multiplying, at 1,024 rows (see the
     module's doc)."""
-    from worker.engine import attention
-
-    chosen = dict(attention._LAUNCH)
     print("\n| kv cache | tensor cores | us/call | GB/s read | tile | warps | stages |")
     print("|---|---|---:|---:|---:|---:|---:|")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
@@ -235,10 +246,9 @@ def launch_sweep(model: LoadedModel, context: int) -> None:
         for tensor_cores in (False, True):
             timings = []
             for tile, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
-                attention._LAUNCH = {
-                    size: {"TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores}
-                }
-                timings.append((time_attention(arguments, calls=10), tile, warps, stages))
+                launch = {"TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores}
+                with launch_settings(size, launch):
+                    timings.append((time_attention(arguments, calls=10), tile, warps, stages))
             timings.sort()
             for seconds, tile, warps, stages in timings[:3]:
                 settings = f"{tile} | {warps} | {stages}"
@@ -247,7 +257,6 @@ def launch_sweep(model: LoadedModel, context: int) -> None:
                     flush=True,
                 )
         del arguments
-    attention._LAUNCH = chosen
 
 
 def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_dtypes: list[torch.dtype]) -> None:

@@ -49,6 +49,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 
 from bench.decode_step import (  # noqa: E402
     copy_bandwidth,
+    launch_settings,
     print_kernels,
     profiled_kernels,
     synchronize,
@@ -269,25 +270,22 @@ def live_attention(synthesizer: Synthesizer) -> None:
     print("  | split | programs a slot and head | tile | warps | stages | tensor cores | us a call | GB/s |")
     print("  |---:|---:|---:|---:|---:|---|---:|---:|")
     size = min(runner.keys.element_size(), 2)
-    chosen, chosen_split = dict(attention._LAUNCH), attention.SPLIT_COLUMNS
+    chosen, chosen_split = attention._LAUNCH[size], attention.SPLIT_COLUMNS
 
     def timed(split: int, programs: int | None, launch: dict) -> None:
-        attention._LAUNCH, attention.SPLIT_COLUMNS = {size: launch}, split
         arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows])
-        seconds = time_attention((*arguments, columns, runner._scale, programs), calls=10)
-        shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context))
+        with launch_settings(size, launch, split):
+            seconds = time_attention((*arguments, columns, runner._scale, programs), calls=10)
+            shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context))
         settings = f"{launch['TILE']} | {launch['num_warps']} | {launch['num_stages']} | {launch['TENSOR_CORES']}"
         print(f"  | {split} | {shown} | {settings} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} |", flush=True)
 
-    try:
-        timed(chosen_split, None, chosen[size])
-        for tile, warps, stages in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3)):
-            timed(chosen_split, None, {**chosen[size], "TILE": tile, "num_warps": warps, "num_stages": stages})
-        timed(chosen_split, None, {**chosen[size], "TENSOR_CORES": not chosen[size]["TENSOR_CORES"]})
-        for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
-            timed(split, programs, {**chosen[size], "TILE": min(chosen[size]["TILE"], split)})
-    finally:
-        attention._LAUNCH, attention.SPLIT_COLUMNS = chosen, chosen_split
+    timed(chosen_split, None, chosen)
+    for tile, warps, stages in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3)):
+        timed(chosen_split, None, {**chosen, "TILE": tile, "num_warps": warps, "num_stages": stages})
+    timed(chosen_split, None, {**chosen, "TENSOR_CORES": not chosen["TENSOR_CORES"]})
+    for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
+        timed(split, programs, {**chosen, "TILE": min(chosen["TILE"], split)})
 
 
 def main() -> None:
