@@ -32,7 +32,7 @@ from worker.engine.runner import (
     to_device,
 )
 from worker.engine.sampler import RowSampling
-from worker.engine.scheduler import PASSES_FOR_DUE, Scheduler
+from worker.engine.scheduler import Scheduler
 from worker.engine.segment import Segment, SegmentOutput
 from worker.model.loading import LoadedModel
 
@@ -158,7 +158,7 @@ class Engine:
         returns those admitted (their prefill is still to run, a pass of ``max_admissions`` at a time)."""
         waiting = self.scheduler.waiting
         if waiting and waiting.first().prompt_ids is None:  # a burst: what may be admitted, in one call
-            tokenise_prompts(self.model, waiting.next(PASSES_FOR_DUE * self.scheduler.max_admissions))
+            tokenise_prompts(self.model, waiting.next(self.scheduler.most_admitted))
         schedule = self.scheduler.schedule(self.decode_steps + SYNC_EVERY, self._demand, time.monotonic())
         if schedule.preempted:
             # Their slots stop now; the scheduler has put the segments back in the queue.

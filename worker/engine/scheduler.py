@@ -168,8 +168,7 @@ class Scheduler:
             return schedule
         while self.waiting and self._free_slots:
             segment = self.waiting.first()
-            passes = PASSES_FOR_DUE if segment.due <= now else 1
-            if len(schedule.admitted) >= passes * self.max_admissions:
+            if len(schedule.admitted) >= (self.most_admitted if segment.due <= now else self.max_admissions):
                 break
             start, end = demand(segment)
             needed = min(start + clock, end)
@@ -243,6 +242,11 @@ class Scheduler:
         for segment in dropped:
             segment.status = SegmentStatus.FINISHED
         return dropped
+
+    @property
+    def most_admitted(self) -> int:
+        """The most segments one round admits: PASSES_FOR_DUE passes of segments already due."""
+        return PASSES_FOR_DUE * self.max_admissions
 
     @property
     def rows_in_use(self) -> int:
