@@ -1,5 +1,6 @@
 """The synthesis core on synthetic-tiny weights: batching, voices, long text, formats, bad input."""
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -57,6 +58,18 @@ def test_a_seed_is_one_voice_every_time(synthesizer):
     speaker = synthesizer.model.chat.speaker
     assert embedding_for_seed(speaker, 42) == embedding_for_seed(speaker, 42)
     assert embedding_for_seed(speaker, 42) != embedding_for_seed(speaker, 43)
+
+
+def test_a_models_speaker_statistics_are_read_once_not_at_every_request(synthesizer):
+    """On a GPU each read of the statistics waits for the work queued there: they are read once a model."""
+    model_speaker = synthesizer.model.chat.speaker
+    speaker = copy.copy(model_speaker)  # another model's speaker, to this module
+    first = embedding_for_seed(speaker, 42)
+    assert first == embedding_for_seed(model_speaker, 42)
+    speaker.std = speaker.std * 2  # changed where they live: not read again
+    assert embedding_for_seed(speaker, 42) == first
+    doubled = copy.copy(speaker)  # a speaker of its own reads its own
+    assert embedding_for_seed(doubled, 42) != first
 
 
 def test_same_voice_and_audio_seed_give_the_same_audio_different_voices_differ(synthesizer, make_request):
