@@ -245,7 +245,7 @@ def launch_sweep(model: LoadedModel, context: int) -> None:
         name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
         for tensor_cores in (False, True):
             timings = []
-            for tile, warps, stages in itertools.product((64, 128, 256), (4, 8), (2, 3, 4)):
+            for tile, warps, stages in itertools.product((64, 128, 256), (1, 2, 4), (2, 3, 4)):
                 launch = {"TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores}
                 with launch_settings(size, launch):
                     timings.append((time_attention(arguments, calls=10), tile, warps, stages))

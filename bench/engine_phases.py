@@ -22,8 +22,9 @@ another workload (after 20 steps, with the slots taken): on CUDA the GPU's kerne
 ``torch.profiler`` (their GPU time per step beside the steps' wall time), then the host's
 Python functions under ``cProfile`` over the next N steps (by their own time, then with their
 callees'): what a step spends beside the device; and on CUDA, the attention of the first layer
-timed at the slots' state of that moment under other launch settings (tile, warps, stages, split
-width, programs a slot and head), against the one chosen.
+timed at the slots' state of that moment under other launch settings (tile, warps, stages, products
+on the tensor cores or not, split width, programs a slot and head) against the one chosen, each with
+the largest difference of its output from the chosen one's (over the largest output).
 """
 
 from __future__ import annotations
@@ -267,23 +268,37 @@ def live_attention(synthesizer: Synthesizer) -> None:
         f"\n  layer 0's attention at the slots' state: {rows} rows, {taking_part.numel()} taking part, "
         f"mean context {float(taking_part.float().mean()) + 1:.0f}, {read / 1e9:.2f} GB read a call"
     )
-    print("  | split | programs a slot and head | tile | warps | stages | tensor cores | us a call | GB/s |")
-    print("  |---:|---:|---:|---:|---:|---|---:|---:|")
+    print(
+        "  | split | programs a slot and head | tile | warps | stages | tensor cores | us a call | GB/s "
+        "| largest difference |"
+    )
+    print("  |---:|---:|---:|---:|---:|---|---:|---:|---:|")
     size = min(runner.keys.element_size(), 2)
     chosen, chosen_split = attention._LAUNCH[size], attention.SPLIT_COLUMNS
+    arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows], columns)
+    # Each setting against the chosen one: what its way of multiplying and summing changes.
+    chosen_output = attention.decode_attention(*arguments, runner._scale).float()
 
     def timed(split: int, programs: int | None, launch: dict) -> None:
-        arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows])
         with launch_settings(size, launch, split):
-            seconds = time_attention((*arguments, columns, runner._scale, programs), calls=10)
+            seconds = time_attention((*arguments, runner._scale, programs), calls=10)
             shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context))
+            output = attention.decode_attention(*arguments, runner._scale, programs).float()
+        difference = float((output - chosen_output).abs().max() / chosen_output.abs().max())
         settings = f"{launch['TILE']} | {launch['num_warps']} | {launch['num_stages']} | {launch['TENSOR_CORES']}"
-        print(f"  | {split} | {shown} | {settings} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} |", flush=True)
+        print(
+            f"  | {split} | {shown} | {settings} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} "
+            f"| {difference:.1e} |",
+            flush=True,
+        )
 
     timed(chosen_split, None, chosen)
-    for tile, warps, stages in itertools.product((32, 64, 128, 256), (2, 4, 8), (2, 3)):
-        timed(chosen_split, None, {**chosen, "TILE": tile, "num_warps": warps, "num_stages": stages})
-    timed(chosen_split, None, {**chosen, "TENSOR_CORES": not chosen["TENSOR_CORES"]})
+    for tensor_cores, tile, warps, stages in itertools.product((False, True), (32, 64, 128, 256), (1, 2, 4), (2, 3)):
+        timed(
+            chosen_split,
+            None,
+            {**chosen, "TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores},
+        )
     for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
         timed(split, programs, {**chosen, "TILE": min(chosen["TILE"], split)})
 

@@ -35,14 +35,15 @@ import torch
 # Positions a program reads per split, and per iteration (its tile: a divisor of the split, whole
 # blocks of the cache), warps and pipeline stages, and whether its products run on the tensor cores,
 # by the cache's bytes a value. Chosen by a sweep of 3 tiles x 2 warp counts x 3 stage counts, each
-# way of multiplying, on an H200 at 1,024 rows of the standard workload's contexts, their blocks
-# scattered over the pool (docs/performance.md): bf16 on the tensor cores 272 us a layer (3,530 GB/s,
-# 91% of copy; 330 us on the CUDA cores); fp8 on the CUDA cores 243 us (on the tensor cores 328 us:
-# widening fp8 for them costs more than the products save).
+# way of multiplying, on an H200 at the standard workload's full load (1,536 slots, mean context 341,
+# their blocks scattered over the pool as the engine left them; docs/performance.md): bf16 on the CUDA
+# cores with 2 warps 419 us a layer (3,835 GB/s; on the tensor cores 436 us); fp8 270 us (2,983 GB/s:
+# with 4 warps and tiles of 256, 353 us; on the tensor cores, widened to float16 or in fp8 itself,
+# 365 us and more). Fewer warps, more programs resident on each multiprocessor: more loads in flight.
 SPLIT_COLUMNS = 512
 _LAUNCH = {
-    2: {"TILE": 64, "num_warps": 4, "num_stages": 2, "TENSOR_CORES": True},
-    1: {"TILE": 256, "num_warps": 4, "num_stages": 3, "TENSOR_CORES": False},
+    2: {"TILE": 64, "num_warps": 2, "num_stages": 2, "TENSOR_CORES": False},
+    1: {"TILE": 128, "num_warps": 2, "num_stages": 2, "TENSOR_CORES": False},
 }
 
 
@@ -244,8 +245,11 @@ def _kernels():
                 offsets = tile_start + tl.arange(0, TILE)
                 inside = offsets < end
                 blocks = tl.load(table + offsets // BLOCK_POSITIONS, mask=inside, other=0)
+                # Keys and values loaded together: twice the bytes in flight while the products wait.
                 places = blocks * key_block + (offsets % BLOCK_POSITIONS) * key_column
                 k = tl.load(key_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
+                places = blocks * value_block + (offsets % BLOCK_POSITIONS) * value_column
+                v = tl.load(value_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
                 if TENSOR_CORES:
                     scores = tl.sum(tl.dot(k.to(OPERAND), query_lanes), axis=1)
                 else:
@@ -254,8 +258,6 @@ def _kernels():
                 new_best = tl.maximum(best, tl.max(scores, axis=0))
                 weights = tl.exp(scores - new_best)
                 rescale = tl.exp(best - new_best)
-                places = blocks * value_block + (offsets % BLOCK_POSITIONS) * value_column
-                v = tl.load(value_base + places[:, None] + dims[None, :], mask=inside[:, None], other=0.0)
                 if TENSOR_CORES:
                     weight_lanes = tl.where(lanes, weights[:, None], 0.0).to(OPERAND)
                     acc_lanes = acc_lanes * rescale + tl.dot(tl.trans(v.to(OPERAND)), weight_lanes)
