@@ -97,6 +97,7 @@ CELERY_SIDE = [
     "worker.supervisor",
     "worker.stream_publisher",
     "worker.encoders",
+    "worker.orphans",
     "worker.dead_letters",
     "worker.failover",
     "worker.audio",
