@@ -8,8 +8,8 @@
 From the repository root (``bench`` is not an installed package; ``python -m`` puts the root on the path).
 
 The recognisers (``--asr``: ``off``, ``whisper``, ``offline``, comma-separated, in the order run) are
-loaded first, each in its listener's process, on the engine's device, so that the engine sizes its
-cache around them as a worker's does; then the model. For each: the synthesizer gets that listener (none for ``off``),
+loaded first, on the engine's device, so that the engine sizes its cache around them as a worker's
+does; then the model. For each: the synthesizer gets that recogniser's listener (none for ``off``),
 warms up on a workload of other jobs, and runs the workload in one synthesize call, as
 ``bench.standard``'s "engine alone" does. A request is done once its segments are heard, so the
 listener's time past the engine's last step counts in the wall.
@@ -45,7 +45,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 from bench.standard import WARM_UP_JOBS, cell, progress, run_engine, seconds_range, synthesize_timed  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
-from worker.asr.backends import choose_backend  # noqa: E402
+from worker.asr.backends import Backend, load_backend  # noqa: E402
 from worker.asr.listener import MAX_BATCH, Listener, ListenerFigures  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 from worker.model.loading import pick_device  # noqa: E402
@@ -83,7 +83,10 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def run(synthesizer: Synthesizer, asr: str, listener: Listener | None, jobs: int, seconds, label: str) -> Run:
+def run(
+    synthesizer: Synthesizer, asr: str, backend: Backend | None, max_batch: int, jobs: int, seconds, label: str
+) -> Run:
+    listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
     synthesizer.listener = listener
     progress(f"ASR {label}: warming up")
     synthesize_timed(synthesizer, standard_requests(min(jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds))
@@ -161,28 +164,28 @@ def main() -> None:
         asr_whisper_model=arguments.whisper_model,
     )
     device = pick_device(settings.device)
-    recognisers = {
-        asr: choose_backend(
+    backends = {
+        asr: load_backend(
             dataclasses.replace(settings, asr=asr), synthetic=arguments.model.startswith("synthetic"), device=device
         )
         for asr in dict.fromkeys(arguments.asr)
     }
-    listeners = {
-        (asr, max_batch): Listener(recognisers[asr], settings.asr_max_error_rate, max_batch)
-        if recognisers[asr]
-        else None
-        for asr in arguments.asr
-        for max_batch in (arguments.asr_batch if recognisers[asr] else arguments.asr_batch[:1])
-    }
     progress(f"loading {arguments.model}")
     synthesizer = Synthesizer.load(settings)
     several = len(arguments.asr_batch) > 1
-    runs = []
-    for (asr, max_batch), listener in listeners.items():
-        label = f"{asr}, batches of {max_batch}" if several and listener else asr
-        runs.append(run(synthesizer, asr, listener, arguments.jobs, arguments.seconds, label))
-        if listener is not None:
-            listener.close()
+    runs = [
+        run(
+            synthesizer,
+            asr,
+            backends[asr],
+            max_batch,
+            arguments.jobs,
+            arguments.seconds,
+            label=f"{asr}, batches of {max_batch}" if several and backends[asr] else asr,
+        )
+        for asr in arguments.asr
+        for max_batch in (arguments.asr_batch if backends[asr] else arguments.asr_batch[:1])
+    ]
 
     info = synthesizer.model.info
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"

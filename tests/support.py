@@ -143,15 +143,6 @@ class Web:
         return {job_id: answer.json()["status"] for job_id, answer in answers.items()}
 
 
-def running(pid: int) -> bool:
-    """Whether the process is there and not a zombie (an orphan's new parent may be slow to reap it)."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except FileNotFoundError:
-        return False
-    return "State:\tZ" not in status
-
-
 def wait_until(check, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

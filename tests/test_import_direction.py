@@ -97,7 +97,6 @@ CELERY_SIDE = [
     "worker.supervisor",
     "worker.stream_publisher",
     "worker.encoders",
-    "worker.orphans",
     "worker.dead_letters",
     "worker.failover",
     "worker.audio",

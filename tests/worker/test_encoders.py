@@ -7,8 +7,6 @@ import sys
 import time
 from pathlib import Path
 
-from tests.support import running
-
 ROOT = Path(__file__).resolve().parents[2]
 
 STARTS_AN_ENCODER = """
@@ -19,6 +17,15 @@ pool = encoder_pool(Settings.from_env(encoder_processes=1))
 print(pool.submit(os.getpid).result(), flush=True)
 time.sleep(600)
 """
+
+
+def running(pid: int) -> bool:
+    """Whether the process is there and not a zombie (an orphan's new parent may be slow to reap it)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "State:\tZ" not in status
 
 
 def test_an_encoder_process_ends_soon_after_the_process_that_started_it_is_killed():

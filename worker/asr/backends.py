@@ -1,8 +1,8 @@
 """The recognisers the ASR gate listens with, and which one the settings choose.
 
-- ``whisper``: OpenAI's Whisper (``openai-whisper``), Chinese and English, on the engine's device.
-  Its weights are read from Whisper's own cache (``$XDG_CACHE_HOME/whisper``, else
-  ``~/.cache/whisper``, where ``whisper.load_model`` leaves them)
+- ``whisper``: OpenAI's Whisper (``openai-whisper``), Chinese and English, on the engine's device
+  (on a CUDA stream of its own there). Its weights are read from Whisper's own cache
+  (``$XDG_CACHE_HOME/whisper``, else ``~/.cache/whisper``, where ``whisper.load_model`` leaves them)
   or a checkpoint's path, and never downloaded: a farm's hosts may not reach the internet, and a
   check that fetches 70 MB on its first segment is worse than none. ``synthetic-tiny`` and
   ``synthetic-base`` build the real architectures with random weights instead, for benchmarks of the
@@ -11,17 +11,14 @@
   language model hears synthetic speech as other words, so it decodes against a grammar made from the
   expected text (docs/quality-gate.md has the measurements): it catches wrong or missing speech, and
   only some skipped or repeated words.
-
-The settings choose (:func:`choose_backend`) in the engine's process; the choice, a
-:class:`Recogniser`, is loaded in the listener's own process (:mod:`worker.asr.listener`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -41,13 +38,8 @@ ASR_SAMPLE_RATE = 16_000
 class Backend(Protocol):
     name: str
 
-    @staticmethod
-    def hears(text: str) -> bool:
+    def hears(self, text: str) -> bool:
         """Whether it can check speech of this text (its language)."""
-
-    def warm_up(self, batch: int) -> None:
-        """Recognise a batch of this many clips once, so that its working memory is taken before the
-        engine sizes its cache around what is left."""
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
         """The text heard in mono float samples; ``expected_text`` is what they should say."""
@@ -76,12 +68,8 @@ class Offline:
             loglevel="FATAL",
         )
 
-    @staticmethod
-    def hears(text: str) -> bool:
+    def hears(self, text: str) -> bool:
         return not is_chinese(text)
-
-    def warm_up(self, batch: int) -> None:
-        pass  # on the CPU: no device memory to take
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
         # A word outside its dictionary has no pronunciation to listen for: it counts as unheard.
@@ -120,15 +108,11 @@ class Whisper:
         self._model = model
         self._fp16 = device.type == "cuda"
         self._device = device
+        # Beside the engine's stream, not behind it (nor it behind this one).
+        self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
-    @staticmethod
-    def hears(text: str) -> bool:
+    def hears(self, text: str) -> bool:
         return True
-
-    def warm_up(self, batch: int) -> None:
-        if self._device.type == "cuda":  # a batch of the longest clips a batch takes: Whisper's 30-s window
-            silence = np.zeros(self._whisper.audio.N_SAMPLES, np.float32)
-            self.transcribe_batch([silence] * batch, ASR_SAMPLE_RATE, ["warming up"] * batch)
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
         return self.transcribe_batch([samples], sample_rate, [expected_text])[0]
@@ -141,15 +125,16 @@ class Whisper:
         heard: list[str | None] = [None] * len(clips)
         batches: dict[str, list[int]] = {}
         audio = [at_16k(clip, sample_rate) for clip in clips]
-        for index, text in enumerate(expected_texts):
-            if audio[index].size > self._whisper.audio.N_SAMPLES:
-                heard[index] = self._transcribe_long(audio[index], text)
-            else:
-                batches.setdefault(_language(text), []).append(index)
-        for language, indices in batches.items():
-            texts = self._decode(language, [audio[i] for i in indices], [expected_texts[i] for i in indices])
-            for index, text in zip(indices, texts, strict=True):
-                heard[index] = text
+        with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
+            for index, text in enumerate(expected_texts):
+                if audio[index].size > self._whisper.audio.N_SAMPLES:
+                    heard[index] = self._transcribe_long(audio[index], text)
+                else:
+                    batches.setdefault(_language(text), []).append(index)
+            for language, indices in batches.items():
+                texts = self._decode(language, [audio[i] for i in indices], [expected_texts[i] for i in indices])
+                for index, text in zip(indices, texts, strict=True):
+                    heard[index] = text
         return heard
 
     def _decode(self, language: str, audio: list[np.ndarray], expected_texts: list[str]) -> list[str]:
@@ -254,42 +239,19 @@ def whisper_checkpoint(model: str) -> Path:
     return cache / f"{model}.pt"
 
 
-BACKENDS: dict[str, type[Backend]] = {"offline": Offline, "whisper": Whisper}
-
-
-@dataclass(frozen=True)
-class Recogniser:
-    """A recogniser the settings chose, as what loading it takes: sent to the listener's process, which
-    loads it there."""
-
-    name: str  # a key of BACKENDS
-    whisper_model: str = ""
-    device: str = "cpu"
-
-    def hears(self, text: str) -> bool:
-        return BACKENDS[self.name].hears(text)
-
-    def load(self) -> Backend:
-        if self.name == "offline":
-            return Offline()
-        device = torch.device(self.device)
-        return Whisper(load_whisper(self.whisper_model, device), device)
-
-
-def choose_backend(settings: Settings, *, synthetic: bool, device: torch.device) -> Recogniser | None:
+def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -> Backend | None:
     """The recogniser ASR (the setting) asks for, or None for no ASR check."""
     choice = settings.asr
     if choice == "off" or (choice == "auto" and synthetic):
         return None
     if choice == "offline":
-        return Recogniser("offline")
-    whisper = Recogniser("whisper", settings.asr_whisper_model, str(device))
+        return Offline()
     if settings.asr_whisper_model in SYNTHETIC_WHISPER_DIMS:
         if choice == "auto":  # random weights hear nothing: only a benchmark asks for them, outright
             logger.info("Whisper %s has random weights: the ASR check is off", settings.asr_whisper_model)
             return None
         logger.warning("Whisper %s has random weights: its verdicts are meaningless", settings.asr_whisper_model)
-        return whisper
+        return Whisper(load_whisper(settings.asr_whisper_model, device), device)
     checkpoint = whisper_checkpoint(settings.asr_whisper_model)
     if not checkpoint.is_file():
         if choice == "auto":
@@ -300,7 +262,7 @@ def choose_backend(settings: Settings, *, synthetic: bool, device: torch.device)
             f"{ENV_PREFIX}ASR_WHISPER_MODEL to a checkpoint's path, or fetch it once where the internet is "
             f"reachable (python -c 'import whisper; whisper.load_model(\"{settings.asr_whisper_model}\")')"
         )
-    return whisper
+    return Whisper(load_whisper(settings.asr_whisper_model, device), device)
 
 
 def at_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:

@@ -12,7 +12,7 @@ request one way, calling each step in turn:
    (worker.engine_process.streaming);
 3. vocode (worker.vocoder): segments that come out become audio beside the next steps, and the
    quality gate sends a flagged one back with another seed;
-4. listen (worker.asr), when an ASR backend is on: a process beside the engine hears each segment's
+4. listen (worker.asr), when an ASR backend is on: a thread beside the engine hears each segment's
    audio, and one heard saying something else goes back with another seed too, the attempt heard
    best kept;
 5. finish (worker.engine_process.finish): a request whose segments are all done is a result; whoever
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from chattts_farm.settings import Settings
-from worker.asr.backends import choose_backend
+from worker.asr.backends import load_backend
 from worker.asr.listener import Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
@@ -83,9 +83,8 @@ class Synthesizer:
     def __init__(self, model: LoadedModel, settings: Settings):
         self.model = model
         self.settings = settings
-        # Started before the engine sizes its cache from the memory left free: a recogniser on the GPU takes some.
-        recogniser = choose_backend(settings, synthetic=model.is_synthetic, device=model.device)
-        self.listener = Listener(recogniser, settings.asr_max_error_rate) if recogniser is not None else None
+        # Loaded before the engine sizes its cache from the memory left free: a recogniser on the GPU takes some.
+        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
         self.engine = Engine(
             model,
             **engine_capacity(model, settings),
@@ -98,6 +97,7 @@ class Synthesizer:
         self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
         self.preparer = Preparer(model, settings)
+        self.listener = Listener(backend, settings.asr_max_error_rate) if backend is not None else None
         self.gates = GateCounts()
         self.stream_context_frames = (
             min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()

@@ -7,9 +7,8 @@ from whisper.tokenizer import get_tokenizer
 from chattts_farm.settings import Settings, SettingsError
 from worker.asr.backends import (
     Offline,
-    Recogniser,
     Whisper,
-    choose_backend,
+    load_backend,
     load_whisper,
     synthetic_whisper,
     token_limit,
@@ -58,9 +57,8 @@ def test_the_offline_backend_hears_a_batch_as_it_hears_each_clip_alone(offline, 
     assert heard_error_rate(offline, clips[1], SAID) > MAX_ERROR_RATE >= heard_error_rate(offline, clips[0], SAID)
 
 
-def test_the_offline_backend_knows_english_alone():
-    assert Recogniser("offline").hears("Hello there.") and not Recogniser("offline").hears("你好，世界。")
-    assert Recogniser("whisper").hears("你好，世界。")
+def test_the_offline_backend_knows_english_alone(offline):
+    assert offline.hears("Hello there.") and not offline.hears("你好，世界。")
 
 
 @pytest.mark.skipif(
@@ -74,18 +72,19 @@ def test_whisper_hears_the_right_text_and_flags_another(speak):
 
 
 def test_auto_checks_nothing_on_synthetic_weights_and_off_checks_nothing_at_all():
-    assert choose_backend(Settings.from_env({}), synthetic=True, device=CPU) is None
-    assert choose_backend(Settings.from_env({"CHATTTS_FARM_ASR": "off"}), synthetic=False, device=CPU) is None
+    assert load_backend(Settings.from_env({}), synthetic=True, device=CPU) is None
+    assert load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "off"}), synthetic=False, device=CPU) is None
 
 
 def test_auto_on_real_weights_uses_whisper_only_when_its_weights_are_there(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert choose_backend(Settings.from_env({}), synthetic=False, device=CPU) is None
+    assert load_backend(Settings.from_env({}), synthetic=False, device=CPU) is None
 
 
 def test_offline_is_chosen_even_on_synthetic_weights():
-    recogniser = choose_backend(Settings.from_env({"CHATTTS_FARM_ASR": "offline"}), synthetic=True, device=CPU)
-    assert recogniser == Recogniser("offline") and isinstance(recogniser.load(), Offline)
+    assert isinstance(
+        load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "offline"}), synthetic=True, device=CPU), Offline
+    )
 
 
 def test_whisper_without_its_weights_fails_naming_the_setting(tmp_path):
@@ -93,7 +92,7 @@ def test_whisper_without_its_weights_fails_naming_the_setting(tmp_path):
         {"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": str(tmp_path / "tiny.pt")}
     )
     with pytest.raises(SettingsError, match="CHATTTS_FARM_ASR_WHISPER_MODEL"):
-        choose_backend(settings, synthetic=False, device=CPU)
+        load_backend(settings, synthetic=False, device=CPU)
 
 
 def test_a_whisper_model_is_a_name_in_whispers_cache_or_a_checkpoints_path(tmp_path, monkeypatch):
@@ -106,9 +105,7 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
     """Random weights (synthetic-tiny, Whisper tiny's architecture: no weights can be had here) hear
     garbage, which without a limit runs on to 224 tokens a clip."""
     settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
-    recogniser = choose_backend(settings, synthetic=True, device=CPU)
-    assert recogniser == Recogniser("whisper", "synthetic-tiny", "cpu")
-    whisper = recogniser.load()
+    whisper = load_backend(settings, synthetic=True, device=CPU)
     clips = [speak(SAID), speak(OTHER)]
     rate = clips[0][1]
     heard = whisper.transcribe_batch([samples for samples, _ in clips], rate, [SAID, OTHER])
@@ -123,7 +120,7 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
 
 def test_random_weights_are_used_only_when_asked_for_outright():
     settings = Settings.from_env({"CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
-    assert choose_backend(settings, synthetic=False, device=CPU) is None  # auto
+    assert load_backend(settings, synthetic=False, device=CPU) is None  # auto
 
 
 def test_random_whisper_weights_have_tinys_architecture_are_finite_and_the_same_each_time():
