@@ -110,6 +110,7 @@ class Whisper:
         self._device = device
         # Beside the engine's stream, not behind it (nor it behind this one).
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._resamplers: dict[int, torchaudio.transforms.Resample] = {}  # by the rate resampled from
 
     def hears(self, text: str) -> bool:
         return True
@@ -124,33 +125,54 @@ class Whisper:
         a longer one alone, window by window."""
         heard: list[str | None] = [None] * len(clips)
         batches: dict[str, list[int]] = {}
-        audio = [at_16k(clip, sample_rate) for clip in clips]
+        window_samples = self._whisper.audio.CHUNK_LENGTH * sample_rate
         with torch.cuda.stream(self._stream) if self._stream is not None else contextlib.nullcontext():
-            for index, text in enumerate(expected_texts):
-                if audio[index].size > self._whisper.audio.N_SAMPLES:
-                    heard[index] = self._transcribe_long(audio[index], text)
+            for index, (clip, text) in enumerate(zip(clips, expected_texts, strict=True)):
+                if clip.size > window_samples:
+                    heard[index] = self._transcribe_long(at_16k(clip, sample_rate), text)
                 else:
                     batches.setdefault(_language(text), []).append(index)
             for language, indices in batches.items():
-                texts = self._decode(language, [audio[i] for i in indices], [expected_texts[i] for i in indices])
+                mels = self.log_mels([clips[i] for i in indices], sample_rate)
+                texts = self._decode(language, mels, [expected_texts[i] for i in indices])
                 for index, text in zip(indices, texts, strict=True):
                     heard[index] = text
         return heard
 
-    def _decode(self, language: str, audio: list[np.ndarray], expected_texts: list[str]) -> list[str]:
+    def log_mels(self, clips: Sequence[np.ndarray], sample_rate: int) -> torch.Tensor:
+        """Clips of up to 30 s as Whisper's log-mel spectrograms of its 30-s window, each as
+        ``log_mel_spectrogram(pad_or_trim(clip at 16 kHz))`` makes it, all at once on the model's device.
+
+        Beside the engine, one clip at a time on the CPU, resampling and the spectrograms took a
+        third of the listener's thread (py-spy, H200, 2026-12-03) and its interpreter's lock from the
+        engine's thread; a batch is a few kernels. Zero padding before resampling is zero padding
+        after: resampling pads with zeros itself.
+        """
+        audio = self._whisper.audio
+        padded = torch.zeros(len(clips), audio.CHUNK_LENGTH * sample_rate, device=self._device)
+        for row, clip in zip(padded, clips, strict=True):
+            row[: clip.size].copy_(torch.from_numpy(np.ascontiguousarray(clip, np.float32)))
+        if sample_rate != ASR_SAMPLE_RATE:
+            if sample_rate not in self._resamplers:
+                self._resamplers[sample_rate] = torchaudio.transforms.Resample(sample_rate, ASR_SAMPLE_RATE).to(
+                    self._device
+                )
+            padded = self._resamplers[sample_rate](padded)
+        window = torch.hann_window(audio.N_FFT, device=self._device)
+        spectrum = torch.stft(
+            padded[:, : audio.N_SAMPLES], audio.N_FFT, audio.HOP_LENGTH, window=window, return_complex=True
+        )
+        mel = audio.mel_filters(self._device, self._model.dims.n_mels) @ spectrum[..., :-1].abs() ** 2
+        log_mel = torch.clamp(mel, min=1e-10).log10()
+        # Each clip scaled by its own loudest value, as alone: a batch's loudest clip must not change
+        # how the others are heard.
+        log_mel = torch.maximum(log_mel, log_mel.amax(dim=(1, 2), keepdim=True) - 8.0)
+        return (log_mel + 4.0) / 4.0
+
+    def _decode(self, language: str, mels: torch.Tensor, expected_texts: list[str]) -> list[str]:
         whisper = self._whisper
         tokenizer = self._tokenizer(language)
         limits = [token_limit(tokenizer, text) for text in expected_texts]
-        # Each clip's spectrogram on its own: log_mel_spectrogram scales by the loudest value it is
-        # given, and a batch's loudest clip must not change how the others are heard.
-        mels = torch.stack(
-            [
-                whisper.log_mel_spectrogram(
-                    whisper.pad_or_trim(torch.from_numpy(clip)), self._model.dims.n_mels, device=self._device
-                )
-                for clip in audio
-            ]
-        )
         options = whisper.DecodingOptions(
             language=language, temperature=0.0, sample_len=max(limits), without_timestamps=True, fp16=self._fp16
         )

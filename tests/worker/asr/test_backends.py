@@ -2,12 +2,15 @@
 
 import pytest
 import torch
+import torchaudio
+from whisper.audio import log_mel_spectrogram, pad_or_trim
 from whisper.tokenizer import get_tokenizer
 
 from chattts_farm.settings import Settings, SettingsError
 from worker.asr.backends import (
     Offline,
     Whisper,
+    at_16k,
     load_backend,
     load_whisper,
     synthetic_whisper,
@@ -15,6 +18,7 @@ from worker.asr.backends import (
     whisper_checkpoint,
 )
 from worker.asr.text import error_rate, normalise
+from worker.audio import SAMPLE_RATE
 
 CPU = torch.device("cpu")
 SAID = "the weather today is cold and rainy with strong winds from the north"
@@ -133,3 +137,20 @@ def test_random_whisper_weights_have_tinys_architecture_are_finite_and_the_same_
     )
     for (name, weight), again in zip(first.state_dict().items(), second.state_dict().values(), strict=True):
         assert torch.isfinite(weight).all() and torch.equal(weight, again), name
+
+
+def test_whispers_spectrograms_of_a_batch_are_each_clips_alone_as_whisper_makes_them(speak):
+    """Made at once on the model's device, padded to Whisper's window, each scaled by its own loudest value."""
+    settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
+    whisper = load_backend(settings, synthetic=True, device=CPU)
+    loud, quiet = (at_rate(*speak(text), SAMPLE_RATE) for text in (SAID, OTHER))
+    clips = [loud, 0.01 * quiet]
+    batch = whisper.log_mels(clips, SAMPLE_RATE)
+    assert batch.shape == (2, 80, 3000)
+    for mine, clip in zip(batch, clips, strict=True):
+        alone = log_mel_spectrogram(pad_or_trim(torch.from_numpy(at_16k(clip, SAMPLE_RATE))), 80)
+        torch.testing.assert_close(mine, alone, atol=1e-4, rtol=0)  # float rounding: log10 of sums
+
+
+def at_rate(samples, rate, new_rate):
+    return torchaudio.functional.resample(torch.from_numpy(samples), rate, new_rate).numpy()
