@@ -9,8 +9,10 @@ runs once untimed (the graphs' capture) and its median of three is printed:
 
 - ``fp32, 4-context windows (before)``: the vocoder before issue 21: ChatTTS's modules in float32
   (``torch.istft``, which waits for the host), every row in windows of 4 receptive fields, half kept;
-- ``fp32 / bf16, few windows, eager``: the farm's network and windows, op by op;
-- ``bf16, few windows, graphs``: the farm's path on CUDA.
+- ``fp32 / bf16, few windows, eager``: the farm's windows, ChatTTS's modules op by op;
+- ``bf16, few windows, graphs``: those in CUDA graphs (the farm's path before the fused ConvNeXt blocks);
+- ``bf16, fused, eager / graphs``: the ConvNeXt blocks channels-last with the fused Triton kernel
+  (worker.vocoder.convnext), op by op and in CUDA graphs (the farm's path on CUDA).
 
 decoded audio-s/s counts every window's frames, kept audio-s/s the rows' own; max abs diff is against
 the first way's audio. Then the GPT's decode step alone and while the farm's vocoder decodes
@@ -165,11 +167,14 @@ def main() -> None:
     kept_frames = int(lengths.sum())
     per_batch = settings.max_segments_per_pass
     ways = {
-        "fp32, few windows, eager": Vocoder(model, per_batch, dtype=torch.float32, graphs=False),
-        "bf16, few windows, eager": Vocoder(model, per_batch, dtype=torch.bfloat16, graphs=False),
+        "fp32, few windows, eager": Vocoder(model, per_batch, dtype=torch.float32, graphs=False, fused=False),
+        "bf16, few windows, eager": Vocoder(model, per_batch, dtype=torch.bfloat16, graphs=False, fused=False),
     }
     if device.type == "cuda":
-        ways["bf16, few windows, graphs"] = synthesizer.vocoder
+        ways["bf16, few windows, graphs"] = Vocoder(model, per_batch, dtype=torch.bfloat16, fused=False)
+        ways["bf16, fused, eager"] = Vocoder(model, per_batch, dtype=torch.bfloat16, graphs=False, fused=True)
+        # The synthesizer's own, whose graphs the GPT's steps below then find captured.
+        ways["bf16, fused, graphs"] = synthesizer.vocoder
     print(
         f"{arguments.rows} rows of {int(lengths.min())}-{int(lengths.max())} frames "
         f"({kept_frames / TOKENS_PER_SECOND:.0f} audio-s), context {synthesizer.vocoder.context_frames} frames, "

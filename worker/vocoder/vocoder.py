@@ -13,8 +13,9 @@ not every frame twice. A row too short for two windows is decoded whole, with th
 its length.
 
 The networks run as :class:`VocoderNetwork`: copies of ChatTTS's modules, in bf16 on CUDA (the ISTFT
-head in fp32), with an ISTFT that never waits for the host. On CUDA a batch of windows replays a CUDA
-graph captured the first time its (window size, batch bucket) is met.
+head in fp32), with an ISTFT that never waits for the host; on CUDA their ConvNeXt blocks run
+channels-last with a fused Triton kernel (worker.vocoder.convnext). On CUDA a batch of windows replays
+a CUDA graph captured the first time its (window size, batch bucket) is met.
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from worker.engine.attention import triton_available
 from worker.model.loading import LoadedModel
+from worker.vocoder.convnext import ChannelsLastStack
 
 # A streamed piece's audio may differ from the whole row's by this much (issue 12 holds joined chunks to
 # the unstreamed audio within 1e-4; the margin covers hidden states unlike the probe's, and rounding).
@@ -109,13 +112,26 @@ class VocoderNetwork(nn.Module):
     backbone is weight-normalised, so their weights are plain already. On CUDA the ISTFT is
     ``torch.istft``'s centred one without its check of the window's overlap, which waits for the host
     (stalling the thread that launches it) and so cannot be captured in a graph.
+
+    ``fused`` (by default: on CUDA, where Triton is there) runs the ConvNeXt blocks of both networks
+    channels-last (:class:`~worker.vocoder.convnext.ChannelsLastStack`, weights copied once more) on
+    CUDA inputs; on the CPU the network is ChatTTS's modules, op by op, either way.
     """
 
-    def __init__(self, decoder: nn.Module, vocos: nn.Module, dtype: torch.dtype):
+    def __init__(self, decoder: nn.Module, vocos: nn.Module, dtype: torch.dtype, *, fused: bool | None = None):
         super().__init__()
         self.dtype = dtype
         self.decoder = copy.deepcopy(decoder).to(dtype)
         self.backbone = copy.deepcopy(vocos.backbone).to(dtype)
+        if fused is None:
+            fused = decoder.coef.device.type == "cuda" and triton_available()
+        self.decoder_blocks = self.backbone_blocks = None
+        if fused:
+            # fused_features reproduces DVAE.forward's decoding and VocosBackbone.forward as ChatTTS calls them.
+            assert decoder.vq_layer is None and not vocos.backbone.adanorm
+            # Built from ChatTTS's float32 modules, so that the folded layer scales are rounded once.
+            self.decoder_blocks = ChannelsLastStack(decoder.decoder.decoder_block, dtype)
+            self.backbone_blocks = ChannelsLastStack(vocos.backbone.convnext, dtype)
         # The head's exponential turns bf16's relative rounding of log magnitudes into the audio's.
         self.spectrum = copy.deepcopy(vocos.head.out).float()
         istft = vocos.head.istft
@@ -124,13 +140,31 @@ class VocoderNetwork(nn.Module):
         self.register_buffer("window", istft.window.detach().clone().float())
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
-        features = self.backbone(self.decoder(windows.to(self.dtype)))  # (windows, mel frames, dim)
+        windows = windows.to(self.dtype)
+        if self.decoder_blocks is not None and windows.is_cuda:
+            features = self.fused_features(windows)
+        else:
+            features = self.backbone(self.decoder(windows))  # (windows, mel frames, dim)
         log_magnitude, phase = self.spectrum(features.float()).transpose(1, 2).chunk(2, dim=1)
         # As Vocos's ISTFTHead writes it, so that the CPU's samples are its own to the bit.
         spectrum = log_magnitude.exp().clip(max=1e2) * (phase.cos() + 1j * phase.sin())
         if spectrum.is_cuda:
             return self.istft_without_check(spectrum)
         return torch.istft(spectrum, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
+
+    def fused_features(self, windows: torch.Tensor) -> torch.Tensor:
+        """``self.backbone(self.decoder(windows))`` with both networks' ConvNeXt blocks run channels-last:
+        DVAE.forward's decoding (no quantiser), DVAEDecoder.forward and VocosBackbone.forward (no adaptive
+        norm) op for op but for the blocks. On the CPU only in Triton's interpreter."""
+        dvae, decoder, backbone = self.decoder, self.decoder.decoder, self.backbone
+        count, width, frames = windows.shape
+        # Each hidden state's two halves of its channels are two mel-rate frames in a row.
+        mel_rate = windows.view(count, 2, width // 2, frames).permute(0, 2, 3, 1).flatten(2)
+        hidden = self.decoder_blocks(decoder.conv_in(mel_rate).transpose(1, 2)).transpose(1, 2)
+        mel = dvae.out_conv(decoder.conv_out(hidden)).mul_(dvae.coef)
+        # The backbone's norm leaves its activations channels-last, and its final norm takes them so.
+        embedded = backbone.norm(backbone.embed(mel).transpose(1, 2))
+        return backbone.final_layer_norm(self.backbone_blocks(embedded))
 
     def istft_without_check(self, spectrum: torch.Tensor) -> torch.Tensor:
         """``torch.istft(spectrum, center=True)`` with this window, as an overlap-add that reads nothing back."""
@@ -206,7 +240,11 @@ def batch_bucket(count: int, most: int) -> int:
 
 
 class Vocoder:
-    """Decodes rows of hidden states in batches of at most ``max_windows_per_batch`` windows of one size."""
+    """Decodes rows of hidden states in batches of at most ``max_windows_per_batch`` windows of one size.
+
+    ``dtype`` and ``fused`` are :class:`VocoderNetwork`'s (by default: :func:`network_dtype`, fused on CUDA);
+    ``graphs`` (by default: on CUDA) replays :class:`WindowGraphs`.
+    """
 
     def __init__(
         self,
@@ -215,6 +253,7 @@ class Vocoder:
         *,
         dtype: torch.dtype | None = None,
         graphs: bool | None = None,
+        fused: bool | None = None,
     ):
         chat = model.chat
         self.width = chat.config.gpt.hidden_size
@@ -228,7 +267,7 @@ class Vocoder:
         mel_reach = _conv_reach([chat.decoder.decoder, chat.decoder.out_conv, chat.vocos.backbone]) + istft_reach
         self.context_frames = math.ceil(mel_reach / mel_frames_per_frame)
         self.max_window_frames = MAX_WINDOW_CONTEXTS * self.context_frames // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES
-        self.network = VocoderNetwork(chat.decoder, chat.vocos, dtype or network_dtype(model))
+        self.network = VocoderNetwork(chat.decoder, chat.vocos, dtype or network_dtype(model), fused=fused)
         use_graphs = model.device.type == "cuda" if graphs is None else graphs
         self.graphs = WindowGraphs(self.network, self.width, model.device) if use_graphs else None
 

@@ -6,34 +6,17 @@ executes the same program the GPU compiles. The interpreter is chosen when Trito
 check runs in a fresh interpreter. The CUDA graph test in test_engine.py runs the kernel on a GPU.
 """
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-pytest.importorskip("triton")
+from tests.triton_interpreter import in_triton_interpreter as in_triton_interpreter_of
 
-ROOT = Path(__file__).resolve().parents[3]
+pytest.importorskip("triton")
 
 
 def in_triton_interpreter(check: str) -> None:
-    completed = subprocess.run(
-        [sys.executable, "-c", f"from tests.worker.engine.test_attention import {check}; {check}()"],
-        env={
-            **os.environ,
-            "TRITON_INTERPRET": "1",
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-        },
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
+    in_triton_interpreter_of("tests.worker.engine.test_attention", check)
 
 
 def masked_reference(query, keys, values, lengths, scale):

@@ -12,7 +12,15 @@ import torch
 
 from worker.model.loading import LoadedModel
 from worker.model.synthetic_assets import synthetic_config
-from worker.vocoder.vocoder import WINDOW_STEP_FRAMES, Vocoder, batch_bucket, plan_windows
+from worker.vocoder.convnext import layer_scale
+from worker.vocoder.vocoder import (
+    WINDOW_STEP_FRAMES,
+    Vocoder,
+    VocoderNetwork,
+    WindowGraphs,
+    batch_bucket,
+    plan_windows,
+)
 
 
 @pytest.fixture(scope="module")
@@ -225,3 +233,29 @@ def test_on_a_gpu_graphs_captured_beside_queued_work_decode_what_the_network_dec
             assert samples.shape == reference.shape
             assert np.abs(samples - reference).max() < 1e-4
     assert len(graphed.graphs) == 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused ConvNeXt blocks run on a GPU")
+def test_on_a_gpu_the_fused_network_in_bf16_stays_near_the_unfused_one_eager_and_in_graphs(synthesizer):
+    chat = synthesizer.model.chat
+    decoder, vocos = copy.deepcopy(chat.decoder).cuda(), copy.deepcopy(chat.vocos).cuda()
+    # The tiny model's layer scales are 1e-6, which would hide what the blocks' branches add.
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for block in [*decoder.decoder.decoder_block, *vocos.backbone.convnext]:
+            scale = layer_scale(block)
+            scale.copy_(0.2 + torch.rand(scale.shape, generator=generator))
+    fused = VocoderNetwork(decoder, vocos, torch.bfloat16)
+    assert fused.decoder_blocks is not None  # the default on CUDA
+    unfused = VocoderNetwork(decoder, vocos, torch.bfloat16, fused=False)
+    exact = VocoderNetwork(decoder, vocos, torch.float32, fused=False)
+    width = chat.config.gpt.hidden_size
+    windows = torch.stack([random_hidden_states(chat, 3 * WINDOW_STEP_FRAMES, seed).T for seed in range(3)]).cuda()
+    with torch.inference_mode():
+        reference, rounded, eager = (network(windows) for network in (exact, unfused, fused))
+        graphed = WindowGraphs(fused, width, windows.device)(windows, 4)
+    peak = float(reference.abs().max())
+    for audio in (rounded, eager):
+        assert 0 < float((audio - reference).abs().max()) < 0.05 * peak
+    assert float((eager - rounded).abs().max()) < 0.05 * peak
+    torch.testing.assert_close(graphed, eager, atol=1e-4, rtol=0)

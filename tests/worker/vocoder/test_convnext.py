@@ -1,0 +1,152 @@
+"""ConvNeXt blocks run channels-last (worker.vocoder.convnext) compute what ChatTTS's and Vocos's blocks do:
+the fused kernel a depthwise convolution then a layer norm, a block the module's output, a stack the
+modules one after another, and the vocoder's network ChatTTS's decoder and Vocos's backbone.
+
+The kernel is Triton's; here it runs in Triton's interpreter on the CPU (there is no GPU here), in float32
+(the interpreter has no bfloat16 products), each check in a fresh interpreter as in test_attention.py.
+test_vocoder.py holds the fused network to the unfused one in bf16 on a GPU.
+"""
+
+import math
+from dataclasses import asdict
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.triton_interpreter import in_triton_interpreter as in_triton_interpreter_of
+
+pytest.importorskip("triton")
+
+
+def in_triton_interpreter(check: str) -> None:
+    in_triton_interpreter_of("tests.worker.vocoder.test_convnext", check)
+
+
+def randomised(module: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Every parameter drawn at random (layer scales of 1e-6 would hide a block's branch), weights scaled
+    by their fan-in so that activations stay near unit scale."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            drawn = torch.randn(parameter.shape, generator=generator)
+            parameter.copy_(drawn / math.sqrt(parameter[0].numel()) if parameter.dim() > 1 else drawn / 2)
+    return module
+
+
+def chattts_block(dim, intermediate, dilation, layer_scale, seed):
+    from ChatTTS.model.dvae import ConvNeXtBlock
+
+    return randomised(ConvNeXtBlock(dim, intermediate, 7, dilation, layer_scale), seed)
+
+
+def vocos_block(dim, intermediate, layer_scale, seed):
+    from vocos.modules import ConvNeXtBlock
+
+    return randomised(ConvNeXtBlock(dim, intermediate, layer_scale), seed)
+
+
+def check_the_kernel_is_a_depthwise_convolution_then_a_layer_norm() -> None:
+    from worker.vocoder import convnext
+
+    generator = torch.Generator().manual_seed(0)
+    default_tile = convnext._LAUNCH["TILE_T"]
+    # Channels a power of two and not; frames fewer than a tile (and than the convolution's reach) and
+    # not a multiple of it; tiles of the default and smaller.
+    for channels, frames, dilation, tile in ((96, 37, 1, default_tile), (64, 3, 2, default_tile), (96, 45, 2, 4)):
+        convnext._LAUNCH = {**convnext._LAUNCH, "TILE_T": tile}
+        channels_first = torch.randn(2, channels, frames, generator=generator)
+        conv_weight, conv_bias, norm_weight, norm_bias = (
+            torch.randn(shape, generator=generator) for shape in ((channels, 7), channels, channels, channels)
+        )
+        convolved = F.conv1d(
+            channels_first, conv_weight[:, None], conv_bias, padding=3 * dilation, dilation=dilation, groups=channels
+        )
+        expected = F.layer_norm(convolved.transpose(1, 2), (channels,), norm_weight, norm_bias, 1e-6)
+        # Read channels-last, and through the strides of a transposed channels-first tensor.
+        for x in (channels_first.transpose(1, 2).contiguous(), channels_first.transpose(1, 2)):
+            out = convnext.dwconv_layer_norm(x, conv_weight, conv_bias, norm_weight, norm_bias, dilation, 1e-6)
+            assert out.is_contiguous() and out.dtype == x.dtype
+            torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+def check_a_block_channels_last_is_chattts_s_and_vocos_s_block() -> None:
+    from worker.vocoder.convnext import ChannelsLastBlock
+
+    blocks = [
+        chattts_block(96, 192, dilation=2, layer_scale=1e-6, seed=1),
+        chattts_block(96, 192, dilation=2, layer_scale=0, seed=2),  # no layer scale
+        vocos_block(96, 160, layer_scale=0.5, seed=3),
+        vocos_block(96, 160, layer_scale=0, seed=4),
+    ]
+    x = torch.randn(2, 96, 29, generator=torch.Generator().manual_seed(5))
+    with torch.inference_mode():
+        for block in blocks:
+            channels_last = ChannelsLastBlock(block, torch.float32)
+            out = channels_last(x.transpose(1, 2).contiguous())
+            torch.testing.assert_close(out, block(x).transpose(1, 2), atol=1e-5, rtol=1e-5)
+
+
+def check_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone() -> None:
+    from worker.vocoder.convnext import ChannelsLastStack
+
+    blocks = [chattts_block(64, 256, dilation=2, layer_scale=1e-6, seed=seed) for seed in range(3)]
+    x = torch.randn(2, 64, 21, generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        expected = x
+        for block in blocks:
+            expected = block(expected)
+        stack = ChannelsLastStack(blocks, torch.float32)
+        channels_last = x.transpose(1, 2).contiguous()
+        before = channels_last.clone()
+        for given in (channels_last, x.transpose(1, 2)):
+            out = stack(given)
+            assert out.is_contiguous()
+            torch.testing.assert_close(out, expected.transpose(1, 2), atol=1e-5, rtol=1e-5)
+        assert torch.equal(channels_last, before)
+
+
+def check_the_fused_network_is_chattts_decoder_and_vocos_backbone() -> None:
+    from ChatTTS.model.dvae import DVAE
+    from vocos.pretrained import instantiate_class
+
+    from worker.model.synthetic_assets import synthetic_config
+    from worker.vocoder.vocoder import VocoderNetwork
+
+    config = synthetic_config("tiny")
+    decoder = randomised(DVAE(decoder_config=asdict(config.decoder), dim=config.decoder.idim), seed=7)
+    vocos = SimpleNamespace(
+        backbone=randomised(instantiate_class(args=(), init=asdict(config.vocos.backbone)), seed=8),
+        head=instantiate_class(args=(), init=asdict(config.vocos.head)),
+    )
+    network = VocoderNetwork(decoder, vocos, torch.float32, fused=True)
+    windows = torch.randn(2, config.gpt.hidden_size, 24, generator=torch.Generator().manual_seed(9))
+    with torch.inference_mode():
+        expected = network.backbone(network.decoder(windows))
+        torch.testing.assert_close(network.fused_features(windows), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_the_kernel_is_a_depthwise_convolution_then_a_layer_norm():
+    in_triton_interpreter("check_the_kernel_is_a_depthwise_convolution_then_a_layer_norm")
+
+
+def test_a_block_channels_last_is_chattts_s_and_vocos_s_block_with_and_without_a_layer_scale():
+    in_triton_interpreter("check_a_block_channels_last_is_chattts_s_and_vocos_s_block")
+
+
+def test_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone():
+    in_triton_interpreter("check_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone")
+
+
+def test_the_fused_network_is_chattts_decoder_and_vocos_backbone():
+    in_triton_interpreter("check_the_fused_network_is_chattts_decoder_and_vocos_backbone")
+
+
+def test_a_block_with_adaptive_layer_norm_is_refused():
+    from vocos.modules import ConvNeXtBlock
+
+    from worker.vocoder.convnext import ChannelsLastBlock
+
+    with pytest.raises(ValueError, match="adaptive layer norm"):
+        ChannelsLastBlock(ConvNeXtBlock(8, 16, 0.1, adanorm_num_embeddings=2), torch.float32)
