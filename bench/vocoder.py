@@ -15,17 +15,21 @@ runs once untimed (the graphs' capture) and its median of three is printed:
   (worker.vocoder.convnext), op by op and in CUDA graphs (the farm's path on CUDA).
 
 decoded audio-s/s counts every window's frames, kept audio-s/s the rows' own; max abs diff is against
-the first way's audio. Then the GPT's decode step alone and while the farm's vocoder decodes
-``--per-call`` rows before each step on a stream of its own, as the engine's thread does.
+the first way's audio. With ``--launch-sweep``, the fused eager way again under each launch setting of
+the fused kernel (frames a program, warps), fastest first. Then the GPT's decode step alone and while
+the farm's vocoder decodes ``--per-call`` rows before each step on a stream of its own, as the
+engine's thread does.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import logging
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from worker.cuda import configure_allocator
 
@@ -37,6 +41,7 @@ import torch  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
+from worker.vocoder import convnext  # noqa: E402
 from worker.vocoder.vocoder import Vocoder, Window  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
@@ -107,6 +112,31 @@ def in_calls(rows: list[torch.Tensor], per_call: int) -> list[list[torch.Tensor]
     return [rows[first : first + per_call] for first in range(0, len(rows), per_call)]
 
 
+@contextlib.contextmanager
+def fused_launch(launch: dict) -> Iterator[None]:
+    """The fused ConvNeXt kernel launched with ``launch`` inside the block; its own setting back after it."""
+    chosen, convnext._LAUNCH = convnext._LAUNCH, launch
+    try:
+        yield
+    finally:
+        convnext._LAUNCH = chosen
+
+
+def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
+    """The fused eager vocoder's kept audio-s/s under each launch setting of its kernel, fastest first."""
+    kept_s = sum(states.shape[0] for states in rows) / TOKENS_PER_SECOND
+    print("\n| rows per call | frames a program | warps | kept audio-s/s |\n|---:|---:|---:|---:|")
+    for per_call in per_calls:
+        calls = in_calls(rows, per_call)
+        timings = []
+        for tile, warps in itertools.product((4, 8, 16, 32), (1, 2, 4, 8)):
+            with fused_launch({"TILE_T": tile, "num_warps": warps}):
+                seconds = median_seconds(lambda calls=calls: [vocoder.launch(c).result() for c in calls], device)
+            timings.append((seconds, tile, warps))
+        for seconds, tile, warps in sorted(timings):
+            print(f"| {per_call} | {tile} | {warps} | {kept_s / seconds:,.0f} |", flush=True)
+
+
 def gpt_beside_vocoder(
     synthesizer: Synthesizer, slots: int, steps: int, rows_per_step: list[torch.Tensor]
 ) -> tuple[float, float]:
@@ -144,6 +174,7 @@ def main() -> None:
     parser.add_argument("--slots", type=int, default=512, help="The engine's slots (the GPT step's rows).")
     parser.add_argument("--steps", type=int, default=50, help="Decode steps timed alone and beside the vocoder.")
     parser.add_argument("--beside", default="1,8", help="Rows the vocoder decodes before each step, comma-separated.")
+    parser.add_argument("--launch-sweep", action="store_true", help="Time the fused kernel's launch settings too.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -213,6 +244,9 @@ def main() -> None:
             )
     if synthesizer.vocoder.graphs is not None:
         print(f"graphs captured: {len(synthesizer.vocoder.graphs)}")
+    if arguments.launch_sweep and "bf16, fused, eager" in ways:
+        per_calls = [int(count) for count in arguments.per_call.split(",")]
+        launch_sweep(ways["bf16, fused, eager"], rows, per_calls, device)
 
     print("\n| GPT decode step | vocoder rows per step | ms per step | vocoder kept audio-s/s |\n|---|---:|---:|---:|")
     runner = synthesizer.engine.runner

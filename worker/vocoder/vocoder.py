@@ -114,24 +114,27 @@ class VocoderNetwork(nn.Module):
     (stalling the thread that launches it) and so cannot be captured in a graph.
 
     ``fused`` (by default: on CUDA, where Triton is there) runs the ConvNeXt blocks of both networks
-    channels-last (:class:`~worker.vocoder.convnext.ChannelsLastStack`, weights copied once more) on
-    CUDA inputs; on the CPU the network is ChatTTS's modules, op by op, either way.
+    channels-last (:class:`~worker.vocoder.convnext.ChannelsLastStack`), which then hold the blocks'
+    only copies (off CUDA, such a network runs only in Triton's interpreter); otherwise the network is
+    ChatTTS's modules, op by op.
     """
 
     def __init__(self, decoder: nn.Module, vocos: nn.Module, dtype: torch.dtype, *, fused: bool | None = None):
         super().__init__()
         self.dtype = dtype
-        self.decoder = copy.deepcopy(decoder).to(dtype)
-        self.backbone = copy.deepcopy(vocos.backbone).to(dtype)
         if fused is None:
             fused = decoder.coef.device.type == "cuda" and triton_available()
         self.decoder_blocks = self.backbone_blocks = None
+        blocks = (decoder.decoder.decoder_block, vocos.backbone.convnext)
         if fused:
             # fused_features reproduces DVAE.forward's decoding and VocosBackbone.forward as ChatTTS calls them.
             assert decoder.vq_layer is None and not vocos.backbone.adanorm
             # Built from ChatTTS's float32 modules, so that the folded layer scales are rounded once.
-            self.decoder_blocks = ChannelsLastStack(decoder.decoder.decoder_block, dtype)
-            self.backbone_blocks = ChannelsLastStack(vocos.backbone.convnext, dtype)
+            self.decoder_blocks, self.backbone_blocks = (ChannelsLastStack(stack, dtype) for stack in blocks)
+        # The module copies leave out the blocks the stacks hold (deepcopy takes a memo's entry as the copy).
+        left_out = {id(stack): nn.ModuleList() for stack in blocks} if fused else {}
+        self.decoder = copy.deepcopy(decoder, dict(left_out)).to(dtype)
+        self.backbone = copy.deepcopy(vocos.backbone, dict(left_out)).to(dtype)
         # The head's exponential turns bf16's relative rounding of log magnitudes into the audio's.
         self.spectrum = copy.deepcopy(vocos.head.out).float()
         istft = vocos.head.istft
@@ -141,7 +144,7 @@ class VocoderNetwork(nn.Module):
 
     def forward(self, windows: torch.Tensor) -> torch.Tensor:
         windows = windows.to(self.dtype)
-        if self.decoder_blocks is not None and windows.is_cuda:
+        if self.decoder_blocks is not None:
             features = self.fused_features(windows)
         else:
             features = self.backbone(self.decoder(windows))  # (windows, mel frames, dim)
@@ -267,6 +270,7 @@ class Vocoder:
         mel_reach = _conv_reach([chat.decoder.decoder, chat.decoder.out_conv, chat.vocos.backbone]) + istft_reach
         self.context_frames = math.ceil(mel_reach / mel_frames_per_frame)
         self.max_window_frames = MAX_WINDOW_CONTEXTS * self.context_frames // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES
+        self._chattts_networks = (chat.decoder, chat.vocos)
         self.network = VocoderNetwork(chat.decoder, chat.vocos, dtype or network_dtype(model), fused=fused)
         use_graphs = model.device.type == "cuda" if graphs is None else graphs
         self.graphs = WindowGraphs(self.network, self.width, model.device) if use_graphs else None
@@ -282,8 +286,7 @@ class Vocoder:
         where a GPU's bf16 or TF32 rounds near 1e-3 and would hide the weights' reach. The error shrinks
         as the context grows, so a binary search takes a handful of decodes.
         """
-        network = copy.deepcopy(self.network).to("cpu", torch.float32)
-        network.dtype = torch.float32
+        network = VocoderNetwork(*self._chattts_networks, torch.float32, fused=False).to("cpu")
 
         def audio(states: torch.Tensor) -> torch.Tensor:
             return network(states.T[None].contiguous())[0]
