@@ -39,7 +39,7 @@ from worker.engine.segment import Attempt, Segment, segment_seed
 from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
-from worker.engine_process.streaming import Deliver, RequestStream
+from worker.engine_process.streaming import Deliver, RequestStream, largest_piece_frames
 from worker.engine_process.synthesis import Synthesis
 from worker.model.loading import LoadedModel, load_model
 from worker.results import SynthesisResult
@@ -128,6 +128,9 @@ class Synthesizer:
         graphs = self.engine.runner.capture_every_bucket()
         if graphs:
             logger.info("captured the decode step and the prefill of %d buckets", graphs)
+        windows = self.vocoder.capture_windows(largest_piece_frames(self.frames_per_second, self.stream_context_frames))
+        if windows:
+            logger.info("captured the vocoder's windows of %d (length, batch) buckets", windows)
         logger.info("warmed up in %.2f s", time.perf_counter() - started)
 
     def synthesize(

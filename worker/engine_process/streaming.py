@@ -13,7 +13,11 @@ frames, 1.1 s, at full scale), but what a frame's audio reads above float roundi
 frames for the synthetic weights), and that is what the first chunk waits for.
 
 The first piece of a segment is small, so the first sound comes early; each later one is twice the
-size of the one before, up to a bound, so that a long text is decoded in few, large passes.
+size of the one before, up to a bound, so that a long text is decoded in few, large passes. A piece
+takes more context on its left where the row has it, so that its length is a multiple of the
+vocoder's window step: pieces then replay the vocoder's CUDA graphs with the rows' windows, where a
+piece of any other length runs op by op on the engine's thread (on an H200 with 256 streams, py-spy
+found that thread busier launching such pieces than launching the decode steps).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import torch
 
 from worker.engine.segment import Segment
 from worker.vocoder.piece import Piece
+from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 FIRST_CHUNK_S = 0.25
 LARGEST_CHUNK_S = 2.0
@@ -76,8 +81,8 @@ class RequestStream:
             keep_to = keep_from + min(self.first_chunk_frames << self._cuts[index], self.largest_chunk_frames)
             if keep_to > stable:
                 return pieces
-            start = max(0, keep_from - self.context_frames)
             stop = keep_to + self.context_frames
+            start = aligned_start(keep_from - self.context_frames, stop)
             pieces.append(
                 Piece(segment, hidden_states(start, stop), start, keep_from, keep_to, last=False, assess=False)
             )
@@ -88,7 +93,7 @@ class RequestStream:
         """What is left of a segment the engine finished: the frames not yet cut, to its end."""
         hiddens = segment.output.hiddens
         keep_from = min(self._cut_to[segment.index], hiddens.shape[0])
-        start = max(0, keep_from - self.context_frames)
+        start = aligned_start(keep_from - self.context_frames, hiddens.shape[0])
         return Piece(segment, hiddens[start:], start, keep_from, hiddens.shape[0], last=True, assess=False)
 
     def take(self, piece: Piece, samples: np.ndarray) -> None:
@@ -115,3 +120,16 @@ class RequestStream:
     def samples(self, segment: Segment) -> np.ndarray:
         """A complete segment's audio: its pieces joined."""
         return np.concatenate(self._audio[segment.index])
+
+
+def aligned_start(start: int, stop: int) -> int:
+    """Where a piece ending at ``stop`` that needs frames from ``start`` on starts: further left, so that
+    its length is a multiple of WINDOW_STEP_FRAMES, where the row has the frames; else at the row's start."""
+    steps = math.ceil((stop - start) / WINDOW_STEP_FRAMES)
+    return max(0, stop - steps * WINDOW_STEP_FRAMES)
+
+
+def largest_piece_frames(frames_per_second: float, context_frames: int) -> int:
+    """About the most frames a piece holds: the largest chunk with its context either side, a window step
+    more for the alignment of its start, and one more for a segment's last piece, which takes all that is left."""
+    return math.ceil(LARGEST_CHUNK_S * frames_per_second) + 2 * context_frames + 2 * WINDOW_STEP_FRAMES

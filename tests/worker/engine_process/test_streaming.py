@@ -13,8 +13,9 @@ from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
-from worker.engine_process.streaming import RequestStream
+from worker.engine_process.streaming import RequestStream, aligned_start
 from worker.engine_process.voices import speaker_sample
+from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 LONG_TEXT = (
     "The farm streams its audio while it speaks. Every segment starts as soon as the engine has it. "
@@ -233,6 +234,14 @@ def test_silence_before_the_first_segment_goes_out_at_once_and_that_after_the_la
     assert delivered == [(0, 7, False), (0, 3, True), (1, 3, True), (1, 4, False)]
 
 
+def test_a_piece_starts_further_left_to_a_multiple_of_the_window_step_where_the_row_has_the_frames():
+    step = WINDOW_STEP_FRAMES
+    assert aligned_start(100 - step, 100) == 100 - step  # aligned already
+    assert aligned_start(100 - step + 1, 100) == 100 - step
+    assert aligned_start(100 - step - 1, 100) == 100 - 2 * step
+    assert aligned_start(3, step + 5) == 0  # the row's start: too few frames to its left for two steps
+
+
 def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
     segment = segments_of(1)[0]
     stream = RequestStream(
@@ -243,9 +252,12 @@ def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_u
     for drawn in range(1, 400, 8):  # the engine looks every 8 steps
         for piece in stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1)):
             assert piece.keep_to <= drawn - 5  # the newest 5 frames may still change
-            # Context on either side, so a piece's length is set by its size alone.
-            assert piece.start == max(0, piece.keep_from - 5)
+            # Context on either side (more on the left where the row has it, to a multiple of the vocoder's
+            # window step), so a piece's length is set by its size alone.
+            assert piece.start <= max(0, piece.keep_from - 5)
             assert piece.hiddens.shape[0] == piece.keep_to + 5 - piece.start
+            assert piece.start == 0 or piece.hiddens.shape[0] % WINDOW_STEP_FRAMES == 0
+            assert piece.start == 0 or piece.keep_from - piece.start < 5 + WINDOW_STEP_FRAMES
             cuts.append((piece.keep_from, piece.keep_to))
     assert [stop - start for start, stop in cuts] == [10, 20, 40, 80, 80, 80]  # 310 of the 388 stable frames
     assert all(earlier[1] == later[0] for earlier, later in zip(cuts, cuts[1:], strict=False))

@@ -235,6 +235,26 @@ def test_on_a_gpu_graphs_captured_beside_queued_work_decode_what_the_network_dec
     assert len(graphed.graphs) == 3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the CUDA graph path needs a GPU")
+def test_on_a_gpu_the_short_windows_are_captured_ahead_in_every_batch_and_met_later_without_a_capture(tiny_settings):
+    from dataclasses import replace
+
+    from worker.model.loading import load_model
+
+    model = load_model(replace(tiny_settings, device="cuda"))
+    vocoder = Vocoder(model, 8)
+    buckets = len({batch_bucket(count, 8) for count in range(1, 9)})
+    assert vocoder.capture_windows(2 * WINDOW_STEP_FRAMES + 5) == 2 * buckets
+    for batch in (1, 5, 8):
+        rows = [random_hidden_states(model.chat, WINDOW_STEP_FRAMES, seed).cuda() for seed in range(batch)]
+        assert len(vocoder.decode(rows)) == batch
+    assert len(vocoder.graphs) == 2 * buckets
+
+
+def test_off_a_gpu_no_window_is_captured(vocoder):
+    assert vocoder.capture_windows(4 * WINDOW_STEP_FRAMES) == 0
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused ConvNeXt blocks run on a GPU")
 def test_on_a_gpu_the_fused_network_in_bf16_stays_near_the_unfused_one_eager_and_in_graphs(synthesizer):
     chat = synthesizer.model.chat
