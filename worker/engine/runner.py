@@ -131,10 +131,6 @@ class ModelRunner:
         # the captured steps and the prefill alike (its rows and length symbolic); the CPU runs them op by op.
         if self.use_graphs and self.reads_own_columns:
             self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
-            # Around the layers, a step of one row was ~90 kernels more, each a few microseconds (the
-            # code embeddings' sum, the heads, the sampler, the slots' state): compiled, a handful.
-            self._step_input = torch.compile(self._step_input, dynamic=True)
-            self._draw = torch.compile(self._draw, dynamic=True)
         else:
             self._layer_parts = (before_attention, after_attention)
         config = self.llama.config
@@ -490,7 +486,12 @@ class ModelRunner:
         # Each slot's previous tokens go to its next column; right-aligned prompts make the column
         # the token's position too.
         column = self.prompt_length[:rows] + self.step[:rows] - 1
-        step_input = self._step_input(self.tokens[:rows])
+        step_input = (
+            torch.stack([self.code_embeddings[q](self.tokens[:rows, q]) for q in range(self.tokens.shape[1])], dim=2)
+            .sum(dim=2)
+            .unsqueeze(1)
+            .to(self.llama.dtype)
+        )
         slots = self.slot_index[:rows]
 
         if self.reads_own_columns:
@@ -564,11 +565,6 @@ class ModelRunner:
                 self.layer_shape.norm_eps,
             )
         return self.llama.norm(hidden)
-
-    def _step_input(self, tokens: torch.Tensor) -> torch.Tensor:
-        """The (rows, 1, width) input of a decode step: the sum of the embeddings of each row's last codes."""
-        embedded = [self.code_embeddings[q](tokens[:, q]) for q in range(tokens.shape[1])]
-        return torch.stack(embedded, dim=2).sum(dim=2).unsqueeze(1).to(self.llama.dtype)
 
     def _draw(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
         """Record each slot's hidden state at its step, draw its tokens, note the slots that end."""
