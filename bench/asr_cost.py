@@ -166,7 +166,10 @@ def main() -> None:
     device = pick_device(settings.device)
     backends = {
         asr: load_backend(
-            dataclasses.replace(settings, asr=asr), synthetic=arguments.model.startswith("synthetic"), device=device
+            dataclasses.replace(settings, asr=asr),
+            synthetic=arguments.model.startswith("synthetic"),
+            device=device,
+            max_batch=max(arguments.asr_batch),
         )
         for asr in dict.fromkeys(arguments.asr)
     }

@@ -1,12 +1,14 @@
 """The recognisers the ASR gate listens with, and which one the settings choose.
 
 - ``whisper``: OpenAI's Whisper (``openai-whisper``), Chinese and English, on the engine's device
-  (on a CUDA stream of its own there). Its weights are read from Whisper's own cache
-  (``$XDG_CACHE_HOME/whisper``, else ``~/.cache/whisper``, where ``whisper.load_model`` leaves them)
-  or a checkpoint's path, and never downloaded: a farm's hosts may not reach the internet, and a
-  check that fetches 70 MB on its first segment is worse than none. ``synthetic-tiny`` and
-  ``synthetic-base`` build the real architectures with random weights instead, for benchmarks of the
-  gate's cost where no weights can be had (bench/asr_cost.py): what they hear is meaningless.
+  (on a CUDA stream of its own there), drawing the tokens ``whisper.decode`` draws greedily but over a
+  static KV cache whose steps replay as CUDA graphs (:mod:`worker.asr.greedy`). Its weights are read
+  from Whisper's own cache (``$XDG_CACHE_HOME/whisper``, else ``~/.cache/whisper``, where
+  ``whisper.load_model`` leaves them) or a checkpoint's path, and never downloaded: a farm's hosts may
+  not reach the internet, and a check that fetches 70 MB on its first segment is worse than none.
+  ``synthetic-tiny`` and ``synthetic-base`` build the real architectures with random weights instead,
+  for benchmarks of the gate's cost where no weights can be had (bench/asr_cost.py): what they hear is
+  meaningless.
 - ``offline``: pocketsphinx's English model from its wheel, needing nothing but PyPI. Its general
   language model hears synthetic speech as other words, so it decodes against a grammar made from the
   expected text (docs/quality-gate.md has the measurements): it catches wrong or missing speech, and
@@ -96,13 +98,20 @@ class Offline:
 
 class Whisper:
     """Whisper, told the language the expected text is in, decoding greedily and no further than the
-    expected text could need (:func:`token_limit`)."""
+    expected text could need (:func:`token_limit`).
+
+    Clips of up to 30 s are decoded by :class:`~worker.asr.greedy.GreedyDecoder`, which draws the tokens
+    ``whisper.decode`` would; its buffers (and on CUDA its graphs) are made here, before the engine sizes
+    its cache from the memory left free. A longer clip goes through Whisper's own ``transcribe``."""
 
     name = "whisper"
 
-    def __init__(self, model, device: torch.device):
-        """``model``: a ``whisper.model.Whisper`` (see :func:`load_whisper`), on ``device``."""
+    def __init__(self, model, device: torch.device, max_batch: int):
+        """``model``: a ``whisper.model.Whisper`` (see :func:`load_whisper`), on ``device``; ``max_batch``:
+        the most clips of a language decoded at once (the listener's largest batch; more take several passes)."""
         import whisper
+
+        from worker.asr.greedy import GreedyDecoder
 
         self._whisper = whisper
         self._model = model
@@ -110,6 +119,12 @@ class Whisper:
         self._device = device
         # Beside the engine's stream, not behind it (nor it behind this one).
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._greedy = GreedyDecoder(model, max_batch, self._stream)
+        logger.info(
+            "Whisper decodes up to %d clips at once in %.0f MiB of buffers",
+            max_batch,
+            self._greedy.buffer_bytes / 2**20,
+        )
         self._resamplers: dict[int, torchaudio.transforms.Resample] = {}  # by the rate resampled from
 
     def hears(self, text: str) -> bool:
@@ -170,15 +185,11 @@ class Whisper:
         return (log_mel + 4.0) / 4.0
 
     def _decode(self, language: str, mels: torch.Tensor, expected_texts: list[str]) -> list[str]:
-        whisper = self._whisper
         tokenizer = self._tokenizer(language)
         limits = [token_limit(tokenizer, text) for text in expected_texts]
-        options = whisper.DecodingOptions(
-            language=language, temperature=0.0, sample_len=max(limits), without_timestamps=True, fp16=self._fp16
-        )
-        results = whisper.decode(self._model, mels, options)
+        rows = self._greedy.decode(mels, language, max(limits))
         # A row decoded past its own limit (the batch ran to the longest's) is cut where it would have stopped alone.
-        return [tokenizer.decode(result.tokens[:limit]).strip() for result, limit in zip(results, limits, strict=True)]
+        return [tokenizer.decode(tokens[:limit]).strip() for tokens, limit in zip(rows, limits, strict=True)]
 
     def _transcribe_long(self, audio: np.ndarray, expected_text: str) -> str:
         language = _language(expected_text)
@@ -261,8 +272,9 @@ def whisper_checkpoint(model: str) -> Path:
     return cache / f"{model}.pt"
 
 
-def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -> Backend | None:
-    """The recogniser ASR (the setting) asks for, or None for no ASR check."""
+def load_backend(settings: Settings, *, synthetic: bool, device: torch.device, max_batch: int) -> Backend | None:
+    """The recogniser ASR (the setting) asks for, or None for no ASR check; ``max_batch``: the most clips
+    its listener hands it at once."""
     choice = settings.asr
     if choice == "off" or (choice == "auto" and synthetic):
         return None
@@ -273,7 +285,7 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -
             logger.info("Whisper %s has random weights: the ASR check is off", settings.asr_whisper_model)
             return None
         logger.warning("Whisper %s has random weights: its verdicts are meaningless", settings.asr_whisper_model)
-        return Whisper(load_whisper(settings.asr_whisper_model, device), device)
+        return Whisper(load_whisper(settings.asr_whisper_model, device), device, max_batch)
     checkpoint = whisper_checkpoint(settings.asr_whisper_model)
     if not checkpoint.is_file():
         if choice == "auto":
@@ -284,7 +296,7 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device) -
             f"{ENV_PREFIX}ASR_WHISPER_MODEL to a checkpoint's path, or fetch it once where the internet is "
             f"reachable (python -c 'import whisper; whisper.load_model(\"{settings.asr_whisper_model}\")')"
         )
-    return Whisper(load_whisper(settings.asr_whisper_model, device), device)
+    return Whisper(load_whisper(settings.asr_whisper_model, device), device, max_batch)
 
 
 def at_16k(samples: np.ndarray, sample_rate: int) -> np.ndarray:

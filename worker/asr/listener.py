@@ -36,7 +36,8 @@ class Heard:
 # Most attempts one batch takes (the thread takes what is waiting, so a batch is this large only under
 # load). Whisper's time goes to its token-by-token decoding loop, a step for a whole batch: on an H200
 # beside the engine (bench/asr_cost.py --asr-batch 32,128,256, 1,024 jobs) the farm with the gate kept
-# 40% of its throughput without it at 32, 65% at 128 and 73% at 256.
+# 40% of its throughput without it at 32, 65% at 128 and 73% at 256. Whisper's decoder keeps buffers for
+# this many rows from the start (worker/asr/greedy.py: 2,923 MiB in fp16 for tiny), out of the engine's cache.
 MAX_BATCH = 256
 
 

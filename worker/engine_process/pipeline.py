@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from chattts_farm.settings import Settings
 from worker.asr.backends import load_backend
-from worker.asr.listener import Heard, Listener
+from worker.asr.listener import MAX_BATCH, Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
 from worker.engine.segment import Attempt, Segment, segment_seed
@@ -84,7 +84,7 @@ class Synthesizer:
         self.model = model
         self.settings = settings
         # Loaded before the engine sizes its cache from the memory left free: a recogniser on the GPU takes some.
-        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device)
+        backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device, max_batch=MAX_BATCH)
         self.engine = Engine(
             model,
             **engine_capacity(model, settings),

@@ -24,6 +24,7 @@ CPU = torch.device("cpu")
 SAID = "the weather today is cold and rainy with strong winds from the north"
 OTHER = "my grandmother bakes bread on sunday mornings"
 MAX_ERROR_RATE = Settings().asr_max_error_rate
+MAX_BATCH = 4  # the most clips a test hands a recogniser at once
 
 
 def heard_error_rate(backend, speech, expected):
@@ -70,24 +71,30 @@ def test_the_offline_backend_knows_english_alone(offline):
     reason="Whisper tiny's weights are not in Whisper's cache, and they are never downloaded (none can be here)",
 )
 def test_whisper_hears_the_right_text_and_flags_another(speak):
-    whisper = Whisper(load_whisper("tiny", CPU), CPU)
+    whisper = Whisper(load_whisper("tiny", CPU), CPU, MAX_BATCH)
     assert heard_error_rate(whisper, speak(SAID), SAID) <= MAX_ERROR_RATE
     assert heard_error_rate(whisper, speak(OTHER), SAID) > MAX_ERROR_RATE
 
 
 def test_auto_checks_nothing_on_synthetic_weights_and_off_checks_nothing_at_all():
-    assert load_backend(Settings.from_env({}), synthetic=True, device=CPU) is None
-    assert load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "off"}), synthetic=False, device=CPU) is None
+    assert load_backend(Settings.from_env({}), synthetic=True, device=CPU, max_batch=MAX_BATCH) is None
+    assert (
+        load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "off"}), synthetic=False, device=CPU, max_batch=MAX_BATCH)
+        is None
+    )
 
 
 def test_auto_on_real_weights_uses_whisper_only_when_its_weights_are_there(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    assert load_backend(Settings.from_env({}), synthetic=False, device=CPU) is None
+    assert load_backend(Settings.from_env({}), synthetic=False, device=CPU, max_batch=MAX_BATCH) is None
 
 
 def test_offline_is_chosen_even_on_synthetic_weights():
     assert isinstance(
-        load_backend(Settings.from_env({"CHATTTS_FARM_ASR": "offline"}), synthetic=True, device=CPU), Offline
+        load_backend(
+            Settings.from_env({"CHATTTS_FARM_ASR": "offline"}), synthetic=True, device=CPU, max_batch=MAX_BATCH
+        ),
+        Offline,
     )
 
 
@@ -96,7 +103,7 @@ def test_whisper_without_its_weights_fails_naming_the_setting(tmp_path):
         {"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": str(tmp_path / "tiny.pt")}
     )
     with pytest.raises(SettingsError, match="CHATTTS_FARM_ASR_WHISPER_MODEL"):
-        load_backend(settings, synthetic=False, device=CPU)
+        load_backend(settings, synthetic=False, device=CPU, max_batch=MAX_BATCH)
 
 
 def test_a_whisper_model_is_a_name_in_whispers_cache_or_a_checkpoints_path(tmp_path, monkeypatch):
@@ -109,7 +116,7 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
     """Random weights (synthetic-tiny, Whisper tiny's architecture: no weights can be had here) hear
     garbage, which without a limit runs on to 224 tokens a clip."""
     settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
-    whisper = load_backend(settings, synthetic=True, device=CPU)
+    whisper = load_backend(settings, synthetic=True, device=CPU, max_batch=MAX_BATCH)
     clips = [speak(SAID), speak(OTHER)]
     rate = clips[0][1]
     heard = whisper.transcribe_batch([samples for samples, _ in clips], rate, [SAID, OTHER])
@@ -124,7 +131,7 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
 
 def test_random_weights_are_used_only_when_asked_for_outright():
     settings = Settings.from_env({"CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
-    assert load_backend(settings, synthetic=False, device=CPU) is None  # auto
+    assert load_backend(settings, synthetic=False, device=CPU, max_batch=MAX_BATCH) is None  # auto
 
 
 def test_random_whisper_weights_have_tinys_architecture_are_finite_and_the_same_each_time():
@@ -142,7 +149,7 @@ def test_random_whisper_weights_have_tinys_architecture_are_finite_and_the_same_
 def test_whispers_spectrograms_of_a_batch_are_each_clips_alone_as_whisper_makes_them(speak):
     """Made at once on the model's device, padded to Whisper's window, each scaled by its own loudest value."""
     settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
-    whisper = load_backend(settings, synthetic=True, device=CPU)
+    whisper = load_backend(settings, synthetic=True, device=CPU, max_batch=MAX_BATCH)
     loud, quiet = (at_rate(*speak(text), SAMPLE_RATE) for text in (SAID, OTHER))
     clips = [loud, 0.01 * quiet]
     batch = whisper.log_mels(clips, SAMPLE_RATE)
