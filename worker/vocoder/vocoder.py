@@ -330,8 +330,8 @@ class Vocoder:
         """Capture now the graphs of windows of up to ``longest`` frames, in every batch (on CUDA), and
         return how many the vocoder holds: the lengths streamed pieces take (worker.engine_process.streaming).
 
-        Captured when first met instead, each took the engine's thread ~25 ms and waited for the decode
-        steps queued (py-spy, H200, 256 streams: 1.9 s of a run), while the streams waited for audio.
+        Captured when first met instead, each capture held the engine's thread and waited for the decode
+        steps queued (py-spy, H200, 64 then 256 streams: 1.9 s of the run), while the streams waited for audio.
         """
         if self.graphs is None:
             return 0
