@@ -205,9 +205,9 @@ class Whisper:
         return heard["text"]
 
     def _tokenizer(self, language: str):
-        return self._whisper.tokenizer.get_tokenizer(
-            self._model.is_multilingual, num_languages=self._model.num_languages, language=language, task="transcribe"
-        )
+        from worker.asr.greedy import transcribing_tokenizer
+
+        return transcribing_tokenizer(self._model, language)
 
 
 def token_limit(tokenizer, expected_text: str) -> int:

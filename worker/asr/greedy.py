@@ -118,7 +118,7 @@ class GreedyDecoder:
         self._final_norm = decoder.ln
 
         # The suppressed tokens and the end token are the same whatever the language.
-        tokenizer = self._tokenizer("en")
+        tokenizer = transcribing_tokenizer(model, "en")
         self._end = tokenizer.eot
         suppressed = torch.zeros(dims.n_vocab, dtype=torch.bool)
         suppressed[suppressed_tokens(tokenizer)] = True
@@ -154,7 +154,7 @@ class GreedyDecoder:
     def decode(self, mels: torch.Tensor, language: str, sample_len: int) -> list[list[int]]:
         """Each clip's tokens from log-mel spectrograms (clips x mels x 3,000 frames, on the model's device),
         up to their end token: at most ``sample_len``, as whisper.decode's ``DecodingResult.tokens``."""
-        prompt = self._tokenizer(language).sot_sequence_including_notimestamps
+        prompt = transcribing_tokenizer(self._model, language).sot_sequence_including_notimestamps
         # whisper.decode stops there too: its tokens would outgrow the text context.
         samples = min(sample_len, self._context - len(prompt) + 1)
         with torch.no_grad(), self._on_stream():
@@ -306,12 +306,10 @@ class GreedyDecoder:
         with torch.cuda.stream(self._stream):
             yield
 
-    def _tokenizer(self, language: str) -> Tokenizer:
-        """The tokenizer whisper.decode takes for the language."""
-        model = self._model
-        return get_tokenizer(
-            model.is_multilingual, num_languages=model.num_languages, language=language, task="transcribe"
-        )
+
+def transcribing_tokenizer(model, language: str) -> Tokenizer:
+    """The tokenizer whisper.decode (and transcribe) take for a model transcribing the language."""
+    return get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task="transcribe")
 
 
 def row_buckets(max_rows: int) -> list[int]:
