@@ -205,19 +205,22 @@ class WindowGraphs:
     def capture_every_bucket(self, frames: int, most: int) -> None:
         """Capture the graphs of windows of ``frames`` frames in every batch bucket of up to ``most``."""
         for bucket in sorted({batch_bucket(count, most) for count in range(1, most + 1)}, reverse=True):
-            if (frames, bucket) not in self._graphs:
-                self._graphs[frames, bucket] = self._capture(frames, bucket)
+            self._graph(frames, bucket)
 
     def __call__(self, windows: torch.Tensor, most: int) -> torch.Tensor:
         """(windows, width, frames) as (windows, samples), the batch padded to a bucket of at most ``most``."""
         count, _, frames = windows.shape
-        key = (frames, batch_bucket(count, most))
-        if key not in self._graphs:
-            self._graphs[key] = self._capture(*key)
-        graph, inputs, audio = self._graphs[key]
+        graph, inputs, audio = self._graph(frames, batch_bucket(count, most))
         inputs[:count].copy_(windows)
         graph.replay()
         return audio[:count]
+
+    def _graph(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+        """The graph of a batch bucket of windows of ``frames`` frames, with its input and its audio;
+        captured now if it is new."""
+        if (frames, bucket) not in self._graphs:
+            self._graphs[frames, bucket] = self._capture(frames, bucket)
+        return self._graphs[frames, bucket]
 
     def _capture(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
         inputs = torch.zeros(bucket, self.width, frames, dtype=self.network.dtype, device=self.device)
