@@ -24,12 +24,12 @@ engine's thread does.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import logging
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from unittest import mock
 
 from worker.cuda import configure_allocator
 
@@ -112,16 +112,6 @@ def in_calls(rows: list[torch.Tensor], per_call: int) -> list[list[torch.Tensor]
     return [rows[first : first + per_call] for first in range(0, len(rows), per_call)]
 
 
-@contextlib.contextmanager
-def fused_launch(launch: dict) -> Iterator[None]:
-    """The fused ConvNeXt kernel launched with ``launch`` inside the block; its own setting back after it."""
-    chosen, convnext._LAUNCH = convnext._LAUNCH, launch
-    try:
-        yield
-    finally:
-        convnext._LAUNCH = chosen
-
-
 def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
     """The fused eager vocoder's kept audio-s/s under each launch setting of its kernel, fastest first."""
     kept_s = sum(states.shape[0] for states in rows) / TOKENS_PER_SECOND
@@ -130,7 +120,7 @@ def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int
         calls = in_calls(rows, per_call)
         timings = []
         for tile, warps in itertools.product((4, 8, 16, 32), (1, 2, 4, 8)):
-            with fused_launch({"TILE_T": tile, "num_warps": warps}):
+            with mock.patch.object(convnext, "_LAUNCH", {"TILE_T": tile, "num_warps": warps}):
                 seconds = median_seconds(lambda calls=calls: [vocoder.launch(c).result() for c in calls], device)
             timings.append((seconds, tile, warps))
         for seconds, tile, warps in sorted(timings):
