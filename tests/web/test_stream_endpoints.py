@@ -90,7 +90,9 @@ def test_a_stream_is_encoded_as_it_comes_in_a_compressed_format(web, audio_store
     assert rate == 24_000 and abs(samples.size - stored) < 0.1 * rate  # lossy: a frame or two of padding
 
 
-def test_a_cancelled_job_answers_with_a_json_error(client):
+def test_a_cancelled_job_answers_with_a_json_error(make_app, idle_redis_url):
+    # No worker reads this Redis database: the job is still queued when it is cancelled, never done first.
+    client = make_app(redis_url=idle_redis_url).test_client()
     job_id = client.post("/api/jobs", json={"text": "Never spoken.", "stream": True}).get_json()["id"]
     assert client.delete(f"/api/jobs/{job_id}").get_json()["status"] == "cancelled"
     answer = client.get(f"/api/jobs/{job_id}/stream")
