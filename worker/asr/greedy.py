@@ -25,9 +25,16 @@ import torch
 import torch.nn.functional as F
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
+from worker.engine.runner import row_buckets
+
 # Steps one CUDA graph runs, between two looks at whether every row has ended (each look waits for the
 # device): a batch runs at most this many steps less one past its last row's end. Not tuned by measurement.
 STEPS_PER_GRAPH = 8
+
+# Past this many rows a pass's rows go up in steps of it. Every step's cross-attention reads each row's
+# 1,500 audio positions in every layer: padded to the next power of two, the listener's batch of 68 (H200,
+# docs/quality-gate.md) read 128 rows of them, where steps of 16 read 80.
+ROW_STEP = 16
 
 # What attends to the self-attention's keys and values (and keeps them): (layer, query, key, value) -> output.
 SelfAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -108,7 +115,7 @@ class GreedyDecoder:
         self._dtype = torch.float16 if device.type == "cuda" else torch.float32
         self._heads = dims.n_text_head
         self._context = dims.n_text_ctx
-        self._row_buckets = row_buckets(max_rows)
+        self.row_buckets = row_buckets(max_rows, step=ROW_STEP)
 
         # Embedded in fp32 and then cast, as Whisper embeds; the logits' projection in the decoder's dtype.
         self._token_embedding = decoder.token_embedding.weight.detach()
@@ -166,7 +173,7 @@ class GreedyDecoder:
 
     def _decode_pass(self, mels: torch.Tensor, prompt: Sequence[int], samples: int) -> list[list[int]]:
         clips = len(mels)
-        rows = next(rows for rows in self._row_buckets if rows >= clips)
+        rows = next(rows for rows in self.row_buckets if rows >= clips)
         self._encode(mels, rows)
         # A cache as fresh as whisper.decode's: the positions past the one decoded are masked, but an
         # infinity another batch left there would still make NaN (a zero weight times infinity).
@@ -285,7 +292,7 @@ class GreedyDecoder:
         the buffers), and they replay one at a time on this decoder's stream."""
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad(), torch.cuda.stream(self._stream):
-            for rows in reversed(self._row_buckets):
+            for rows in reversed(self.row_buckets):
                 # One step first, op by op on the capture's stream: cuBLAS's workspace and kernel choices for
                 # these shapes, which a capture records but cannot make.
                 self._steps(rows, 1)
@@ -310,12 +317,6 @@ class GreedyDecoder:
 def transcribing_tokenizer(model, language: str) -> Tokenizer:
     """The tokenizer whisper.decode (and transcribe) take for a model transcribing the language."""
     return get_tokenizer(model.is_multilingual, num_languages=model.num_languages, language=language, task="transcribe")
-
-
-def row_buckets(max_rows: int) -> list[int]:
-    """The rows a pass runs, a batch padded up to the next (on CUDA, a graph each): the powers of two
-    below ``max_rows``, and ``max_rows``."""
-    return [*(1 << power for power in range((max_rows - 1).bit_length())), max_rows]
 
 
 def suppressed_tokens(tokenizer: Tokenizer) -> list[int]:

@@ -76,15 +76,15 @@ def bucket_for(buckets: list[int], size: int) -> int:
 ROW_STEP = 256
 
 
-def row_buckets(slots: int) -> list[int]:
-    """The row counts a decode step is captured for: powers of two up to ROW_STEP, then multiples of
-    ROW_STEP (so a step of 1,300 rows computes 1,536, not 2,048), then the slot count."""
+def row_buckets(most: int, step: int = ROW_STEP) -> list[int]:
+    """The row counts a pass is run (and on CUDA captured) for: powers of two up to ``step``, then
+    multiples of ``step`` (so a step of 1,300 rows computes 1,536, not 2,048), then ``most``."""
     buckets, rows = [], 1
-    while rows < min(slots, ROW_STEP):
+    while rows < min(most, step):
         buckets.append(rows)
         rows *= 2
-    buckets.extend(range(rows, slots, ROW_STEP))
-    return [*buckets, slots]
+    buckets.extend(range(rows, most, step))
+    return [*buckets, most]
 
 
 @dataclass

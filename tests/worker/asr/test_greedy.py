@@ -14,7 +14,7 @@ from whisper.decoding import DecodingTask, SuppressBlank
 from whisper.tokenizer import get_tokenizer
 
 from worker.asr.backends import at_16k, synthetic_whisper
-from worker.asr.greedy import GreedyDecoder, blank_tokens, row_buckets, suppressed_tokens
+from worker.asr.greedy import GreedyDecoder, blank_tokens, suppressed_tokens
 
 SAID = "the weather today is cold and rainy with strong winds from the north"
 OTHER = "my grandmother bakes bread on sunday mornings"
@@ -158,10 +158,10 @@ def test_the_tokens_suppressed_always_and_at_the_first_token_are_whisper_decodes
     assert torch.isinf(logits[0]).nonzero().flatten().tolist() == sorted(blank_tokens(tokenizer))
 
 
-def test_a_pass_runs_the_next_power_of_two_of_rows_at_most_the_most_rows():
-    assert row_buckets(256) == [1, 2, 4, 8, 16, 32, 64, 128, 256]
-    assert row_buckets(3) == [1, 2, 3]
-    assert row_buckets(1) == [1]
+def test_a_pass_runs_the_next_power_of_two_of_rows_up_to_16_then_the_next_multiple_of_16_at_most_the_most(model):
+    assert GreedyDecoder(model, max_rows=100).row_buckets == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100]
+    assert GreedyDecoder(model, max_rows=3).row_buckets == [1, 2, 3]
+    assert GreedyDecoder(model, max_rows=1).row_buckets == [1]
 
 
 def test_the_sounds_the_gpu_test_decodes_are_heard_apart_and_as_whisper_decode_hears_them(model, sounds):
