@@ -11,7 +11,9 @@ process (``engine`` rows: no transport); with --web they run last through `chatt
 rows: POST /api/jobs with ``stream``, then GET /api/jobs/<id>/stream). Per level it prints
 first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
 delivered before it would have finished playing, playback starting at the first chunk), and the
-audio-s per wall-s of the level."""
+audio-s per wall-s of the level; for the ``farm`` rows also where the first chunks waited: until
+the engine started the job, until its first audio reached the worker's Celery process, and from
+there to the client (from each job's result)."""
 
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ class Listener:
     submitted: float
     arrivals: list[tuple[float, float]] = field(default_factory=list)  # (perf_counter, audio seconds)
     error: str | None = None
+    submitted_wall: float = field(default_factory=time.time)
+    # Through the farm, where its first chunk's wait went (seconds): from submit to the engine's start of
+    # the job, from there to its first audio in the worker's Celery process, and from there to this client.
+    hops: tuple[float, float, float] | None = None
 
     def heard(self, pcm_bytes: int) -> None:
         """A chunk of 16-bit samples arrived now."""
@@ -55,6 +61,15 @@ class Listener:
     @property
     def first_chunk_s(self) -> float | None:
         return self.arrivals[0][0] - self.submitted if self.arrivals else None
+
+    def note_hops(self, result: dict) -> None:
+        """Split the first chunk's wait at the hops the job's result timed (its engine start, epoch
+        seconds; its first audio in the worker, seconds after that)."""
+        first_audio_in_worker = (result.get("timings") or {}).get("first_chunk_s")
+        if self.first_chunk_s is None or first_audio_in_worker is None or result.get("started_at") is None:
+            return
+        to_engine = result["started_at"] - self.submitted_wall
+        self.hops = (to_engine, first_audio_in_worker, self.first_chunk_s - to_engine - first_audio_in_worker)
 
     @property
     def underruns(self) -> int:
@@ -96,8 +111,10 @@ def run_farm_level(celery, redis_url: str, clients: int, seconds: float) -> dict
 
     def listen(job_id: str, listener: Listener) -> None:
         try:
-            for chunk in stream_audio(job_id, redis_url=redis_url, timeout_s=600):
+            chunks = stream_audio(job_id, redis_url=redis_url, timeout_s=600)
+            for chunk in chunks:
                 listener.heard(len(chunk.pcm))
+            listener.note_hops(chunks.summary or {})
         except Exception as error:  # noqa: BLE001 - reported in the table
             listener.error = repr(error)
 
@@ -220,6 +237,11 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
         "streams_with_underruns": sum(listener.underruns > 0 for listener in listeners),
         "audio_s": sum(listener.audio_s for listener in listeners),
         "wall_s": wall,
+        # Each hop's p50 and p95 on its own (the p95s need not be one job's, nor add up to the row's).
+        "hops_ms": [
+            (percentile(hop, 50) * 1000, percentile(hop, 95) * 1000)
+            for hop in map(sorted, zip(*(listener.hops for listener in listeners if listener.hops), strict=True))
+        ],
     }
 
 
@@ -317,6 +339,13 @@ def main() -> None:
             f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['audio_s'] / row['wall_s']:.1f} |"
         )
     print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} |")
+    print("\nwhere the farm's first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
+    print("| clients | submit -> engine starts the job | -> first audio in the worker | -> the client |")
+    print("|---:|---:|---:|---:|")
+    for row in rows:
+        if row["path"] == "farm" and row["hops_ms"]:
+            hops = " | ".join(f"{p50:.0f} / {p95:.0f}" for p50, p95 in row["hops_ms"])
+            print(f"| {row['clients']} | {hops} |")
 
 
 if __name__ == "__main__":
