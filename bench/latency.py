@@ -11,9 +11,9 @@ process (``engine`` rows: no transport); with --web they run last through `chatt
 rows: POST /api/jobs with ``stream``, then GET /api/jobs/<id>/stream). Per level it prints
 first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
 delivered before it would have finished playing, playback starting at the first chunk), and the
-audio-s per wall-s of the level; for the ``farm`` rows also where the first chunks waited: until
-the engine started the job, until its first audio reached the worker's Celery process, and from
-there to the client (from each job's result)."""
+audio-s per wall-s of the level; for the ``farm`` and ``web`` rows also where the first chunks
+waited: until the engine started the job, until its first audio reached the worker's Celery process,
+and from there to the client (from each job's result)."""
 
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from bench.farm import bench_redis, running_workers
@@ -39,6 +40,8 @@ from worker.audio import SAMPLE_RATE
 
 WORKLOAD_SEED = 7
 WEB_START_TIMEOUT_S = 120
+# How long a web client waits, after its stream ended, for the job's result (for the hops of its first chunk).
+RESULT_WAIT_S = 30
 BYTES_PER_SAMPLE = 2
 
 
@@ -62,13 +65,12 @@ class Listener:
     def first_chunk_s(self) -> float | None:
         return self.arrivals[0][0] - self.submitted if self.arrivals else None
 
-    def note_hops(self, result: dict) -> None:
-        """Split the first chunk's wait at the hops the job's result timed (its engine start, epoch
-        seconds; its first audio in the worker, seconds after that)."""
-        first_audio_in_worker = (result.get("timings") or {}).get("first_chunk_s")
-        if self.first_chunk_s is None or first_audio_in_worker is None or result.get("started_at") is None:
+    def note_hops(self, engine_started: float | None, first_audio_in_worker: float | None) -> None:
+        """Split the first chunk's wait at the hops the job's result timed: when the engine started it
+        (epoch seconds) and when its first audio reached the worker (seconds after that)."""
+        if self.first_chunk_s is None or engine_started is None or first_audio_in_worker is None:
             return
-        to_engine = result["started_at"] - self.submitted_wall
+        to_engine = engine_started - self.submitted_wall
         self.hops = (to_engine, first_audio_in_worker, self.first_chunk_s - to_engine - first_audio_in_worker)
 
     @property
@@ -114,7 +116,8 @@ def run_farm_level(celery, redis_url: str, clients: int, seconds: float) -> dict
             chunks = stream_audio(job_id, redis_url=redis_url, timeout_s=600)
             for chunk in chunks:
                 listener.heard(len(chunk.pcm))
-            listener.note_hops(chunks.summary or {})
+            result = chunks.summary or {}
+            listener.note_hops(result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"))
         except Exception as error:  # noqa: BLE001 - reported in the table
             listener.error = repr(error)
 
@@ -125,17 +128,25 @@ def run_web_level(base: str, clients: int, seconds: float) -> dict:
     """A level through the web's JSON API: submitted with ``stream``, read from ``/api/jobs/<id>/stream``."""
     import requests
 
-    def submit(body: dict) -> str:
+    def submit(body: dict) -> dict:
         submitted = requests.post(f"{base}/api/jobs", json=body, timeout=60)
         submitted.raise_for_status()
-        return f"{base}{submitted.json()['stream_url']}?format=pcm"
+        return submitted.json()
 
-    def listen(stream_url: str, listener: Listener) -> None:
+    def listen(job: dict, listener: Listener) -> None:
         try:
-            with requests.get(stream_url, stream=True, timeout=600) as answer:
+            with requests.get(f"{base}{job['stream_url']}?format=pcm", stream=True, timeout=600) as answer:
                 answer.raise_for_status()
                 for piece in answer.iter_content(chunk_size=None):
                     listener.heard(len(piece))
+            # The job's row has its result once the web has heard that the job finished.
+            deadline = time.monotonic() + RESULT_WAIT_S
+            while (result := requests.get(f"{base}{job['status_url']}", timeout=60).json()["result"]) is None:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.2)
+            started = datetime.fromisoformat(result["started_at"]).timestamp() if result["started_at"] else None
+            listener.note_hops(started, result["first_chunk_s"])
         except Exception as error:  # noqa: BLE001 - reported in the table
             listener.error = repr(error)
 
@@ -339,13 +350,13 @@ def main() -> None:
             f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['audio_s'] / row['wall_s']:.1f} |"
         )
     print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} |")
-    print("\nwhere the farm's first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
-    print("| clients | submit -> engine starts the job | -> first audio in the worker | -> the client |")
-    print("|---:|---:|---:|---:|")
+    print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
+    print("| path | clients | submit -> engine starts the job | -> first audio in the worker | -> the client |")
+    print("|---|---:|---:|---:|---:|")
     for row in rows:
-        if row["path"] == "farm" and row["hops_ms"]:
+        if row["hops_ms"]:
             hops = " | ".join(f"{p50:.0f} / {p95:.0f}" for p50, p95 in row["hops_ms"])
-            print(f"| {row['clients']} | {hops} |")
+            print(f"| {row['path']} | {row['clients']} | {hops} |")
 
 
 if __name__ == "__main__":

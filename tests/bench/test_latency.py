@@ -1,5 +1,5 @@
 """bench/latency.py in a tiny form: every level's streams end, with their first chunks and no failure, and
-the farm's first chunks are split at the hops the jobs' results time."""
+the farm's and the web's first chunks are split at the hops the jobs' results time."""
 
 from tests.support import markdown_table, run_bench
 
@@ -20,16 +20,16 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         assert row["failed"] == "0"
         assert 0 < float(row["first chunk p50 ms"]) <= float(row["p95 ms"]) <= float(row["p99 ms"])
     assert all(float(row["audio-s/s"]) > 0 for row in rows)
-    farm_p50s = {row["clients"]: float(row["first chunk p50 ms"]) for row in rows if row["path"] == "farm"}
-    hops = markdown_table(finished.stdout.splitlines(), "| clients |")
-    assert [row["clients"] for row in hops] == ["1", "3"]
+    p50s = {(row["path"], row["clients"]): float(row["first chunk p50 ms"]) for row in rows[: len(levels)]}
+    hops = markdown_table(finished.stdout.splitlines(), "| path | clients | submit")
+    assert [(row["path"], row["clients"]) for row in hops] == [("farm", "1"), ("farm", "3"), ("web", "1"), ("web", "3")]
     for row in hops:
         (to_engine, in_engine, to_client) = (
-            [float(figure) for figure in cell.split(" / ")] for cell in list(row.values())[1:]
+            [float(figure) for figure in cell.split(" / ")] for cell in list(row.values())[2:]
         )
         assert 0 < to_engine[0] <= to_engine[1] and 0 < in_engine[0] <= in_engine[1]
         assert to_client[0] <= to_client[1]
         # The hops of a job add up to its first chunk; one client's p50s are that job's own.
         if row["clients"] == "1":
-            assert abs(to_engine[0] + in_engine[0] + to_client[0] - farm_p50s["1"]) < 2
+            assert abs(to_engine[0] + in_engine[0] + to_client[0] - p50s[row["path"], "1"]) < 2
         assert to_client[0] > -5  # the two clocks (the client's and the engine's) are one host's
