@@ -335,6 +335,9 @@ def main() -> None:
             rows += [run_farm_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
             if arguments.web:
                 with running_web(redis_url, workdir) as base:
+                    # Warm-up, as the farm's: a fresh web process's first requests open its database, its
+                    # Redis pools and its Celery producer (its first chunk at one client came ~60 ms late).
+                    run_web_level(base, 4, arguments.seconds)
                     rows += [run_web_level(base, clients, arguments.seconds) for clients in levels]
             plain = run_plain(celery, levels[-1], arguments.seconds)
     print(
