@@ -53,7 +53,7 @@ class Listener:
     arrivals: list[tuple[float, float]] = field(default_factory=list)  # (perf_counter, audio seconds)
     error: str | None = None
     submitted_wall: float = field(default_factory=time.time)
-    # Through the farm, where its first chunk's wait went (seconds): from submit to the engine's start of
+    # Through the farm or the web, where its first chunk's wait went (seconds): from submit to the engine's start of
     # the job, from there to its first audio in the worker's Celery process, and from there to this client.
     hops: tuple[float, float, float] | None = None
 

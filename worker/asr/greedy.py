@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
-from worker.engine.runner import row_buckets
+from worker.engine.runner import bucket_for, row_buckets
 
 # Steps one CUDA graph runs, between two looks at whether every row has ended (each look waits for the
 # device): a batch runs at most this many steps less one past its last row's end. Not tuned by measurement.
@@ -173,7 +173,7 @@ class GreedyDecoder:
 
     def _decode_pass(self, mels: torch.Tensor, prompt: Sequence[int], samples: int) -> list[list[int]]:
         clips = len(mels)
-        rows = next(rows for rows in self.row_buckets if rows >= clips)
+        rows = bucket_for(self.row_buckets, clips)
         self._encode(mels, rows)
         # A cache as fresh as whisper.decode's: the positions past the one decoded are masked, but an
         # infinity another batch left there would still make NaN (a zero weight times infinity).
