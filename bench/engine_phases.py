@@ -323,6 +323,8 @@ def main() -> None:
     )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    # The engine's sizing and its warm-up's captures, each with the GPU memory it left.
+    logging.getLogger("worker").setLevel(logging.INFO)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
     # Measured before any model takes the memory it needs.
     bandwidth = (

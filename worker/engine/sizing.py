@@ -84,3 +84,14 @@ def engine_capacity(model: LoadedModel, settings: Settings) -> dict[str, int | N
             f"or lower CHATTTS_FARM_MAX_NEW_TOKENS"
         )
     return {"slots": slots, "kv_blocks": kv_blocks}
+
+
+def describe_memory(device: torch.device) -> str:
+    """The GPU's memory as a log line: what torch holds (and of it, live tensors) and what is free."""
+    if device.type != "cuda":
+        return "no GPU memory"
+    free, _ = torch.cuda.mem_get_info(device)
+    return (
+        f"{torch.cuda.memory_allocated(device) / 2**30:.1f} GiB allocated, "
+        f"{torch.cuda.memory_reserved(device) / 2**30:.1f} GiB reserved, {free / 2**30:.1f} GiB free"
+    )

@@ -36,7 +36,7 @@ from worker.asr.listener import MAX_BATCH, Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
 from worker.engine.segment import Attempt, Segment, segment_seed
-from worker.engine.sizing import engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
+from worker.engine.sizing import describe_memory, engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
 from worker.engine_process.streaming import Deliver, RequestStream, largest_piece_frames
@@ -83,8 +83,20 @@ class Synthesizer:
     def __init__(self, model: LoadedModel, settings: Settings):
         self.model = model
         self.settings = settings
-        # Loaded before the engine sizes its cache from the memory left free: a recogniser on the GPU takes some.
+        # Whatever holds GPU memory for good comes before the engine sizes its KV cache from what is left
+        # free: a recogniser on the GPU, and the vocoder with its windows' graphs (captured last, they
+        # ran an H200 out of memory at warm-up: bench.engine_phases --jobs 1, 2026-12-03).
         backend = load_backend(settings, synthetic=model.is_synthetic, device=model.device, max_batch=MAX_BATCH)
+        self.vocoder = Vocoder(model, settings.max_segments_per_pass)
+        self.stream_context_frames = (
+            min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
+        )
+        logger.info(
+            "streamed chunks decode with %d frames of context each side (receptive field: %d)",
+            self.stream_context_frames,
+            self.vocoder.context_frames,
+        )
+        self._capture_vocoder()
         self.engine = Engine(
             model,
             **engine_capacity(model, settings),
@@ -94,19 +106,10 @@ class Synthesizer:
             kv_dtype=kv_dtype(settings),
             prefill_tokens=prefill_tokens(settings),
         )
-        self.vocoder = Vocoder(model, settings.max_segments_per_pass)
         self.decoder = Decoder(self.vocoder, model.device)
         self.preparer = Preparer(model, settings)
         self.listener = Listener(backend, settings.asr_max_error_rate) if backend is not None else None
         self.gates = GateCounts()
-        self.stream_context_frames = (
-            min(settings.stream_context_frames, self.vocoder.context_frames) or self.vocoder.measure_stream_context()
-        )
-        logger.info(
-            "streamed chunks decode with %d frames of context each side (receptive field: %d)",
-            self.stream_context_frames,
-            self.vocoder.context_frames,
-        )
         self.in_flight: dict[int, Synthesis] = {}
         self._numbers = itertools.count()
 
@@ -116,6 +119,17 @@ class Synthesizer:
         synthesizer = cls(load_model(settings, progress=progress), settings)
         synthesizer.warm_up()
         return synthesizer
+
+    def _capture_vocoder(self) -> None:
+        started = time.perf_counter()
+        windows = self.vocoder.capture_windows(largest_piece_frames(self.frames_per_second, self.stream_context_frames))
+        if windows:
+            logger.info(
+                "captured the vocoder's windows of %d (length, batch) buckets in %.2f s; %s",
+                windows,
+                time.perf_counter() - started,
+                describe_memory(self.model.device),
+            )
 
     def warm_up(self) -> None:
         """Pay one-time costs (first calls of torch's kernels, compilation, the decode step's and the
@@ -127,10 +141,9 @@ class Synthesizer:
             raise outcome
         graphs = self.engine.runner.capture_every_bucket()
         if graphs:
-            logger.info("captured the decode step and the prefill of %d buckets", graphs)
-        windows = self.vocoder.capture_windows(largest_piece_frames(self.frames_per_second, self.stream_context_frames))
-        if windows:
-            logger.info("captured the vocoder's windows of %d (length, batch) buckets", windows)
+            logger.info(
+                "captured the decode step and the prefill of %d buckets; %s", graphs, describe_memory(self.model.device)
+            )
         logger.info("warmed up in %.2f s", time.perf_counter() - started)
 
     def synthesize(
