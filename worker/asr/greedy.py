@@ -102,17 +102,26 @@ class GreedyDecoder:
     ``model``: a ``whisper.model.Whisper``, on the device it decodes on (fp16 on CUDA, fp32 on the CPU).
     ``max_rows``: the most clips decoded at once, which the buffers hold; more are decoded that many at a
     time. ``stream``: the CUDA stream it decodes (and captures) on, by default one of its own. ``eager``:
-    run the steps op by op on CUDA too (the graphs' reference in tests); the CPU always does.
+    run the steps op by op on CUDA too (the graphs' reference in tests); the CPU always does. ``dtype``:
+    what it computes in, by default fp16 on CUDA (as whisper.decode) and fp32 on the CPU.
     """
 
-    def __init__(self, model, max_rows: int, stream: torch.cuda.Stream | None = None, *, eager: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        max_rows: int,
+        stream: torch.cuda.Stream | None = None,
+        *,
+        eager: bool = False,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         device = model.device
         dims = model.dims
         decoder = model.decoder
         self.max_rows = max_rows
         self._model = model
         self._device = device
-        self._dtype = torch.float16 if device.type == "cuda" else torch.float32
+        self._dtype = dtype or (torch.float16 if device.type == "cuda" else torch.float32)
         self._heads = dims.n_text_head
         self._context = dims.n_text_ctx
         self.row_buckets = row_buckets(max_rows, step=ROW_STEP)
