@@ -341,3 +341,25 @@ def test_a_cancelled_request_stops_and_its_batch_mates_finish(tiny_settings, syn
     outcomes = core.synthesize(requests, cancelled=lambda: {0})
     assert isinstance(outcomes[0], JobCancelled)
     assert not isinstance(outcomes[1], Exception) and outcomes[1].segments > 2
+
+
+def test_the_engine_sizes_its_cache_after_the_vocoders_graphs_took_their_memory(tiny_settings, monkeypatch):
+    # On the GPU the cache takes a share of the memory left free; window graphs captured after it ran an
+    # H200 out of memory at warm-up. The CPU captures nothing, so the order is what is checked here.
+    from worker.engine_process import pipeline
+
+    calls = []
+    capture_windows, engine_capacity = pipeline.Vocoder.capture_windows, pipeline.engine_capacity
+
+    def capture_and_note(vocoder, *arguments):
+        calls.append("vocoder's windows")
+        return capture_windows(vocoder, *arguments)
+
+    def size_and_note(*arguments):
+        calls.append("engine's cache")
+        return engine_capacity(*arguments)
+
+    monkeypatch.setattr(pipeline.Vocoder, "capture_windows", capture_and_note)
+    monkeypatch.setattr(pipeline, "engine_capacity", size_and_note)
+    Synthesizer.load(tiny_settings)
+    assert calls == ["vocoder's windows", "engine's cache"]
