@@ -329,6 +329,7 @@ class Vocoder:
                 fewest = middle + 1
         return enough
 
+    @torch.inference_mode()
     def capture_windows(self, longest: int) -> int:
         """Capture now the graphs of windows of up to ``longest`` frames, in every batch (on CUDA), and
         return how many the vocoder holds: the lengths streamed pieces take (worker.engine_process.streaming).

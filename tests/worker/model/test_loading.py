@@ -4,6 +4,7 @@ import dataclasses
 import logging
 
 import pytest
+import torch
 
 from chattts_farm.contract import ModelUnavailable
 from worker.model.loading import load_model
@@ -27,6 +28,18 @@ def test_a_local_folder_is_verified_as_chattts_verifies_it(tiny_settings, synthe
     settings = dataclasses.replace(tiny_settings, model=f"local:{random_weights}")
     with pytest.raises(ModelUnavailable, match="checksum"):
         load_model(settings)
+
+
+def test_no_weight_wants_a_gradient_so_no_pass_keeps_its_activations(tiny_settings, synthesizer):
+    """Outside inference mode (warm-up, graph captures) a weight that wants a gradient makes every buffer
+    a pass writes hold autograd's graph, and with it the pass's activations."""
+    chat = load_model(tiny_settings).chat
+    modules = [part for part in vars(chat).values() if isinstance(part, torch.nn.Module)]
+    assert {"gpt", "decoder", "vocos"} <= {name for name, part in vars(chat).items() if part in modules}
+    assert not [name for module in modules for name, weight in module.named_parameters() if weight.requires_grad]
+    # The warm-up ran its passes outside inference mode: what they wrote holds no graph.
+    runner = synthesizer.engine.runner
+    assert runner.hiddens.grad_fn is None and not runner.hiddens.requires_grad
 
 
 def test_a_local_folder_without_assets_is_refused(tiny_settings, tmp_path):
