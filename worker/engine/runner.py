@@ -39,6 +39,8 @@ from worker.model.loading import LoadedModel
 
 # A decode step attends over the cache up to the next multiple of this many columns.
 KV_BUCKET = 256
+# Slots moved by one copy of each per-slot buffer when the engine packs its running slots.
+MOVES_PER_COPY = 64
 
 STILL_RUNNING, ENDED_BY_EOS, ENDED_BY_LIMIT, INTERRUPTED = range(4)
 
@@ -260,8 +262,12 @@ class ModelRunner:
             return
         self._after_output_copies()
         sources, targets = to_device(moves, self.device, torch.long).T
-        for state in self._slot_state:
-            state[targets] = state[sources]
+        # A slot's hidden states are 6 MiB at full scale: a late workload's few hundred moves copied at
+        # once would take a temporary of GiBs beside the KV cache.
+        for first in range(0, len(moves), MOVES_PER_COPY):
+            chunk = slice(first, first + MOVES_PER_COPY)
+            for state in self._slot_state:
+                state.index_copy_(0, targets[chunk], state.index_select(0, sources[chunk]))
         self.block_table[targets] = self.block_table[sources]
         self.block_table.index_fill_(0, sources, self.scratch_block)
         self.finished.index_fill_(0, sources, True)

@@ -420,6 +420,20 @@ def test_segments_moved_down_into_freed_slots_draw_what_they_would_alone(
     assert all(engine._bucket(in_use) == engine._bucket(running) for in_use, running in rows)
 
 
+def test_moved_slots_take_every_per_slot_buffer_along_however_many_a_copy_carries(synthesizer, monkeypatch):
+    monkeypatch.setattr(runner, "MOVES_PER_COPY", 2)
+    slot_runner = new_engine(synthesizer.model, 8).runner
+    generator = torch.Generator().manual_seed(0)
+    for state in slot_runner._slot_state:
+        state.copy_(torch.randint(0, 100, state.shape, generator=generator).to(state.dtype))
+    before = [state.clone() for state in slot_runner._slot_state]
+    moves = [(7, 0), (6, 1), (5, 2)]  # running slots down into free ones: two copies of at most two
+    slot_runner.move_slots(moves)
+    for state, old in zip(slot_runner._slot_state, before, strict=True):
+        for source, target in moves:
+            assert torch.equal(state[target], old[source])
+
+
 def test_a_cache_that_cannot_hold_one_segment_is_refused_at_start(synthesizer):
     with pytest.raises(ValueError, match="cannot hold one segment"):
         new_engine(synthesizer.model, 2, kv_blocks=blocks_for(128 + 160) - 1)
