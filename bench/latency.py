@@ -12,8 +12,9 @@ rows: POST /api/jobs with ``stream``, then GET /api/jobs/<id>/stream). Per level
 first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
 delivered before it would have finished playing, playback starting at the first chunk), and the
 audio-s per wall-s of the level; for the ``farm`` and ``web`` rows also where the first chunks
-waited: until the engine started the job, until its first audio reached the worker's Celery process,
-and from there to the client (from each job's result)."""
+waited: until the engine started the job, until its first audio reached the worker's Celery process
+(both from each job's result), until Redis appended it to the job's stream (``farm`` rows: from the
+entry's id, Redis's clock), and from there to the client."""
 
 from __future__ import annotations
 
@@ -53,9 +54,10 @@ class Listener:
     arrivals: list[tuple[float, float]] = field(default_factory=list)  # (perf_counter, audio seconds)
     error: str | None = None
     submitted_wall: float = field(default_factory=time.time)
-    # Through the farm or the web, where its first chunk's wait went (seconds): from submit to the engine's start of
-    # the job, from there to its first audio in the worker's Celery process, and from there to this client.
-    hops: tuple[float, float, float] | None = None
+    # Through the farm or the web, where its first chunk's wait went (seconds): from submit to the engine's start
+    # of the job, from there to its first audio in the worker's Celery process, from there to its append to the
+    # job's Redis stream (from the entry's id; None through the web), and from there (or the worker) to this client.
+    hops: tuple[float, float, float | None, float] | None = None
 
     def heard(self, pcm_bytes: int) -> None:
         """A chunk of 16-bit samples arrived now."""
@@ -65,13 +67,19 @@ class Listener:
     def first_chunk_s(self) -> float | None:
         return self.arrivals[0][0] - self.submitted if self.arrivals else None
 
-    def note_hops(self, engine_started: float | None, first_audio_in_worker: float | None) -> None:
+    def note_hops(
+        self, engine_started: float | None, first_audio_in_worker: float | None, appended: float | None = None
+    ) -> None:
         """Split the first chunk's wait at the hops the job's result timed: when the engine started it
-        (epoch seconds) and when its first audio reached the worker (seconds after that)."""
+        (epoch seconds) and when its first audio reached the worker (seconds after that); and, where the
+        client read the first chunk's stream entry itself, when Redis appended it (epoch seconds)."""
         if self.first_chunk_s is None or engine_started is None or first_audio_in_worker is None:
             return
         to_engine = engine_started - self.submitted_wall
-        self.hops = (to_engine, first_audio_in_worker, self.first_chunk_s - to_engine - first_audio_in_worker)
+        in_worker = engine_started + first_audio_in_worker
+        to_redis = None if appended is None else appended - in_worker
+        to_client = self.first_chunk_s - to_engine - first_audio_in_worker - (to_redis or 0.0)
+        self.hops = (to_engine, first_audio_in_worker, to_redis, to_client)
 
     @property
     def underruns(self) -> int:
@@ -114,14 +122,23 @@ def run_farm_level(celery, redis_url: str, clients: int, seconds: float) -> dict
     def listen(job_id: str, listener: Listener) -> None:
         try:
             chunks = stream_audio(job_id, redis_url=redis_url, timeout_s=600)
+            first_id = None
             for chunk in chunks:
                 listener.heard(len(chunk.pcm))
+                first_id = first_id or chunks.last_id
             result = chunks.summary or {}
-            listener.note_hops(result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"))
+            listener.note_hops(
+                result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"), appended_at(first_id)
+            )
         except Exception as error:  # noqa: BLE001 - reported in the table
             listener.error = repr(error)
 
     return run_level("farm", clients, seconds, lambda kwargs: celery.send_task(TASK_NAME, kwargs=kwargs).id, listen)
+
+
+def appended_at(entry_id: bytes | None) -> float | None:
+    """When Redis appended a stream entry (epoch seconds, its clock: this host's), from the entry's id."""
+    return None if entry_id is None else int(entry_id.split(b"-")[0]) / 1000
 
 
 def run_web_level(base: str, clients: int, seconds: float) -> dict:
@@ -248,10 +265,14 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
         "streams_with_underruns": sum(listener.underruns > 0 for listener in listeners),
         "audio_s": sum(listener.audio_s for listener in listeners),
         "wall_s": wall,
-        # Each hop's p50 and p95 on its own (the p95s need not be one job's, nor add up to the row's).
+        # Each hop's p50 and p95 on its own (the p95s need not be one job's, nor add up to the row's); None
+        # for a hop no job timed.
         "hops_ms": [
-            (percentile(hop, 50) * 1000, percentile(hop, 95) * 1000)
-            for hop in map(sorted, zip(*(listener.hops for listener in listeners if listener.hops), strict=True))
+            (percentile(hop, 50) * 1000, percentile(hop, 95) * 1000) if hop else None
+            for hop in (
+                sorted(figure for figure in figures if figure is not None)
+                for figures in zip(*(listener.hops for listener in listeners if listener.hops), strict=True)
+            )
         ],
     }
 
@@ -354,11 +375,14 @@ def main() -> None:
         )
     print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} |")
     print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
-    print("| path | clients | submit -> engine starts the job | -> first audio in the worker | -> the client |")
-    print("|---|---:|---:|---:|---:|")
+    print(
+        "| path | clients | submit -> engine starts the job | -> first audio in the worker "
+        "| -> appended to the Redis stream | -> the client |"
+    )
+    print("|---|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["hops_ms"]:
-            hops = " | ".join(f"{p50:.0f} / {p95:.0f}" for p50, p95 in row["hops_ms"])
+            hops = " | ".join("-" if hop is None else f"{hop[0]:.0f} / {hop[1]:.0f}" for hop in row["hops_ms"])
             print(f"| {row['path']} | {row['clients']} | {hops} |")
 
 

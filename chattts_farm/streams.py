@@ -181,7 +181,9 @@ class Continuity:
 class AudioStream:
     """Iterates over a streaming job's audio chunks in order; ``summary`` is the job's result once the
     stream has ended. An error entry raises the farm's typed error; a restarted or trimmed stream raises
-    :class:`StreamInterrupted`; no entry for ``timeout_s`` raises :class:`TimeoutError`."""
+    :class:`StreamInterrupted`; no entry for ``timeout_s`` raises :class:`TimeoutError`. ``last_id`` is
+    the Redis stream id of the last entry read (its first part: the milliseconds of Redis's clock when
+    the worker appended it)."""
 
     def __init__(self, client: Any, job_id: str, *, timeout_s: float, block_ms: int):
         self.client = client
@@ -189,6 +191,7 @@ class AudioStream:
         self.timeout_s = timeout_s
         self.block_ms = block_ms
         self.summary: dict | None = None
+        self.last_id: bytes | None = None
 
     def __iter__(self) -> Iterator[AudioChunk]:
         after: bytes | str = b"0"
@@ -202,7 +205,7 @@ class AudioStream:
                 continue
             last_heard = time.monotonic()
             for entry_id, entry in entries:
-                after = entry_id
+                after = self.last_id = entry_id
                 if not continuity.follows(entry):
                     raise StreamInterrupted(
                         f"the stream of job {self.job_id} restarted (its worker was lost and it runs again) or"

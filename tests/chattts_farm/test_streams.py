@@ -2,6 +2,7 @@
 (no worker here: the test writes the entries as the worker's publisher does)."""
 
 import threading
+import time
 import uuid
 
 import pytest
@@ -43,7 +44,11 @@ def test_stream_audio_yields_the_chunks_in_order_then_keeps_the_summary(client):
     write(client, job, [streams.AudioChunk(seq, 0, 24_000, bytes([seq, 0])) for seq in range(3)])
     chunks = streams.stream_audio(job, client=client, timeout_s=5)
     heard = iter(chunks)
+    before_first = time.time()
     assert next(heard).pcm == b"\x00\x00"
+    # The chunk's stream id: when Redis appended it, by its clock (this host's).
+    appended_ms = int(chunks.last_id.split(b"-")[0])
+    assert before_first - 5 < appended_ms / 1000 <= time.time() + 0.01
     # More arrives while the caller listens, and the end closes the stream.
     later = threading.Timer(0.2, write, (client, job, [streams.StreamEnd(3, {"duration_s": 0.1})]))
     later.start()
