@@ -236,14 +236,38 @@ def test_segments_due_already_join_in_several_prefill_passes_of_one_step_and_dra
     assert_same_outputs([segment.output for segment in segments], expected)
 
 
+def test_a_steps_prompts_go_to_prefill_passes_shortest_first_so_each_pads_to_prompts_like_its_own(
+    synthesizer, mixed_segments, monkeypatch
+):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    segments = mixed_segments()
+    engine = Engine(synthesizer.model, slots=8, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
+    passes = []
+    prefill = engine.runner.prefill
+    monkeypatch.setattr(
+        engine.runner, "prefill", lambda slots, *rest, **named: (passes.append(slots), prefill(slots, *rest, **named))
+    )
+    engine.add(segments)
+    engine.step()
+    admitted = [len(segment.prompt_ids) for segment in segments]
+    length_of = {segment.slot: len(segment.prompt_ids) for segment in segments}
+    in_passes = [length_of[slot] for slots in passes for slot in slots]
+    assert admitted != sorted(admitted)  # the six came in no order of length
+    assert len(passes) == 3 and in_passes == sorted(admitted)
+    while engine.has_work:
+        engine.step()
+    assert_same_outputs([segment.output for segment in segments], expected)
+
+
 def test_prompts_past_the_prefill_budget_run_a_few_to_a_pass_and_draw_what_they_would_alone(
     synthesizer, mixed_segments, monkeypatch
 ):
     expected = eager_reference(synthesizer.model, mixed_segments())
     segments = mixed_segments()
-    # A budget of four rows of the longest prompt's bucket with passes of up to 8 prompts: the attention
-    # of the longest prompt's pass allows it one more row, the shorter prompts' pass four (a clip voice's
-    # long prompts go a few to a pass on a GPU, where 512 of them in one pass would not fit in memory).
+    # A budget of four rows of the longest prompt's bucket with passes of up to 8 prompts: the shorter
+    # prompts' pass (first: shortest first) takes four, the attention of the longest prompt's pass allows
+    # it one more row (a clip voice's long prompts go a few to a pass on a GPU, where 512 of them in one
+    # pass would not fit in memory).
     longest = max(encode_prompts(synthesizer.model, segments)[0].shape[1], 1)
     engine = new_engine(
         synthesizer.model, 8, prefill_tokens=4 * runner.bucket_for(runner.prompt_length_buckets(128), longest)
@@ -256,7 +280,7 @@ def test_prompts_past_the_prefill_budget_run_a_few_to_a_pass_and_draw_what_they_
     engine.add(segments)
     while engine.has_work:
         engine.step()
-    assert [len(slots) for slots in passes] == [2, 4]
+    assert [len(slots) for slots in passes] == [4, 2]
     assert_same_outputs([segment.output for segment in segments], expected)
 
 
