@@ -62,6 +62,7 @@ from chattts_farm.settings import Settings  # noqa: E402
 from worker.engine import attention  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
 from worker.engine.engine import encode_prompt  # noqa: E402
+from worker.engine.runner import bucket_for  # noqa: E402
 from worker.engine_process import pipeline  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
@@ -105,6 +106,28 @@ class PhaseTimer:
             else:
                 delattr(owner, method)
         self._wrapped.clear()
+
+
+def count_prompt_tokens(synthesizer: Synthesizer) -> collections.Counter:
+    """Counts, as the engine cuts its prefill passes, their prompts, their tokens and the tokens they
+    take padded to their passes' (rows, length) buckets."""
+    engine, runner = synthesizer.engine, synthesizer.engine.runner
+    counts: collections.Counter[str] = collections.Counter()
+    cut = engine._prefill_passes
+
+    def counted(admitted):
+        passes = cut(admitted)
+        for prefill_pass in passes:
+            lengths = [len(encode_prompt(engine.model, segment)) for segment in prefill_pass]
+            counts["prompts"] += len(lengths)
+            counts["tokens"] += sum(lengths)
+            counts["padded"] += bucket_for(runner.prefill_row_buckets, len(lengths)) * bucket_for(
+                runner.prefill_length_buckets, min(max(lengths), runner.prefill_length_buckets[-1])
+            )
+        return passes
+
+    engine._prefill_passes = counted
+    return counts
 
 
 # The timeline's rows: synthesizer steps by the segments running when they began, up to each bound.
@@ -376,7 +399,9 @@ def main() -> None:
         timer.time(synthesizer.vocoder, "launch", "vocoder")
         timer.time(pipeline, "finish", "finish")
         timer.time(synthesizer, "step", "synthesizer step, in all")
+        prompts = count_prompt_tokens(synthesizer)
         wall, rate = audio_per_wall(synthesizer, arguments.jobs, 2, arguments.seconds)
+        del synthesizer.engine._prefill_passes
         # Unwrapped at once: the module function it wraps would hold this synthesizer (and its cache) past
         # this dtype's pass, and the next dtype's would find no memory for its own.
         timer.remove()
@@ -385,6 +410,11 @@ def main() -> None:
         for phase, seconds in timer.seconds.most_common():
             calls = timer.calls[phase]
             print(f"  | {phase} | {seconds:.2f} | {calls} | {1000 * seconds / calls:.2f} |")
+        prefill_s = timer.seconds["prefill"]
+        print(
+            f"  prefill: {prompts['prompts']} prompts, {prompts['tokens']:,} tokens ({prompts['padded']:,} padded "
+            f"to their passes' buckets), {prompts['tokens'] / prefill_s:,.0f} prompt tokens/s"
+        )
 
         for rows in sorted({1, min(64, runner.slots), runner.slots}):
             runner.decode_step(rows, runner.context)

@@ -1,6 +1,8 @@
 """bench/engine_phases.py in a tiny form: every phase of the synthesizer is timed, the decode step alone too,
 the untimed pass's timeline accounts for its steps, and profiles of the host (a few steps, a whole workload) run."""
 
+import re
+
 from tests.support import run_bench
 
 
@@ -31,6 +33,12 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     assert {"prefill", "decode step", "vocoder", "finish"} <= set(phases)
     assert phases["decode step"] > 0 and phases["vocoder"] > 0
     assert "decode step of 4 slot(s)" in output
+    # Every job's one segment is prefilled once; padding only adds to its tokens.
+    prefill_line = r"prefill: (\d+) prompts, ([\d,]+) tokens \(([\d,]+) padded .*, ([\d,]+) prompt tokens/s"
+    prefills = re.findall(prefill_line, output)
+    assert len(prefills) == 2  # both cache dtypes
+    for prompts, tokens, padded, rate in ([int(figure.replace(",", "")) for figure in row] for row in prefills):
+        assert prompts == 4 and 0 < tokens <= padded and rate > 0
     # The timeline: the first step admits (0 running), the rest ran 1-64 segments.
     timeline = table_after(lines, "| running |")
     assert "0" in timeline and int(timeline["1-64"][0]) > 0 and float(timeline["1-64"][1]) > 0
