@@ -256,12 +256,13 @@ def synthetic_whisper(name: str):
 
 def load_whisper(model: str, device: torch.device):
     """The Whisper model ASR_WHISPER_MODEL names: random weights for a synthetic one, else its
-    checkpoint's (:func:`whisper_checkpoint`, which must exist)."""
+    checkpoint's (:func:`whisper_checkpoint`, which must exist); its weights frozen, as the speech
+    model's are (worker.model.loading)."""
     import whisper
 
     if model in SYNTHETIC_WHISPER_DIMS:
-        return synthetic_whisper(model).to(device)
-    return whisper.load_model(str(whisper_checkpoint(model)), device=device)
+        return synthetic_whisper(model).to(device).requires_grad_(False)
+    return whisper.load_model(str(whisper_checkpoint(model)), device=device).requires_grad_(False)
 
 
 def whisper_checkpoint(model: str) -> Path:

@@ -129,6 +129,10 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
         assert 0 < len(tokenizer.encoding.encode(text, allowed_special="all")) <= 2 * token_limit(tokenizer, said)
 
 
+def test_whisper_loads_frozen():
+    assert not any(weight.requires_grad for weight in load_whisper("synthetic-tiny", CPU).parameters())
+
+
 def test_random_weights_are_used_only_when_asked_for_outright():
     settings = Settings.from_env({"CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
     assert load_backend(settings, synthetic=False, device=CPU, max_batch=MAX_BATCH) is None  # auto
