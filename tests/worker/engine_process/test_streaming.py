@@ -2,6 +2,7 @@
 the request has unstreamed."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -9,11 +10,12 @@ import torch
 
 from chattts_farm.contract import CLIP_SAMPLE_RATE, SynthesisRequest
 from worker.engine.blocks import blocks_for
+from worker.engine.engine import SYNC_EVERY
 from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
-from worker.engine_process.streaming import RequestStream, aligned_start
+from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream, aligned_start
 from worker.engine_process.voices import speaker_sample
 from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
@@ -240,6 +242,24 @@ def test_a_piece_starts_further_left_to_a_multiple_of_the_window_step_where_the_
     assert aligned_start(100 - step + 1, 100) == 100 - step
     assert aligned_start(100 - step - 1, 100) == 100 - 2 * step
     assert aligned_start(3, step + 5) == 0  # the row's start: too few frames to its left for two steps
+
+
+def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_that_is_too_short():
+    segment = segments_of(1)[0]
+
+    def first_cut(stream: RequestStream) -> int:
+        for drawn in range(1, 400, SYNC_EVERY):  # the host learns of a prefill's token, then a round's
+            if stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1)):
+                return drawn
+
+    # Full scale: 46.875 frames a second, 7 of context. 0.25 s (12 frames) would be cut with 25 drawn.
+    full_scale = RequestStream(
+        [segment], deliver=lambda *_: None, silences=[0, 0], frames_per_second=46.875, context_frames=7
+    )
+    assert (full_scale.first_chunk_frames, first_cut(full_scale)) == (10, 17)
+    # With 5 frames of context at 40 a second, a round's worth would be 4 frames (0.1 s): too short.
+    short = RequestStream([segment], deliver=lambda *_: None, silences=[0, 0], frames_per_second=40.0, context_frames=5)
+    assert short.first_chunk_frames == math.ceil(FIRST_CHUNK_S * 40.0) == 10
 
 
 def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
