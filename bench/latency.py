@@ -218,13 +218,15 @@ def run_engine_level(synthesizer, clients: int, seconds: float, timeline: bool =
     With ``timeline``, prints each synthesizer step until every stream has its first chunk: when it
     began, how long it took, the segments running and waiting after it, and the streams heard by its end.
     """
+    # Made before the clock starts, as the farm's and the web's clients make theirs before they submit.
+    requests = level_requests(clients, seconds)
     started = time.perf_counter()
     listeners = [Listener(started) for _ in range(clients)]
 
     def on_audio(listener: Listener):
         return lambda segment, samples: listener.heard(samples.size * BYTES_PER_SAMPLE)
 
-    synthesizer.add(level_requests(clients, seconds), [on_audio(listener) for listener in listeners])
+    synthesizer.add(requests, [on_audio(listener) for listener in listeners])
     steps = []
     while synthesizer.in_flight:
         began = time.perf_counter()
