@@ -115,9 +115,11 @@ def s3_endpoint(tmp_path_factory):
     while True:
         assert server.poll() is None, "moto_server exited"
         try:
-            requests.get(url, timeout=1)
+            requests.get(url, timeout=5)
             break
-        except requests.ConnectionError:
+        # Refused until it listens; a first answer can outlast the timeout on a loaded machine (its
+        # first request imports the service it serves).
+        except (requests.ConnectionError, requests.Timeout):
             assert time.monotonic() < deadline, "moto_server did not answer"
             time.sleep(0.2)
     with pytest.MonkeyPatch.context() as patch:
