@@ -35,6 +35,7 @@ import cProfile
 import gc
 import itertools
 import logging
+import math
 import pstats
 import sys
 import time
@@ -62,7 +63,6 @@ from chattts_farm.settings import Settings  # noqa: E402
 from worker.engine import attention  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS  # noqa: E402
 from worker.engine.engine import encode_prompt  # noqa: E402
-from worker.engine.runner import bucket_for  # noqa: E402
 from worker.engine_process import pipeline  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 
@@ -121,9 +121,7 @@ def count_prompt_tokens(synthesizer: Synthesizer) -> collections.Counter:
             lengths = [len(encode_prompt(engine.model, segment)) for segment in prefill_pass]
             counts["prompts"] += len(lengths)
             counts["tokens"] += sum(lengths)
-            counts["padded"] += bucket_for(runner.prefill_row_buckets, len(lengths)) * bucket_for(
-                runner.prefill_length_buckets, min(max(lengths), runner.prefill_length_buckets[-1])
-            )
+            counts["padded"] += math.prod(runner.prefill_bucket(len(lengths), max(lengths)))
         return passes
 
     engine._prefill_passes = counted

@@ -308,8 +308,7 @@ class ModelRunner:
             state.index_fill_(0, index, value)
 
         rows, length, _ = embeddings.shape
-        bucket_rows = bucket_for(self.prefill_row_buckets, rows)
-        bucket_length = bucket_for(self.prefill_length_buckets, length)
+        bucket_rows, bucket_length = self.prefill_bucket(rows, length)
         padded = self._prefill_input(bucket_rows, bucket_length)
         padded.zero_()
         padded[:rows, :length] = embeddings
@@ -346,12 +345,18 @@ class ModelRunner:
         last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
         self._draw(index, last.float())
 
+    def prefill_bucket(self, rows: int, length: int) -> tuple[int, int]:
+        """The (rows, length) a prefill pass of ``rows`` prompts of up to ``length`` tokens is padded to."""
+        return (
+            bucket_for(self.prefill_row_buckets, rows),
+            bucket_for(self.prefill_length_buckets, min(length, self.prefill_length_buckets[-1])),
+        )
+
     def prefill_fits(self, rows: int, length: int) -> bool:
         """Whether ``rows`` prompts of up to ``length`` tokens, padded to their bucket, fit one prefill pass:
         their tokens within the budget, and their attention's (rows x length x length, which a long
         prompt's pass reaches first) within what a full pass of the budget's prompts takes."""
-        rows = bucket_for(self.prefill_row_buckets, rows)
-        length = bucket_for(self.prefill_length_buckets, min(length, self.prefill_length_buckets[-1]))
+        rows, length = self.prefill_bucket(rows, length)
         tokens = rows * length
         return tokens <= self.prefill_tokens and tokens * length <= self.prefill_tokens * self.full_pass_length
 
