@@ -223,15 +223,15 @@ def read_bytes(arguments: tuple) -> int:
 
 
 @contextlib.contextmanager
-def launch_settings(size: int, launch: dict, split_columns: int | None = None) -> Iterator[None]:
-    """The decode attention launched with ``launch`` for caches of ``size`` bytes a value (and splits of
-    ``split_columns`` positions, if given) inside the block; its own settings back after it."""
-    chosen, chosen_split = attention._LAUNCH, attention.SPLIT_COLUMNS
-    attention._LAUNCH, attention.SPLIT_COLUMNS = {**chosen, size: launch}, split_columns or chosen_split
+def launch_settings(size: int, launch: dict) -> Iterator[None]:
+    """The decode attention launched with ``launch`` for caches of ``size`` bytes a value inside the
+    block; its own settings back after it."""
+    chosen = attention._LAUNCH
+    attention._LAUNCH = {**chosen, size: launch}
     try:
         yield
     finally:
-        attention._LAUNCH, attention.SPLIT_COLUMNS = chosen, chosen_split
+        attention._LAUNCH = chosen
 
 
 def launch_sweep(model: LoadedModel, context: int) -> None:

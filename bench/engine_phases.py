@@ -295,16 +295,16 @@ def live_attention(synthesizer: Synthesizer) -> None:
     )
     print("  |---:|---:|---:|---:|---:|---|---:|---:|---:|")
     size = min(runner.keys.element_size(), 2)
-    chosen, chosen_split = attention._LAUNCH[size], attention.SPLIT_COLUMNS
+    chosen, chosen_split = attention._LAUNCH[size], attention.split_columns_for(rows, heads)
     arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows], columns)
     # Each setting against the chosen one: what its way of multiplying and summing changes.
     chosen_output = attention.decode_attention(*arguments, runner._scale).float()
 
     def timed(split: int, programs: int | None, launch: dict) -> None:
-        with launch_settings(size, launch, split):
-            seconds = time_attention((*arguments, runner._scale, programs), calls=10)
-            shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context))
-            output = attention.decode_attention(*arguments, runner._scale, programs).float()
+        with launch_settings(size, launch):
+            seconds = time_attention((*arguments, runner._scale, programs, split), calls=10)
+            shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(runner.context, split))
+            output = attention.decode_attention(*arguments, runner._scale, programs, split).float()
         difference = float((output - chosen_output).abs().max() / chosen_output.abs().max())
         settings = f"{launch['TILE']} | {launch['num_warps']} | {launch['num_stages']} | {launch['TENSOR_CORES']}"
         print(
@@ -314,14 +314,16 @@ def live_attention(synthesizer: Synthesizer) -> None:
         )
 
     timed(chosen_split, None, chosen)
-    for tensor_cores, tile, warps, stages in itertools.product((False, True), (32, 64, 128, 256), (1, 2, 4), (2, 3)):
+    tiles = [tile for tile in (32, 64, 128, 256) if tile <= chosen_split]
+    for tensor_cores, tile, warps, stages in itertools.product((False, True), tiles, (1, 2, 4), (2, 3)):
         timed(
             chosen_split,
             None,
             {**chosen, "TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores},
         )
-    for split, programs in ((256, 1), (256, 2), (128, 1), (128, 2), (128, 4)):
-        timed(split, programs, {**chosen, "TILE": min(chosen["TILE"], split)})
+    for split, programs in ((512, None), (256, None), (128, 1), (128, 2), (128, 4), (128, None), (64, None)):
+        if split != chosen_split:
+            timed(split, programs, {**chosen, "TILE": min(chosen["TILE"], split)})
 
 
 def main() -> None:

@@ -14,7 +14,9 @@ flash-decoding does):
    taking every n-th split of the n up to the slot's length: a single slot with a long context
    spreads over many cores, and a step of many slots has programs enough with one each (where a
    program per split, mostly past their slots' lengths, would cost their launches for nothing: the
-   grid is the same for every depth, so that one CUDA graph per row count serves them all);
+   grid is the same for every depth, so that one CUDA graph per row count serves them all). A step
+   of few slots cuts them into short splits (:func:`split_columns_for`), so that a slot's context
+   spreads over its programs however short it is;
 2. one program per (slot, head) merges the slot's partial results, when it has more than one (a
    slot whose positions fit one split has its result written by that split's program).
 
@@ -34,17 +36,20 @@ import torch
 
 # Positions a program reads per split, and per iteration (its tile: a divisor of the split, whole
 # blocks of the cache), warps and pipeline stages, and whether its products run on the tensor cores,
-# by the cache's bytes a value. Chosen by a sweep of 3 tiles x 2 warp counts x 3 stage counts, each
-# way of multiplying, on an H200 at the standard workload's full load (1,536 slots, mean context 341,
-# their blocks scattered over the pool as the engine left them; docs/performance.md): bf16 on the CUDA
-# cores with 2 warps 419 us a layer (3,835 GB/s; on the tensor cores 436 us); fp8 270 us (2,983 GB/s:
-# with 4 warps and tiles of 256, 353 us; on the tensor cores, widened to float16 or in fp8 itself,
-# 365 us and more). Fewer warps, more programs resident on each multiprocessor: more loads in flight.
+# by the cache's bytes a value. Chosen by sweeps of tiles, warp counts and stage counts, each way of
+# multiplying, on an H200 at the standard workload's full load (1,536 slots, mean context 341, their
+# blocks scattered over the pool as the engine left them; docs/performance.md): bf16 on the CUDA cores
+# with tiles of 64 and 2 warps 419 us a layer (3,835 GB/s; on the tensor cores 436 us); fp8 with tiles
+# of 64 and 1 warp 229 us (3,514 GB/s; tiles of 128 and 2 warps 269 us; on the tensor cores, widened
+# to float16, 379 us and more). Fewer warps, more programs resident on each multiprocessor: more loads
+# in flight.
 SPLIT_COLUMNS = 512
 _LAUNCH = {
     2: {"TILE": 64, "num_warps": 2, "num_stages": 2, "TENSOR_CORES": False},
-    1: {"TILE": 128, "num_warps": 2, "num_stages": 2, "TENSOR_CORES": False},
+    1: {"TILE": 64, "num_warps": 1, "num_stages": 2, "TENSOR_CORES": False},
 }
+# The splits of a step of few slots: one tile each.
+SHORT_SPLIT_COLUMNS = 64
 
 
 @functools.cache
@@ -61,9 +66,18 @@ def triton_available() -> bool:
 BUSY_PROGRAMS = 1024
 
 
-def splits_for(context: int) -> int:
-    """How many splits cover ``context`` columns of a slot's cache."""
-    return -(-context // SPLIT_COLUMNS)
+def splits_for(context: int, split_columns: int = SPLIT_COLUMNS) -> int:
+    """How many splits of ``split_columns`` cover ``context`` columns of a slot's cache."""
+    return -(-context // split_columns)
+
+
+def split_columns_for(rows: int, heads: int) -> int:
+    """How many positions a split holds in a step of ``rows`` slots: SPLIT_COLUMNS, or one tile's when
+    the slots and heads are too few to keep the GPU busy with a program each. A slot's programs take
+    its splits up to its length, and with splits of 512 one slot at the standard workload's contexts
+    (~370) had one split: one program read it a tile at a time while the others sat idle, 11.3 us a
+    layer on an H200 (26% of the one-job step's kernels); in splits of 128 over 4 programs, 7.0."""
+    return SPLIT_COLUMNS if rows * heads >= BUSY_PROGRAMS else SHORT_SPLIT_COLUMNS
 
 
 def split_programs_for(rows: int, heads: int, splits: int) -> int:
@@ -84,6 +98,7 @@ def decode_attention(
     columns: torch.Tensor,
     scale: float,
     split_programs: int | None = None,
+    split_columns: int | None = None,
 ) -> torch.Tensor:
     """Write each row's new key and value at its position of the cache, then attend its query over
     its positions up to and including that one.
@@ -94,18 +109,21 @@ def decode_attention(
     groups; ``block_table`` (rows, table width) the blocks holding each row's positions in order;
     ``columns`` (rows,) the position each row's new key and value go to, or -1 for a row that takes
     no part (a slot that finished or holds nothing: nothing of its cache is read or written, and its
-    output is zeros); ``split_programs``, the programs each (row, head) takes (by default
-    :func:`split_programs_for`).
+    output is zeros); ``split_columns``, the positions of a split (by default :func:`split_columns_for`;
+    a multiple of the launch's tile); ``split_programs``, the programs each (row, head) takes (by
+    default :func:`split_programs_for`).
     Returns (rows, heads, 1, dim) in the query's dtype.
     """
     rows, heads, _, dim = query.shape
     kv_heads, block_positions = keys.shape[1], keys.shape[2]
-    splits = splits_for(block_table.shape[1] * block_positions)
+    split_columns = split_columns or split_columns_for(rows, heads)
+    splits = splits_for(block_table.shape[1] * block_positions, split_columns)
     partial = torch.empty((rows, heads, splits, dim), dtype=torch.float32, device=query.device)
     best_scores = torch.empty((rows, heads, splits), dtype=torch.float32, device=query.device)
     weight_sums = torch.empty_like(best_scores)
     out = torch.empty_like(query)
     launch = _LAUNCH[min(keys.element_size(), 2)]
+    launch = {**launch, "TILE": min(launch["TILE"], split_columns)}
     attend, merge = _kernels()
     split_programs = split_programs or split_programs_for(rows, heads, splits)
     attend[(rows, heads, split_programs)](
@@ -139,7 +157,7 @@ def decode_attention(
         GROUP=heads // kv_heads,
         DIM=dim,
         BLOCK_POSITIONS=block_positions,
-        SPLIT=SPLIT_COLUMNS,
+        SPLIT=split_columns,
         SPLITS=splits,
         OPERAND=_operand_type(keys.dtype),
         **launch,
@@ -153,10 +171,11 @@ def decode_attention(
         out.stride(0),
         out.stride(1),
         DIM=dim,
-        SPLIT=SPLIT_COLUMNS,
+        SPLIT=split_columns,
         SPLITS=splits,
         SPLITS_POWER=max(2, 1 << (splits - 1).bit_length()),
-        num_warps=2,
+        # Short splits leave up to ~70 partial results a (row, head) to merge: more threads to hold them.
+        num_warps=2 if splits <= 16 else 4,
     )
     return out
 

@@ -26,6 +26,7 @@ import bisect
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,7 +34,7 @@ import torch.nn.utils.parametrize as parametrize
 
 from worker.engine.attention import decode_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
-from worker.engine.layers import after_attention, before_attention, fuse_layers
+from worker.engine.layers import after_attention, before_attention, fuse_layers, rms_norm
 from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 from worker.model.loading import LoadedModel
 
@@ -133,8 +134,12 @@ class ModelRunner:
         # the captured steps and the prefill alike (its rows and length symbolic); the CPU runs them op by op.
         if self.use_graphs and self.reads_own_columns:
             self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
+            self._choose = compiled_exactly(draw)
+            self._step_input = compiled_exactly(step_input)
         else:
             self._layer_parts = (before_attention, after_attention)
+            self._choose = draw
+            self._step_input = step_input
         config = self.llama.config
         self.slots = slots
         # One slot more than the engine's: the prefill's padding rows write there (see prefill).
@@ -181,6 +186,12 @@ class ModelRunner:
 
         self.slot_index = torch.arange(slots, device=device)
         self.columns = torch.arange(self.table_width * BLOCK_POSITIONS, device=device)
+        # The rotary embedding's cos and sin of every column, (2, columns, head dim): a pass gathers its
+        # positions' in one kernel, where computing them took eight. Per position, so the same values.
+        self.rotary = torch.stack(
+            self.llama.rotary_emb(self.columns.new_empty(0, dtype=self.llama.dtype), self.columns[None])
+        )[:, 0]
+        self.stacked_code_embeddings = torch.stack([embedding.weight.detach() for embedding in self.code_embeddings])
         # An empty slot has a prompt of 1 so that its frozen step writes and attends column 0.
         self.prompt_length = per_slot(1, torch.long)
         self.step = per_slot(0, torch.long)  # the step the slot's next draw makes
@@ -343,7 +354,7 @@ class ModelRunner:
 
         hidden = self._forward(self._prefill_input(rows, length), positions, attend, self._layer_parts)
         last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
-        self._draw(index, last.float())
+        self._draw(index, last)
 
     def prefill_bucket(self, rows: int, length: int) -> tuple[int, int]:
         """The (rows, length) a prefill pass of ``rows`` prompts of up to ``length`` tokens is padded to."""
@@ -494,21 +505,17 @@ class ModelRunner:
         return self.llama.layers[0].self_attn.num_key_value_groups > 1
 
     def _decode(self, rows: int, kv_length: int) -> None:
-        # Each slot's previous tokens go to its next column; right-aligned prompts make the column
-        # the token's position too.
-        column = self.prompt_length[:rows] + self.step[:rows] - 1
-        step_input = (
-            torch.stack([self.code_embeddings[q](self.tokens[:rows, q]) for q in range(self.tokens.shape[1])], dim=2)
-            .sum(dim=2)
-            .unsqueeze(1)
-            .to(self.llama.dtype)
+        inputs, column, taking_part = self._step_input(
+            self.tokens[:rows],
+            self.stacked_code_embeddings,
+            self.prompt_length[:rows],
+            self.step[:rows],
+            self.finished[:rows],
+            self.llama.dtype,
         )
         slots = self.slot_index[:rows]
 
         if self.reads_own_columns:
-            # Finished and free slots take no part: their step's output is never kept, and a slot
-            # retired but not yet reused would read its whole cache every step.
-            taking_part = torch.where(self.finished[:rows], -1, column)
 
             def attend(layer: int, query, key, value):
                 # The kernel writes the new key and value into the cache itself.
@@ -548,8 +555,8 @@ class ModelRunner:
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )
 
-        hidden = self._forward(step_input, column.unsqueeze(1), attend, self._layer_parts)
-        self._draw(slots, hidden[:, -1].float())
+        hidden = self._forward(inputs, column.unsqueeze(1), attend, self._layer_parts)
+        self._draw(slots, hidden[:, -1])
 
     def _forward(
         self,
@@ -559,10 +566,11 @@ class ModelRunner:
         parts: tuple[Callable, Callable],
     ) -> torch.Tensor:
         """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills
-        the cache; ``parts`` are the functions of a layer before and after its attention."""
+        the cache; ``parts`` are the functions of a layer before and after its attention. The model's
+        final norm is the draw's (:func:`draw`)."""
         before, after = parts
         hidden = inputs
-        cos, sin = self.llama.rotary_emb(hidden, positions)
+        cos, sin = self.rotary[:, positions]
         for index, weights in enumerate(self.layer_weights):
             query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, self.layer_shape)
             attended = attend(index, query, key, value)
@@ -575,27 +583,111 @@ class ModelRunner:
                 weights.down,
                 self.layer_shape.norm_eps,
             )
-        return self.llama.norm(hidden)
+        return hidden
 
     def _draw(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
         """Record each slot's hidden state at its step, draw its tokens, note the slots that end."""
-        step = self.step[slots]
-        running = ~self.finished[slots]
-        self.hiddens[slots, step] = hidden
-        logits = torch.einsum("bh,qvh->bqv", hidden, self.head_weights)
-        sampling = RowSampling(*(getattr(self.sampling, name)[slots] for name in self.sampling.__dataclass_fields__))
-        recent = self.recent[slots]
-        tokens = sample(logits, recent, sampling, step, self.eos_token, self.min_tokens[slots] > step)
-        self.codes[slots, step] = tokens.to(self.codes.dtype)
-        self.recent[slots, step % REPETITION_WINDOW] = tokens
-        self.tokens[slots] = tokens
-
-        ended_by_eos = tokens.eq(self.eos_token).any(dim=1) & running
-        reached_end = self.end_at[slots].eq(step + 1) & running & ~ended_by_eos
-        lengths = self.lengths[slots]
-        self.lengths[slots] = torch.where(ended_by_eos, step, torch.where(reached_end, step + 1, lengths))
-        self.ended_by[slots] = torch.where(
-            ended_by_eos, ENDED_BY_EOS, torch.where(reached_end, ENDED_BY_LIMIT, self.ended_by[slots])
+        drawn = self._choose(
+            slots,
+            hidden,
+            self.llama.norm.weight,
+            self.layer_shape.norm_eps,
+            self.head_weights,
+            self.step,
+            self.finished,
+            self.recent,
+            self.sampling,
+            self.min_tokens,
+            self.end_at,
+            self.lengths,
+            self.ended_by,
+            self.eos_token,
         )
-        self.finished[slots] = ~running | ended_by_eos | reached_end
-        self.step[slots] = step + running.long()
+        self.hiddens[slots, drawn.step] = drawn.hidden
+        self.codes[slots, drawn.step] = drawn.codes
+        self.recent[slots, drawn.step % REPETITION_WINDOW] = drawn.tokens
+        self.tokens[slots] = drawn.tokens
+        self.lengths[slots] = drawn.lengths
+        self.ended_by[slots] = drawn.ended_by
+        self.finished[slots] = drawn.finished
+        self.step[slots] = drawn.next_step
+
+
+def compiled_exactly(function: Callable) -> Callable:
+    """``function`` compiled to compute what it computes op by op: rounded to a narrower dtype wherever
+    it rounds (left to itself, inductor keeps the float32 of a bfloat16 norm's intermediate, and a
+    token may come out otherwise)."""
+    return torch.compile(function, options={"emulate_precision_casts": True})
+
+
+class Drawn(NamedTuple):
+    """What a draw decided for its slots, before any of it is written to their state."""
+
+    hidden: torch.Tensor  # (rows, width) float32: the hidden states the tokens were drawn from
+    step: torch.Tensor  # the step each slot drew
+    tokens: torch.Tensor  # (rows, codebooks) long
+    codes: torch.Tensor  # the same, int32
+    lengths: torch.Tensor
+    ended_by: torch.Tensor
+    finished: torch.Tensor
+    next_step: torch.Tensor  # the step each slot draws next (a finished slot's stays)
+
+
+def draw(
+    slots: torch.Tensor,
+    hidden: torch.Tensor,
+    norm: torch.Tensor,
+    norm_eps: float,
+    head_weights: torch.Tensor,
+    steps: torch.Tensor,
+    finished: torch.Tensor,
+    recent: torch.Tensor,
+    sampling: RowSampling,
+    min_tokens: torch.Tensor,
+    end_at: torch.Tensor,
+    lengths: torch.Tensor,
+    ended_by: torch.Tensor,
+    eos_token: int,
+) -> Drawn:
+    """The tokens ``slots`` draw from the last layer's ``hidden`` states (the model's final ``norm`` is
+    applied here), and how that leaves them, from the per-slot state (every slot's; read, never written).
+
+    A pure function, so that on a GPU it compiles into a few kernels (op by op, the draw was ~110
+    small kernels of a one-slot step's ~390) while the runner's writes stay outside it: compiled
+    writes into the per-slot buffers copied the hidden states' 12 GiB each step.
+    """
+    hidden = rms_norm(hidden, norm, norm_eps).float()
+    step = steps[slots]
+    running = ~finished[slots]
+    logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)
+    tokens = sample(logits, recent[slots], sampling.select(slots), step, eos_token, min_tokens[slots] > step)
+    ended_by_eos = tokens.eq(eos_token).any(dim=1) & running
+    reached_end = end_at[slots].eq(step + 1) & running & ~ended_by_eos
+    return Drawn(
+        hidden=hidden,
+        step=step,
+        tokens=tokens,
+        codes=tokens.to(torch.int32),
+        lengths=torch.where(ended_by_eos, step, torch.where(reached_end, step + 1, lengths[slots])),
+        ended_by=torch.where(ended_by_eos, ENDED_BY_EOS, torch.where(reached_end, ENDED_BY_LIMIT, ended_by[slots])),
+        finished=~running | ended_by_eos | reached_end,
+        next_step=step + running.long(),
+    )
+
+
+def step_input(
+    tokens: torch.Tensor,
+    code_embeddings: torch.Tensor,
+    prompt_length: torch.Tensor,
+    step: torch.Tensor,
+    finished: torch.Tensor,
+    dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's input: each slot's last tokens embedded (ChatTTS's sum of its codebooks' code
+    embeddings, ``code_embeddings`` stacked (codebooks, vocab, width)), (rows, 1, width) in ``dtype``;
+    the column each slot's step writes (right-aligned prompts make it the token's position too); and
+    that column, or -1 for a slot taking no part (finished or free: its step's output is never kept,
+    and a slot retired but not yet reused would read its whole cache every step)."""
+    embedded = torch.stack([code_embeddings[q][tokens[:, q]] for q in range(tokens.shape[1])], dim=2).sum(dim=2)
+    column = prompt_length + step - 1
+    return embedded.unsqueeze(1).to(dtype), column, torch.where(finished, -1, column)

@@ -52,7 +52,7 @@ def unpaged(pool, table):
 
 def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns(device: str = "cpu") -> None:
     from worker.engine import attention
-    from worker.engine.attention import SPLIT_COLUMNS, decode_attention, splits_for
+    from worker.engine.attention import SHORT_SPLIT_COLUMNS, SPLIT_COLUMNS, decode_attention, splits_for
 
     generator = torch.Generator().manual_seed(0)
     slots, heads, kv_heads, block_positions, dim = 8, 4, 2, 16, 16
@@ -83,11 +83,17 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
         for tensor_cores in (False, True):
             attention._LAUNCH = {**attention._LAUNCH, size: {**attention._LAUNCH[size], "TENSOR_CORES": tensor_cores}}
             allowed = max(tolerance, 1e-3) if tensor_cores else tolerance
-            # A program per split, or fewer programs taking several splits each: the same answer.
-            for split_programs in (splits_for(context), 2, 1):
+            # Long splits or short ones, a program per split or fewer programs taking several splits
+            # each: the same answer.
+            for split_columns, split_programs in (
+                *((SPLIT_COLUMNS, programs) for programs in (splits_for(context), 2, 1)),
+                *((SHORT_SPLIT_COLUMNS, programs) for programs in (splits_for(context, SHORT_SPLIT_COLUMNS), 5)),
+            ):
                 on_device = (query, new_key, new_value, key_pool.clone(), value_pool.clone(), table, columns)
                 on_device = [tensor.to(device) for tensor in on_device]
-                attended = decode_attention(*on_device, 0.25, split_programs=split_programs).cpu()
+                attended = decode_attention(
+                    *on_device, 0.25, split_programs=split_programs, split_columns=split_columns
+                ).cpu()
                 written_keys, written_values = on_device[3].cpu(), on_device[4].cpu()
 
                 # Written in the cache's dtype, in the row's block, and attended to as written.
@@ -97,7 +103,7 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
 
 
 def check_columns_past_a_slots_new_position_are_never_read() -> None:
-    from worker.engine.attention import SPLIT_COLUMNS, decode_attention
+    from worker.engine.attention import SHORT_SPLIT_COLUMNS, SPLIT_COLUMNS, decode_attention
 
     generator = torch.Generator().manual_seed(1)
     query = torch.randn(3, 2, 1, 16)
@@ -107,7 +113,16 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
     # The third row takes no part.
     columns = torch.tensor([40, SPLIT_COLUMNS + 100, -1])
     before = decode_attention(
-        query, new_key, new_value, keys.clone(), values.clone(), table, columns, 0.25, split_programs=3
+        query,
+        new_key,
+        new_value,
+        keys.clone(),
+        values.clone(),
+        table,
+        columns,
+        0.25,
+        split_programs=3,
+        split_columns=SPLIT_COLUMNS,
     )
     # Every position past a row's new one: the rest of its block, and its later blocks.
     for row, column in enumerate(columns.tolist()):
@@ -116,12 +131,22 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
         for pool in (keys, values):
             pool[table[row, block], :, offset:] = float("nan")
             pool[table[row, block + 1 :]] = float("nan")
-    # Whether each split has its program or one program takes them all, none reads past its row's length.
-    for split_programs in (3, 1):
+    # Whether each split has its program or one program takes them all, long splits or short, none
+    # reads past its row's length.
+    for split_columns, split_programs in ((SPLIT_COLUMNS, 3), (SPLIT_COLUMNS, 1), (SHORT_SPLIT_COLUMNS, 24)):
         attended = decode_attention(
-            query, new_key, new_value, keys, values, table, columns, 0.25, split_programs=split_programs
+            query,
+            new_key,
+            new_value,
+            keys,
+            values,
+            table,
+            columns,
+            0.25,
+            split_programs=split_programs,
+            split_columns=split_columns,
         )
-        assert torch.equal(attended[:2], before[:2])
+        torch.testing.assert_close(attended[:2], before[:2])
     # A row taking no part reads and writes nothing, and attends to nothing.
     assert torch.equal(before[2], torch.zeros_like(before[2]))
     assert keys[table[2]].isnan().all() and values[table[2]].isnan().all()

@@ -1,0 +1,106 @@
+"""The runner's pure parts (worker.engine.runner): a decode step's input and its draw, functions of the
+slots' state that the GPU runs compiled. The engine's tests (test_engine.py) hold what the steps add
+up to."""
+
+import pytest
+import torch
+
+from worker.engine.runner import compiled_exactly, draw, step_input
+from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling
+
+SLOTS, WIDTH, CODEBOOKS, VOCAB = 40, 64, 4, 626
+EOS = VOCAB - 1
+
+
+def slot_state(device: str) -> dict:
+    """Every slot's state as the runner keeps it, at random: some slots finished, some near their end,
+    some with EOS still blocked, recent tokens with unfilled places."""
+    generator = torch.Generator().manual_seed(0)
+
+    def integers(low, high, *shape):
+        return torch.randint(low, high, shape, generator=generator)
+
+    def uniform(*shape):
+        return torch.rand(shape, generator=generator)
+
+    slots = SLOTS + 1
+    state = dict(
+        norm=(uniform(WIDTH) + 0.5).bfloat16(),
+        head_weights=torch.randn(CODEBOOKS, VOCAB, WIDTH, generator=generator),
+        steps=integers(0, 50, slots),
+        finished=uniform(slots) < 0.2,
+        recent=integers(NO_TOKEN, VOCAB, slots, REPETITION_WINDOW, CODEBOOKS),
+        sampling=RowSampling(
+            temperature=uniform(slots) + 0.1,
+            top_p=uniform(slots).double(),
+            top_k=integers(1, 30, slots),
+            repetition_penalty=uniform(slots) + 1,
+            seed=integers(0, 2**32, slots),
+        ),
+        min_tokens=integers(0, 5, slots),
+        end_at=integers(1, 60, slots),
+        lengths=integers(0, 50, slots),
+        ended_by=integers(0, 3, slots),
+    )
+    return {"norm_eps": 1e-5} | {
+        name: RowSampling(*(field.to(device) for field in value.__dict__.values()))
+        if isinstance(value, RowSampling)
+        else value.to(device)
+        for name, value in state.items()
+    }
+
+
+def devices() -> list[str]:
+    return ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+
+
+@pytest.mark.parametrize("device", devices())
+def test_a_draw_reads_the_slots_state_and_writes_none_of_it(device):
+    state = slot_state(device)
+    before = {name: _flat(value) for name, value in state.items()}
+    slots = torch.tensor([3, 0, 17], device=device)
+    drawn = draw(slots, torch.randn(3, WIDTH, device=device), eos_token=EOS, **state)
+    assert drawn.tokens.shape == (3, CODEBOOKS) and torch.equal(drawn.codes, drawn.tokens.int())
+    assert torch.equal(drawn.step, state["steps"][slots])
+    for name, value in state.items():
+        assert torch.equal(_flat(value), before[name]), name
+
+
+@pytest.mark.parametrize("device", devices())
+def test_compiled_it_decides_what_it_decides_op_by_op_at_any_row_count(device):
+    # The GPU's runner compiles the draw (the CPU's runs it op by op); compiled on the CPU here too.
+    state = slot_state(device)
+    compiled = compiled_exactly(draw)
+    generator = torch.Generator().manual_seed(1)
+    # One row is compiled apart from the others, whose count is symbolic.
+    for rows in (1, 2, 5, 17, SLOTS):
+        slots = torch.randperm(SLOTS, generator=generator)[:rows].to(device)
+        hidden = torch.randn(rows, WIDTH, generator=generator).to(device, torch.bfloat16)
+        expected, got = draw(slots, hidden, eos_token=EOS, **state), compiled(slots, hidden, eos_token=EOS, **state)
+        for name, want, have in zip(expected._fields, expected, got, strict=True):
+            assert torch.equal(have, want), (rows, name)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_a_step_input_compiled_is_the_one_op_by_op(device):
+    generator = torch.Generator().manual_seed(2)
+    code_embeddings = torch.randn(CODEBOOKS, VOCAB, WIDTH, generator=generator).to(device)
+    compiled = compiled_exactly(step_input)
+    for rows in (1, 2, 5, SLOTS):
+        tokens = torch.randint(0, VOCAB, (rows, CODEBOOKS), generator=generator).to(device)
+        prompt_length, step = (torch.randint(1, 80, (rows,), generator=generator).to(device) for _ in range(2))
+        finished = (torch.rand(rows, generator=generator) < 0.3).to(device)
+        arguments = (tokens, code_embeddings, prompt_length, step, finished, torch.bfloat16)
+        inputs, column, taking_part = step_input(*arguments)
+        assert inputs.shape == (rows, 1, WIDTH) and inputs.dtype == torch.bfloat16
+        assert torch.equal(column, prompt_length + step - 1)
+        assert torch.equal(taking_part, torch.where(finished, -1, column))
+        for want, have in zip((inputs, column, taking_part), compiled(*arguments), strict=True):
+            assert torch.equal(have, want), rows
+
+
+def _flat(value) -> torch.Tensor:
+    if isinstance(value, float):
+        return torch.tensor([value], dtype=torch.float64)
+    parts = list(value.__dict__.values()) if isinstance(value, RowSampling) else [value]
+    return torch.cat([part.flatten().double().cpu() for part in parts])
