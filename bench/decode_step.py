@@ -351,6 +351,9 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
 
+    # Each way and row count builds a runner of its own, and their compiled layer parts share dynamo's
+    # cache of those functions; at the default limit (8) the later runners fell back to op by op.
+    torch._dynamo.config.recompile_limit = 64
     model = load_model(Settings.from_env(model=arguments.model, device=arguments.device))
     steps = arguments.steps // SYNC_EVERY * SYNC_EVERY
     graphs = [False, True] if model.device.type == "cuda" else [False]
