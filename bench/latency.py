@@ -5,10 +5,11 @@
 
 Starts its own redis-server and `chattts-farm worker`, then for each number of clients submits that
 many streaming jobs at once (each a text of --seconds of speech, voices mixed) and reads each job's
-stream with ``chattts_farm.streams.stream_audio`` on a thread of its own, as a plain Celery + Redis
-caller does (``farm`` rows). With --engine the same levels first run through the synthesizer in this
-process (``engine`` rows: no transport); with --web they run last through `chattts-farm web` (``web``
-rows: POST /api/jobs with ``stream``, then GET /api/jobs/<id>/stream). Per level it prints
+stream with ``chattts_farm.streams.stream_audio`` on a thread of its own (the threads shared among a
+few reader processes), as a plain Celery + Redis caller does (``farm`` rows). With --engine the same
+levels first run through the synthesizer in this process (``engine`` rows: no transport); with --web
+they run last through `chattts-farm web` (``web`` rows: POST /api/jobs with ``stream``, then GET
+/api/jobs/<id>/stream, read as the farm's are). Per level it prints
 first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
 delivered before it would have finished playing, playback starting at the first chunk), and the
 audio-s per wall-s of the level; for the ``farm`` and ``web`` rows also where the first chunks
@@ -19,6 +20,8 @@ entry's id, Redis's clock), and from there to the client."""
 from __future__ import annotations
 
 import argparse
+import functools
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -44,6 +47,12 @@ WEB_START_TIMEOUT_S = 120
 # How long a web client waits, after its stream ended, for the job's result (for the hops of its first chunk).
 RESULT_WAIT_S = 30
 BYTES_PER_SAMPLE = 2
+# Processes that read a level's streams, each on a thread a job.
+READER_PROCESSES = 8
+READER_START_TIMEOUT_S = 60
+STREAM_TIMEOUT_S = 600
+# Longer than a stream's own timeout: a reader process that died is an error, not a hang.
+READ_TIMEOUT_S = STREAM_TIMEOUT_S + 60
 
 
 @dataclass
@@ -101,39 +110,78 @@ class Listener:
 
 def run_level(path: str, clients: int, seconds: float, submit, listen) -> dict:
     """A level: each client's job sent with ``submit(request) -> handle``, then read on a thread of its own
-    with ``listen(handle, listener)``."""
-    listeners, threads = [], []
+    with ``listen(handle, listener)`` (a function this module's processes can import) in one of up to
+    READER_PROCESSES reader processes, started and ready before the first job is sent.
+
+    Readers in processes, not all in this one: on the H200 host (twelfth session) Redis appended the
+    256-stream level's first chunks within 3 ms of the worker's having them (p95), and 256 reader
+    threads sharing one interpreter read them 235 ms later. ``time.perf_counter`` is the host's
+    monotonic clock on Linux, one for every process, so a reader's arrival times and this process's
+    submit times are on one clock."""
+    context = multiprocessing.get_context("spawn")
+    outbox = context.Queue()
+    inboxes = [context.Queue() for _ in range(min(READER_PROCESSES, clients))]
+    readers = [context.Process(target=read_streams, args=(listen, inbox, outbox)) for inbox in inboxes]
+    for reader in readers:
+        reader.start()
+    for _ in readers:
+        outbox.get(timeout=READER_START_TIMEOUT_S)
     started = time.perf_counter()
-    for request in level_requests(clients, seconds):
-        listener = Listener(time.perf_counter())
-        handle = submit({**request.as_arguments(), "stream": True})
+    try:
+        for number, request in enumerate(level_requests(clients, seconds)):
+            submitted, submitted_wall = time.perf_counter(), time.time()
+            handle = submit({**request.as_arguments(), "stream": True})
+            inboxes[number % len(inboxes)].put((submitted, submitted_wall, handle))
+        for inbox in inboxes:
+            inbox.put(None)
+        listeners = [listener for _ in readers for listener in outbox.get(timeout=READ_TIMEOUT_S)]
+    finally:
+        for reader in readers:
+            reader.join(timeout=30)
+    return level_row(path, clients, listeners, time.perf_counter() - started)
+
+
+def read_streams(listen, inbox, outbox) -> None:
+    """A reader process: says it is ready, then reads each job it is handed on a thread of its own until
+    it is handed None, and sends back the jobs' listeners."""
+    outbox.put("ready")
+    listeners, threads = [], []
+    while (job := inbox.get()) is not None:
+        submitted, submitted_wall, handle = job
+        listener = Listener(submitted, submitted_wall=submitted_wall)
         thread = threading.Thread(target=listen, args=(handle, listener), daemon=True)
         thread.start()
         listeners.append(listener)
         threads.append(thread)
     for thread in threads:
         thread.join()
-    return level_row(path, clients, listeners, time.perf_counter() - started)
+    outbox.put(listeners)
 
 
 def run_farm_level(celery, redis_url: str, clients: int, seconds: float) -> dict:
     """A level through Redis and Celery, read with the contract's ``stream_audio``."""
+    return run_level(
+        "farm",
+        clients,
+        seconds,
+        lambda kwargs: celery.send_task(TASK_NAME, kwargs=kwargs).id,
+        functools.partial(listen_to_farm, redis_url),
+    )
 
-    def listen(job_id: str, listener: Listener) -> None:
-        try:
-            chunks = stream_audio(job_id, redis_url=redis_url, timeout_s=600)
-            first_id = None
-            for chunk in chunks:
-                listener.heard(len(chunk.pcm))
-                first_id = first_id or chunks.last_id
-            result = chunks.summary or {}
-            listener.note_hops(
-                result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"), appended_at(first_id)
-            )
-        except Exception as error:  # noqa: BLE001 - reported in the table
-            listener.error = repr(error)
 
-    return run_level("farm", clients, seconds, lambda kwargs: celery.send_task(TASK_NAME, kwargs=kwargs).id, listen)
+def listen_to_farm(redis_url: str, job_id: str, listener: Listener) -> None:
+    try:
+        chunks = stream_audio(job_id, redis_url=redis_url, timeout_s=STREAM_TIMEOUT_S)
+        first_id = None
+        for chunk in chunks:
+            listener.heard(len(chunk.pcm))
+            first_id = first_id or chunks.last_id
+        result = chunks.summary or {}
+        listener.note_hops(
+            result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"), appended_at(first_id)
+        )
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        listener.error = repr(error)
 
 
 def appended_at(entry_id: bytes | None) -> float | None:
@@ -150,24 +198,27 @@ def run_web_level(base: str, clients: int, seconds: float) -> dict:
         submitted.raise_for_status()
         return submitted.json()
 
-    def listen(job: dict, listener: Listener) -> None:
-        try:
-            with requests.get(f"{base}{job['stream_url']}?format=pcm", stream=True, timeout=600) as answer:
-                answer.raise_for_status()
-                for piece in answer.iter_content(chunk_size=None):
-                    listener.heard(len(piece))
-            # The job's row has its result once the web has heard that the job finished.
-            deadline = time.monotonic() + RESULT_WAIT_S
-            while (result := requests.get(f"{base}{job['status_url']}", timeout=60).json()["result"]) is None:
-                if time.monotonic() > deadline:
-                    return
-                time.sleep(0.2)
-            started = datetime.fromisoformat(result["started_at"]).timestamp() if result["started_at"] else None
-            listener.note_hops(started, result["first_chunk_s"])
-        except Exception as error:  # noqa: BLE001 - reported in the table
-            listener.error = repr(error)
+    return run_level("web", clients, seconds, submit, functools.partial(listen_to_web, base))
 
-    return run_level("web", clients, seconds, submit, listen)
+
+def listen_to_web(base: str, job: dict, listener: Listener) -> None:
+    import requests
+
+    try:
+        with requests.get(f"{base}{job['stream_url']}?format=pcm", stream=True, timeout=STREAM_TIMEOUT_S) as answer:
+            answer.raise_for_status()
+            for piece in answer.iter_content(chunk_size=None):
+                listener.heard(len(piece))
+        # The job's row has its result once the web has heard that the job finished.
+        deadline = time.monotonic() + RESULT_WAIT_S
+        while (result := requests.get(f"{base}{job['status_url']}", timeout=60).json()["result"]) is None:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
+        started = datetime.fromisoformat(result["started_at"]).timestamp() if result["started_at"] else None
+        listener.note_hops(started, result["first_chunk_s"])
+    except Exception as error:  # noqa: BLE001 - reported in the table
+        listener.error = repr(error)
 
 
 @contextmanager
