@@ -12,7 +12,8 @@ nothing) stay in the step, frozen: their step stops advancing and their output i
 block, where its table points). So the decode step's shapes depend only on (rows, attended
 columns), and on CUDA it is captured as one CUDA graph per such bucket, kept for the life of the
 worker and replayed, each layer's parts around its attention compiled into a few kernels
-(worker.engine.layers). Nothing in a step reads back to the host; the
+(worker.engine.layers), and so are the step's input and its draw (:func:`step_input`, :func:`draw`:
+pure functions, the runner writing what they return). Nothing in a step reads back to the host; the
 engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
@@ -123,15 +124,15 @@ class ModelRunner:
     ) -> None:
         chat = model.chat
         self.llama = chat.gpt.gpt
-        self.code_embeddings = chat.embed.emb_code
         self.device = model.device
         self.use_graphs = capture_graphs and model.device.type == "cuda"
         # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
         # and the step's width stops mattering; elsewhere it attends over a masked common width.
         self.reads_own_columns = model.device.type == "cuda" and triton_available()
         self.layer_weights, self.layer_shape = fuse_layers(self.llama)
-        # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), in
-        # the captured steps and the prefill alike (its rows and length symbolic); the CPU runs them op by op.
+        # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), as do a
+        # decode step's input and every draw, in the captured steps and the prefill alike (their rows and
+        # length symbolic); the CPU runs them op by op.
         if self.use_graphs and self.reads_own_columns:
             self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
             self._choose = compiled_exactly(draw)
@@ -191,7 +192,7 @@ class ModelRunner:
         self.rotary = torch.stack(
             self.llama.rotary_emb(self.columns.new_empty(0, dtype=self.llama.dtype), self.columns[None])
         )[:, 0]
-        self.stacked_code_embeddings = torch.stack([embedding.weight.detach() for embedding in self.code_embeddings])
+        self.code_embeddings = torch.stack([embedding.weight.detach() for embedding in chat.embed.emb_code])
         # An empty slot has a prompt of 1 so that its frozen step writes and attends column 0.
         self.prompt_length = per_slot(1, torch.long)
         self.step = per_slot(0, torch.long)  # the step the slot's next draw makes
@@ -507,7 +508,7 @@ class ModelRunner:
     def _decode(self, rows: int, kv_length: int) -> None:
         inputs, column, taking_part = self._step_input(
             self.tokens[:rows],
-            self.stacked_code_embeddings,
+            self.code_embeddings,
             self.prompt_length[:rows],
             self.step[:rows],
             self.finished[:rows],
