@@ -76,7 +76,8 @@ def split_columns_for(rows: int, heads: int) -> int:
     the slots and heads are too few to keep the GPU busy with a program each. A slot's programs take
     its splits up to its length, and with splits of 512 one slot at the standard workload's contexts
     (~370) had one split: one program read it a tile at a time while the others sat idle, 11.3 us a
-    layer on an H200 (26% of the one-job step's kernels); in splits of 128 over 4 programs, 7.0."""
+    layer on an H200 (26% of the one-job step's kernels); in splits of 64 over 69 programs, 6.4, and
+    one job alone went from 17.7 to 25.4 audio-s/s with the compiled draw (docs/performance.md)."""
     return SPLIT_COLUMNS if rows * heads >= BUSY_PROGRAMS else SHORT_SPLIT_COLUMNS
 
 
