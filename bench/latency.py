@@ -121,7 +121,8 @@ def run_level(path: str, clients: int, seconds: float, submit, listen) -> dict:
     context = multiprocessing.get_context("spawn")
     outbox = context.Queue()
     inboxes = [context.Queue() for _ in range(min(READER_PROCESSES, clients))]
-    readers = [context.Process(target=read_streams, args=(listen, inbox, outbox)) for inbox in inboxes]
+    # Daemons: a level that fails before its readers are handed their end leaves none behind to wait on.
+    readers = [context.Process(target=read_streams, args=(listen, inbox, outbox), daemon=True) for inbox in inboxes]
     for reader in readers:
         reader.start()
     for _ in readers:
