@@ -118,7 +118,10 @@ def run_level(path: str, clients: int, seconds: float, submit, listen) -> dict:
     threads sharing one interpreter read them 235 ms later. ``time.perf_counter`` is the host's
     monotonic clock on Linux, one for every process, so a reader's arrival times and this process's
     submit times are on one clock."""
-    context = multiprocessing.get_context("spawn")
+    # A fork server imports this module (and the torch behind bench.workload, ~6 s on the CPU machine)
+    # once, and forks the readers from it; spawned, every reader process imported it, each level.
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["bench.latency"])
     outbox = context.Queue()
     inboxes = [context.Queue() for _ in range(min(READER_PROCESSES, clients))]
     # Daemons: a level that fails before its readers are handed their end leaves none behind to wait on.
