@@ -12,6 +12,7 @@ Markdown table of jobs per second and audio seconds per wall second.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import signal
@@ -19,11 +20,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
 from celery import Celery
 
+from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import TASK_NAME
 from chattts_farm.settings import Settings
 from cli.local_services import free_port, start_redis_server
@@ -31,6 +34,48 @@ from worker.supervisor import plan_workers
 
 TEXT = "The farm keeps every GPU busy by batching the jobs that wait. Nothing is lost."
 WORKERS_START_TIMEOUT_S = 600
+# Client processes that send a timed run's jobs. One Celery client sends ~1,000 jobs a second (1.0 ms a
+# send_task on the 2-core development machine: the job's message, its task-sent event, a Redis client
+# each), so that one sent the standard workload's 1,536 jobs over ~1.5 s while the engine alone has all of
+# them at once; a farm's jobs come from many clients.
+SENDER_PROCESSES = 8
+
+# The Celery client of a sender process (see ``senders``).
+_sender_client: Celery | None = None
+
+
+@contextmanager
+def senders(
+    redis_url: str, processes: int = SENDER_PROCESSES
+) -> Iterator[Callable[[list[dict]], list[tuple[str, float]]]]:
+    """``send(jobs)``: the jobs' keyword arguments sent as the farm's task from ``processes`` client processes
+    at once (the i-th of every ``processes`` jobs by the i-th), returning each job's task id and when it was
+    sent (``time.perf_counter``: the host's monotonic clock, one for every process on Linux), in order."""
+    # Not forked: the bench's process may hold a CUDA context.
+    context = multiprocessing.get_context("forkserver")
+    with ProcessPoolExecutor(processes, mp_context=context, initializer=_open_sender, initargs=(redis_url,)) as pool:
+
+        def send(jobs: list[dict]) -> list[tuple[str, float]]:
+            shares = list(pool.map(_send_share, [jobs[start::processes] for start in range(processes)]))
+            sent: list[tuple[str, float]] = [None] * len(jobs)
+            for start, share in enumerate(shares):
+                sent[start::processes] = share
+            return sent
+
+        yield send
+
+
+def _open_sender(redis_url: str) -> None:
+    global _sender_client
+    _sender_client = create_celery(Settings.from_env(redis_url=redis_url))
+
+
+def _send_share(jobs: list[dict]) -> list[tuple[str, float]]:
+    sent = []
+    for kwargs in jobs:
+        task_id = _sender_client.send_task(TASK_NAME, kwargs=kwargs).id
+        sent.append((task_id, time.perf_counter()))
+    return sent
 
 
 def cpu_seconds(pid: int) -> float:

@@ -64,9 +64,10 @@ class Listener:
     error: str | None = None
     submitted_wall: float = field(default_factory=time.time)
     # Through the farm or the web, where its first chunk's wait went (seconds): from submit to the engine's start
-    # of the job, from there to its first audio in the worker's Celery process, from there to its append to the
-    # job's Redis stream (from the entry's id; None through the web), and from there (or the worker) to this client.
-    hops: tuple[float, float, float | None, float] | None = None
+    # of the job, from there to the engine process's sending its first audio, from there to the worker's Celery
+    # process, from there to its append to the job's Redis stream (from the entry's id; None through the web),
+    # and from there (or the worker) to this client.
+    hops: tuple[float, float | None, float | None, float | None, float] | None = None
 
     def heard(self, pcm_bytes: int) -> None:
         """A chunk of 16-bit samples arrived now."""
@@ -77,18 +78,24 @@ class Listener:
         return self.arrivals[0][0] - self.submitted if self.arrivals else None
 
     def note_hops(
-        self, engine_started: float | None, first_audio_in_worker: float | None, appended: float | None = None
+        self,
+        engine_started: float | None,
+        first_audio_in_worker: float | None,
+        sent_by_engine: float | None = None,
+        appended: float | None = None,
     ) -> None:
         """Split the first chunk's wait at the hops the job's result timed: when the engine started it
-        (epoch seconds) and when its first audio reached the worker (seconds after that); and, where the
-        client read the first chunk's stream entry itself, when Redis appended it (epoch seconds)."""
+        (epoch seconds), when its first audio reached the worker (seconds after that) and, where the result
+        says, when the engine process sent it (seconds after the start); and, where the client read the
+        first chunk's stream entry itself, when Redis appended it (epoch seconds)."""
         if self.first_chunk_s is None or engine_started is None or first_audio_in_worker is None:
             return
         to_engine = engine_started - self.submitted_wall
         in_worker = engine_started + first_audio_in_worker
+        to_worker = None if sent_by_engine is None else first_audio_in_worker - sent_by_engine
         to_redis = None if appended is None else appended - in_worker
         to_client = self.first_chunk_s - to_engine - first_audio_in_worker - (to_redis or 0.0)
-        self.hops = (to_engine, first_audio_in_worker, to_redis, to_client)
+        self.hops = (to_engine, sent_by_engine, to_worker, to_redis, to_client)
 
     @property
     def underruns(self) -> int:
@@ -181,8 +188,12 @@ def listen_to_farm(redis_url: str, job_id: str, listener: Listener) -> None:
             listener.heard(len(chunk.pcm))
             first_id = first_id or chunks.last_id
         result = chunks.summary or {}
+        timings = result.get("timings") or {}
         listener.note_hops(
-            result.get("started_at"), (result.get("timings") or {}).get("first_chunk_s"), appended_at(first_id)
+            result.get("started_at"),
+            timings.get("first_chunk_s"),
+            timings.get("first_chunk_engine_s"),
+            appended_at(first_id),
         )
     except Exception as error:  # noqa: BLE001 - reported in the table
         listener.error = repr(error)
@@ -220,7 +231,7 @@ def listen_to_web(base: str, job: dict, listener: Listener) -> None:
                 return
             time.sleep(0.2)
         started = datetime.fromisoformat(result["started_at"]).timestamp() if result["started_at"] else None
-        listener.note_hops(started, result["first_chunk_s"])
+        listener.note_hops(started, result["first_chunk_s"], result["first_chunk_engine_s"])
     except Exception as error:  # noqa: BLE001 - reported in the table
         listener.error = repr(error)
 
@@ -433,10 +444,10 @@ def main() -> None:
     print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} |")
     print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
     print(
-        "| path | clients | submit -> engine starts the job | -> first audio in the worker "
-        "| -> appended to the Redis stream | -> the client |"
+        "| path | clients | submit -> engine starts the job | -> the engine process sends its first audio "
+        "| -> the worker's Celery process | -> appended to the Redis stream | -> the client |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         if row["hops_ms"]:
             hops = " | ".join("-" if hop is None else f"{hop[0]:.0f} / {hop[1]:.0f}" for hop in row["hops_ms"])

@@ -26,9 +26,10 @@ Modes, in this order:
   GPU memory sampled every ``--soak-every-s`` seconds in a table of its own; latency as in
   ``engine alone``, from each job's call;
 - ``farm (Redis + Celery)``: after the engine's model is freed, a redis-server and a
-  ``chattts-farm worker`` of their own with the same slots, every job sent at once by a Celery client
-  (the worker holds ``--jobs-in-flight`` of them; the rest wait in Redis); a job's latency runs from
-  its submit to its result.
+  ``chattts-farm worker`` of their own with the same slots, every job sent at once by Celery clients
+  in several processes, as a farm's many callers send them (bench.farm.senders; the worker holds
+  ``--jobs-in-flight`` of them, the rest wait in Redis); a job's latency runs from its submit to its
+  result.
 
 Each mode is warmed up first, untimed, with a workload drawn from another seed. Peak memory is
 ``torch.cuda.memory_stats``' peak allocated and reserved (in the workers' process for the farm, as
@@ -49,6 +50,7 @@ import platform
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -60,10 +62,10 @@ import torch  # noqa: E402 - the allocator setting must come first
 from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
-from bench.farm import bench_redis, cpu_used, running_workers, worker_pids  # noqa: E402
+from bench.farm import SENDER_PROCESSES, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
-from chattts_farm.contract import TASK_NAME, SynthesisRequest  # noqa: E402
+from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import expected_tokens  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -123,6 +125,8 @@ class ModeResult:
     memory: Memory | None
     # Of the farm's run: CPU seconds its workers' Celery processes and engine processes used.
     cpu_s: dict[str, float] | None = None
+    # Of the farm's run: how long its clients took to send every job.
+    sent_s: float | None = None
 
     @property
     def audio_per_wall(self) -> float:
@@ -325,12 +329,15 @@ def run_farm(
             "CHATTTS_FARM_CELERY_PROCESSES": str(celery_processes),
         }
         progress(f"farm: starting a worker ({' '.join(placement)}); its log: {workdir / 'standard-worker.log'}")
-        with running_workers(client, placement, settings, workdir / "standard-worker.log") as supervisor:
+        with (
+            running_workers(client, placement, settings, workdir / "standard-worker.log") as supervisor,
+            senders(redis_url) as send,
+        ):
             progress("farm: warming up")
-            through_farm(client, warm_up)
+            through_farm(client, send, warm_up)
             progress("farm: the workload")
             with cpu_used(worker_pids(client, queues, supervisor)) as used:
-                result = through_farm(client, requests)
+                result = through_farm(client, send, requests)
             result.cpu_s = used
     if gpus is not None:
         result.mode += f", GPUs {gpus}"
@@ -346,15 +353,14 @@ def gpu_number(device: torch.device) -> str:
     return visible.split(",")[index].strip() if visible else str(index)
 
 
-def through_farm(client: Celery, requests: list[SynthesisRequest]) -> ModeResult:
-    """Send every request at once, then take each result as it comes."""
-    submitted: dict[str, float] = {}
-    results = []
+def through_farm(
+    client: Celery, send: Callable[[list[dict]], list[tuple[str, float]]], requests: list[SynthesisRequest]
+) -> ModeResult:
+    """Send every request at once (from several client processes: see bench.farm.senders), then take each
+    result as it comes."""
     started = time.perf_counter()
-    for request in requests:
-        result = client.send_task(TASK_NAME, kwargs=request.as_arguments())
-        submitted[result.id] = time.perf_counter()
-        results.append(result)
+    sent = send([request.as_arguments() for request in requests])
+    submitted = dict(sent)
     finished: list[Finished] = []
     memories: list[Memory | None] = []
 
@@ -367,8 +373,11 @@ def through_farm(client: Celery, requests: list[SynthesisRequest]) -> ModeResult
         if memory:
             memories.append(Memory(memory["peak_allocated_mb"], memory["peak_reserved_mb"], None))
 
-    ResultSet(results).join_native(timeout=FARM_TIMEOUT_S, callback=on_result, propagate=False)
-    return mode_result("farm (Redis + Celery)", started, time.perf_counter(), finished, Memory.highest(memories))
+    results = ResultSet([client.AsyncResult(task_id) for task_id, _ in sent])
+    results.join_native(timeout=FARM_TIMEOUT_S, callback=on_result, propagate=False)
+    result = mode_result("farm (Redis + Celery)", started, time.perf_counter(), finished, Memory.highest(memories))
+    result.sent_s = max(at for _, at in sent) - started
+    return result
 
 
 def seconds_range(text: str) -> tuple[float, float]:
@@ -417,7 +426,8 @@ def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
                 f"\n{r.mode}: CPU a job in the workers' Celery processes {1000 * r.cpu_s['celery'] / r.done:.1f} ms "
                 f"({r.cpu_s['celery'] / r.wall_s:.2f} cores busy), their encoder processes "
                 f"{1000 * r.cpu_s['encoders'] / r.done:.1f} ms, their engine processes "
-                f"{1000 * r.cpu_s['engine'] / r.done:.1f} ms ({r.cpu_s['engine'] / r.wall_s:.2f} cores busy)"
+                f"{1000 * r.cpu_s['engine'] / r.done:.1f} ms ({r.cpu_s['engine'] / r.wall_s:.2f} cores busy); "
+                f"its {SENDER_PROCESSES} client processes sent every job in {r.sent_s:.2f} s"
             )
     if soak:
         print(

@@ -25,6 +25,7 @@ def describe(job: Job) -> dict:
             "worker": job.result.get("worker"),
             "started_at": _iso(job.result.get("started_at")),
             "first_chunk_s": (job.result.get("timings") or {}).get("first_chunk_s"),
+            "first_chunk_engine_s": (job.result.get("timings") or {}).get("first_chunk_engine_s"),
             "model": job.result.get("model"),
             "seed": job.result.get("seed"),
             "quality": job.result.get("quality"),

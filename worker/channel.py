@@ -11,7 +11,7 @@ The messages (field names in brackets):
 - Celery side to engine: ``submit`` [job, arguments, started_at, started_wall, sent_samples, stream],
   ``cancel`` [job], ``ask`` [ask, question, argument].
 - Engine to Celery side: ``ready`` [model, pid] or ``failed`` [error] once at start; then ``audio`` [job,
-  segment, pcm], ``finished`` [job, started_at, started_wall, result | error], ``status`` [jobs, stats,
+  segment, pcm], ``finished`` [job, started_at, started_wall, first_audio_at, result | error], ``status`` [jobs, stats,
   gpu] every half second, ``answer`` [ask, value | error].
 """
 

@@ -71,6 +71,7 @@ class Job:
     started_at: float | None = None  # monotonic, in the engine process (one clock for the host)
     started_wall: float | None = None  # epoch seconds, reported to callers
     first_audio_at: float | None = None  # monotonic: when its first audio arrived here
+    first_audio_sent_at: float | None = None  # monotonic: when the engine process handed it out
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | FarmError | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
@@ -254,12 +255,20 @@ class EngineClient:
         held.sent_samples += samples.size
         held.on_audio(segment, samples)
 
-    def _on_finished(self, job: str, started_at, started_wall, result: dict | None = None, error: dict | None = None):
+    def _on_finished(
+        self,
+        job: str,
+        started_at,
+        started_wall,
+        first_audio_at=None,
+        result: dict | None = None,
+        error: dict | None = None,
+    ):
         with self._lock:
             held = self._jobs.pop(job, None)
         if held is None:  # ended here already (revoked)
             return
-        held.started_at, held.started_wall = started_at, started_wall
+        held.started_at, held.started_wall, held.first_audio_sent_at = started_at, started_wall, first_audio_at
         held.finish(error_from(error) if error is not None else SynthesisResult.from_message(result))
 
     def _on_status(self, jobs: dict, stats: dict, **gpu_report) -> None:

@@ -81,6 +81,8 @@ def test_workers_chart_their_finished_jobs_and_time_a_streamed_jobs_first_chunk(
     result = streamed.get(timeout=60)
 
     assert 0 < result["timings"]["first_chunk_s"] < result["finished_at"] - result["started_at"]
+    # Of the first chunk's wait, the engine process's share: until it sent the audio to this worker.
+    assert 0 < result["timings"]["first_chunk_engine_s"] <= result["timings"]["first_chunk_s"]
 
     def charted() -> bool:
         return any(ops_series.read(client, time.time())["first_chunk"]["p95_s"])

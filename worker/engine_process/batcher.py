@@ -45,6 +45,7 @@ class JobHandle:
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
     on_audio: Deliver | None = None  # for a job that streams: gets its audio, in order, as it is drawn
     on_finished: Callable[[JobHandle], None] | None = None
+    first_audio_at: float | None = None  # monotonic: when this process handed out its first audio
     _sent: int = 0  # samples given to on_audio, on this run or (sent_samples) an earlier one
     _position: int = 0  # samples the current attempt has produced
 
@@ -67,6 +68,8 @@ class JobHandle:
         fresh = samples[max(0, self._sent - self._position) :]
         self._position += samples.size
         if fresh.size:
+            if self.first_audio_at is None:
+                self.first_audio_at = time.monotonic()
             self._sent += fresh.size
             self.on_audio(segment, fresh)
 

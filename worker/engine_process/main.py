@@ -152,7 +152,12 @@ class EngineServer:
             self._jobs_of.get(channel, set()).discard(job)
             self._cancelled.discard(job)
         outcome = handle.outcome
-        fields = {"job": job, "started_at": handle.started_at, "started_wall": handle.started_wall}
+        fields = {
+            "job": job,
+            "started_at": handle.started_at,
+            "started_wall": handle.started_wall,
+            "first_audio_at": handle.first_audio_at,
+        }
         if isinstance(outcome, Exception):
             fields["error"] = error_fields(outcome)
         else:
