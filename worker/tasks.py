@@ -33,6 +33,7 @@ from chattts_farm.contract import (
 )
 from worker import callbacks, runtime
 from worker.celery_app import app, settings
+from worker.interpreter import share_promptly
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ def _start_runtime(sender, **_) -> None:
         raise RuntimeError(
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
+    share_promptly()
     runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked, celery_app=app)
     threading.Thread(target=_report_progress, name="progress-reporter", daemon=True).start()
 

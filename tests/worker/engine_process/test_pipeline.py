@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import SAMPLE_RATE, decode
 from worker.engine_process.pipeline import Synthesizer
 from worker.engine_process.voices import embedding_for_seed
+from worker.interpreter import SWITCH_INTERVAL_S
 
 
 def samples_of(result):
@@ -363,3 +365,14 @@ def test_the_engine_sizes_its_cache_after_the_vocoders_graphs_took_their_memory(
     monkeypatch.setattr(pipeline, "engine_capacity", size_and_note)
     Synthesizer.load(tiny_settings)
     assert calls == ["vocoder's windows", "engine's cache"]
+
+
+def test_a_process_that_loads_a_synthesizer_hands_its_interpreter_between_threads_promptly(tiny_settings):
+    # The engine process's channel threads and the ASR gate's listener run beside the synthesizer's steps.
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(0.005)
+    try:
+        Synthesizer.load(tiny_settings)
+        assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(default)

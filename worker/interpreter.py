@@ -1,0 +1,21 @@
+"""How the worker's processes share their interpreter among their threads. Torch-free: both sides use it.
+
+Each process of a worker runs one busy thread beside several that mostly wait: the engine process's
+batcher beside its channel's reader and sender threads (and the ASR gate's listener), the Celery
+process's consumer beside its job threads, its channel's receiver and its stream publisher. A thread
+that wakes (a message read, a piece of audio to send) waits for the busy one to let go of the
+interpreter, which CPython asks of it only every switch interval: 5 ms by default, paid at every hop
+a job's first audio makes. On an H200 (2026-12-03, thirteenth session; docs/performance.md) 0.5 ms
+took the farm's first chunk at 64 streams from 194 to 111 ms at p95.
+"""
+
+from __future__ import annotations
+
+import sys
+
+SWITCH_INTERVAL_S = 0.0005
+
+
+def share_promptly() -> None:
+    """Let a waiting thread of this process take the interpreter within SWITCH_INTERVAL_S."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
