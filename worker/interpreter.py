@@ -4,9 +4,11 @@ Each process of a worker runs one busy thread beside several that mostly wait: t
 batcher beside its channel's reader and sender threads (and the ASR gate's listener), the Celery
 process's consumer beside its job threads, its channel's receiver and its stream publisher. A thread
 that wakes (a message read, a piece of audio to send) waits for the busy one to let go of the
-interpreter, which CPython asks of it only every switch interval: 5 ms by default, paid at every hop
-a job's first audio makes. On an H200 (2026-12-03, thirteenth session; docs/performance.md) 0.5 ms
-took the farm's first chunk at 64 streams from 194 to 111 ms at p95.
+interpreter, which CPython asks of it only every switch interval: 5 ms by default, at every hop a job's
+first audio makes. On an H200 (2026-12-03, thirteenth session; docs/performance.md), one run with
+0.5 ms in every process of the farm and the benchmark gave a first chunk at 64 streams of 111 ms at p95
+beside 194 with the default, in the same call; runs on other machines since varied too much (135-246
+ms at 64 streams, the engine alone too) to settle its share.
 """
 
 from __future__ import annotations
