@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NamedTuple
 
 from celery import Celery
 
@@ -40,6 +41,16 @@ WORKERS_START_TIMEOUT_S = 600
 # them at once; a farm's jobs come from many clients.
 SENDER_PROCESSES = 8
 
+
+class Sent(NamedTuple):
+    """A job a sender process sent, and when: ``time.perf_counter`` (the host's monotonic clock, one for
+    every process on Linux) and epoch seconds (the clock the farm's results tell their times by)."""
+
+    task_id: str
+    at: float
+    wall: float
+
+
 # The Celery client of a sender process (see ``senders``).
 _sender_client: Celery | None = None
 
@@ -55,9 +66,9 @@ def senders(
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_open_sender, initargs=(redis_url,)) as pool:
 
-        def send(jobs: list[dict]) -> list[tuple[str, float]]:
+        def send(jobs: list[dict]) -> list[Sent]:
             shares = list(pool.map(_send_share, [jobs[start::processes] for start in range(processes)]))
-            sent: list[tuple[str, float]] = [None] * len(jobs)
+            sent: list[Sent] = [None] * len(jobs)
             for start, share in enumerate(shares):
                 sent[start::processes] = share
             return sent
@@ -70,11 +81,11 @@ def _open_sender(redis_url: str) -> None:
     _sender_client = create_celery(Settings.from_env(redis_url=redis_url))
 
 
-def _send_share(jobs: list[dict]) -> list[tuple[str, float]]:
+def _send_share(jobs: list[dict]) -> list[Sent]:
     sent = []
     for kwargs in jobs:
         task_id = _sender_client.send_task(TASK_NAME, kwargs=kwargs).id
-        sent.append((task_id, time.perf_counter()))
+        sent.append(Sent(task_id, time.perf_counter(), time.time()))
     return sent
 
 

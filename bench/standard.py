@@ -53,6 +53,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from worker.cuda import configure_allocator
 
@@ -62,7 +63,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
-from bench.farm import SENDER_PROCESSES, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
+from bench.farm import SENDER_PROCESSES, Sent, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
@@ -125,8 +126,10 @@ class ModeResult:
     memory: Memory | None
     # Of the farm's run: CPU seconds its workers' Celery processes and engine processes used.
     cpu_s: dict[str, float] | None = None
-    # Of the farm's run: how long its clients took to send every job.
+    # Of the farm's run: how long its clients took to send every job, and where each job done spent its
+    # time (see FarmHops).
     sent_s: float | None = None
+    hops: list[FarmHops] | None = field(default=None, repr=False)
 
     @property
     def audio_per_wall(self) -> float:
@@ -137,7 +140,7 @@ class ModeResult:
 
     def as_dict(self) -> dict:
         figures = asdict(self)
-        del figures["latencies_s"]
+        del figures["latencies_s"], figures["hops"]
         return {
             **figures,
             "audio_per_wall": self.audio_per_wall,
@@ -156,6 +159,26 @@ class Finished:
     submitted: float
     at: float
     audio_s: float | None
+
+
+class FarmHops(NamedTuple):
+    """Where a farm job's latency went (seconds), from its result's times: from its submit to its start in
+    the engine (Redis, Celery's delivery, the engine process's channel), its time in the engine (preparing,
+    generating, decoding), from there to the worker's writing its audio and result (the channel, the
+    Celery process's job thread, the audio store), and from there to the client (Celery's result store,
+    its message to the client)."""
+
+    to_engine: float
+    in_engine: float
+    to_worker_done: float
+    to_client: float
+
+    @classmethod
+    def of(cls, sent_wall: float, result: dict, received_wall: float) -> FarmHops:
+        timings = result["timings"]
+        in_engine = timings["text_s"] + timings["generate_s"] + timings["decode_s"]
+        started, finished = result["started_at"], result["finished_at"]
+        return cls(started - sent_wall, in_engine, finished - started - in_engine, received_wall - finished)
 
 
 @dataclass
@@ -354,29 +377,32 @@ def gpu_number(device: torch.device) -> str:
 
 
 def through_farm(
-    client: Celery, send: Callable[[list[dict]], list[tuple[str, float]]], requests: list[SynthesisRequest]
+    client: Celery, send: Callable[[list[dict]], list[Sent]], requests: list[SynthesisRequest]
 ) -> ModeResult:
     """Send every request at once (from several client processes: see bench.farm.senders), then take each
     result as it comes."""
     started = time.perf_counter()
-    sent = send([request.as_arguments() for request in requests])
-    submitted = dict(sent)
+    sent = {job.task_id: job for job in send([request.as_arguments() for request in requests])}
     finished: list[Finished] = []
+    hops: list[FarmHops] = []
     memories: list[Memory | None] = []
 
     def on_result(task_id: str, value) -> None:
+        job = sent[task_id]
         if not isinstance(value, dict):  # a failed job: its exception
-            finished.append(Finished(submitted[task_id], time.perf_counter(), None))
+            finished.append(Finished(job.at, time.perf_counter(), None))
             return
-        finished.append(Finished(submitted[task_id], time.perf_counter(), value["duration_s"]))
+        finished.append(Finished(job.at, time.perf_counter(), value["duration_s"]))
+        hops.append(FarmHops.of(job.wall, value, time.time()))
         memory = value["memory"]
         if memory:
             memories.append(Memory(memory["peak_allocated_mb"], memory["peak_reserved_mb"], None))
 
-    results = ResultSet([client.AsyncResult(task_id) for task_id, _ in sent])
+    results = ResultSet([client.AsyncResult(task_id) for task_id in sent])
     results.join_native(timeout=FARM_TIMEOUT_S, callback=on_result, propagate=False)
     result = mode_result("farm (Redis + Celery)", started, time.perf_counter(), finished, Memory.highest(memories))
-    result.sent_s = max(at for _, at in sent) - started
+    result.sent_s = max(job.at for job in sent.values()) - started
+    result.hops = hops
     return result
 
 
@@ -429,6 +455,20 @@ def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
                 f"{1000 * r.cpu_s['engine'] / r.done:.1f} ms ({r.cpu_s['engine'] / r.wall_s:.2f} cores busy); "
                 f"its {SENDER_PROCESSES} client processes sent every job in {r.sent_s:.2f} s"
             )
+    farms = [r for r in results if r.hops]
+    if farms:
+        print(
+            "\nwhere the farm's jobs spent their time, p50 / p95 s of each part on its own (from the jobs' results):\n"
+        )
+        print(
+            "| farm run | submit -> engine starts the job | -> the engine has it done | -> the worker has written it "
+            "| -> the client has its result |"
+        )
+        print("|---|---:|---:|---:|---:|")
+        for r in farms:
+            parts = zip(*r.hops, strict=True)
+            cells = (f"{percentile(part, 0.5):.2f} / {percentile(part, 0.95):.2f}" for part in parts)
+            print(f"| {r.mode} | " + " | ".join(cells) + " |")
     if soak:
         print(
             "\nsoak: the allocator's current figures at each sample; audio-s/s of the jobs done since the one before\n"

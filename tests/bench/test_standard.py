@@ -28,6 +28,15 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     celery_ms, encoders_ms, engine_ms = (float(figure) for figure in re.findall(r"([\d.]+) ms", cpu))
     assert celery_ms > 0 and engine_ms > 0 and encoders_ms >= 0  # the workload's wav needs no encoder
 
+    # The farm's latency split at the times its jobs' results tell: each part within the jobs' latency.
+    [hops] = markdown_table(lines, "| farm run |")
+    assert hops["farm run"] == "farm (Redis + Celery)"
+    parts = [[float(figure) for figure in cell.split(" / ")] for cell in list(hops.values())[1:]]
+    assert len(parts) == 4
+    for p50, p95 in parts:
+        assert -0.01 <= p50 <= p95 <= float(modes[4]["p95 latency s"]) + 0.05, hops
+    assert parts[1][0] > 0  # the engine's own time
+
     soak = markdown_table(lines, "| t s |")
     assert len(soak) >= 2
     assert sum(float(row["audio-s/s"]) for row in soak[1:]) > 0
