@@ -36,6 +36,10 @@ Each mode is warmed up first, untimed, with a workload drawn from another seed. 
 its results report them), fragmentation is 1 - peak allocated / peak reserved, and segments is the
 allocator's peak count of segments (``segment.all``); on the CPU there are none ("-"). Prints one
 Markdown table of every mode last, then the soak's table.
+
+Farm runs on several GPUs (``--farm-gpus 0 --farm-gpus 0,1``; on the CPU ``--farm-cpus 1 --farm-cpus 2``,
+not a performance claim) with ``--jobs-per-worker`` send ``--jobs`` jobs for each GPU they have, and each
+run on several is printed as a multiple of the first run on one, with both p95 latencies.
 """
 
 from __future__ import annotations
@@ -130,6 +134,7 @@ class ModeResult:
     # time (see FarmHops).
     sent_s: float | None = None
     hops: list[FarmHops] | None = field(default=None, repr=False)
+    workers: int = 0  # of a farm run: its GPUs (or CPU workers)
 
     @property
     def audio_per_wall(self) -> float:
@@ -323,19 +328,18 @@ def run_soak(
 
 def run_farm(
     arguments: argparse.Namespace,
-    device: torch.device,
     warm_up: list[SynthesisRequest],
     requests: list[SynthesisRequest],
-    gpus: str | None = None,
+    placement: list[str],
     celery_processes: int = 0,
+    named: str = "",
 ) -> ModeResult:
-    """The workload through Redis and a `chattts-farm worker` of its own: on ``gpus`` (nvidia-smi's
-    numbers, comma-separated) when given, else on the engine's device."""
-    if gpus is not None:
-        placement = ["--gpus", gpus]
-    else:
-        placement = ["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"]
-    queues = [f"gpu{gpu}" for gpu in placement[1].split(",")] if placement[0] == "--gpus" else ["cpu0"]
+    """The workload through Redis and a `chattts-farm worker PLACEMENT` of its own (``--gpus 0,1`` or
+    ``--cpu N``); ``named`` is added to the mode's name."""
+    count = worker_count(placement)
+    kind = "gpu" if placement[0] == "--gpus" else "cpu"
+    indices = placement[1].split(",") if kind == "gpu" else range(count)
+    queues = [f"{kind}{index}" for index in indices]
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with bench_redis(workdir, arguments.redis_server) as redis_url:
@@ -343,7 +347,7 @@ def run_farm(
         settings = {
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_MODEL": arguments.model,
-            "CHATTTS_FARM_DEVICE": device.type,  # the supervisor pins each worker to its GPU
+            "CHATTTS_FARM_DEVICE": "cuda" if kind == "gpu" else "cpu",  # the supervisor pins each worker to its GPU
             "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
             "CHATTTS_FARM_SLOTS": str(arguments.slots),
             "CHATTTS_FARM_KV_DTYPE": arguments.kv_dtype,
@@ -362,11 +366,44 @@ def run_farm(
             with cpu_used(worker_pids(client, queues, supervisor)) as used:
                 result = through_farm(client, send, requests)
             result.cpu_s = used
-    if gpus is not None:
-        result.mode += f", GPUs {gpus}"
+    result.mode += named
+    result.workers = count
     if celery_processes:
         result.mode += f", {celery_processes} Celery process{'es' if celery_processes > 1 else ''} a GPU"
     return result
+
+
+def worker_count(placement: list[str]) -> int:
+    """The GPUs (``--gpus 0,1``) or CPU workers (``--cpu N``) a placement has."""
+    return len(placement[1].split(",")) if placement[0] == "--gpus" else int(placement[1])
+
+
+def farm_placements(arguments: argparse.Namespace, device: torch.device) -> list[tuple[list[str], str]]:
+    """Each farm run's `chattts-farm worker` placement and what its mode's name says of it: the
+    ``--farm-gpus`` and ``--farm-cpus`` asked for, else one run on the engine's device."""
+    placements = [(["--gpus", gpus], f", GPUs {gpus}") for gpus in arguments.farm_gpus or []]
+    placements += [
+        (["--cpu", str(count)], f", {count} CPU worker{'s' if count > 1 else ''}")
+        for count in arguments.farm_cpus or []
+    ]
+    if placements:
+        return placements
+    return [(["--gpus", gpu_number(device)] if device.type == "cuda" else ["--cpu", "1"], "")]
+
+
+def print_scaling(results: list[ModeResult]) -> None:
+    """Each farm run on several GPUs (or CPU workers) against the first farm run on one: its audio-s per
+    wall-s as a multiple of that run's, and both p95 latencies."""
+    base = next((r for r in results if r.workers == 1), None)
+    if base is None or not base.audio_per_wall:
+        return
+    for run in results:
+        if run.workers > 1:
+            print(
+                f"\n{run.mode}: {run.audio_per_wall / base.audio_per_wall:.2f} x the audio-s/s of {base.mode} "
+                f"({run.jobs} jobs against {base.jobs}); p95 latency {cell(run.latency(0.95), 2)} s against "
+                f"{cell(base.latency(0.95), 2)} s"
+            )
 
 
 def gpu_number(device: torch.device) -> str:
@@ -509,6 +546,19 @@ def main() -> None:
         "Default: one run on the engine's GPU.",
     )
     parser.add_argument(
+        "--farm-cpus",
+        type=int,
+        action="append",
+        help="CPU workers of a farm run, as `chattts-farm worker --cpu` takes them; repeat for several runs "
+        "(the CPU's stand-in for --farm-gpus: not a performance claim).",
+    )
+    parser.add_argument(
+        "--jobs-per-worker",
+        action="store_true",
+        help="Each farm run sends --jobs jobs for every GPU (or CPU worker) it has: two GPUs the load of one, "
+        "twice; a run on several is then compared with the run on one.",
+    )
+    parser.add_argument(
         "--celery-processes",
         default="0",
         help="Celery processes a GPU for the farm runs, comma-separated: a run each (0: the default).",
@@ -565,9 +615,13 @@ def main() -> None:
         torch.cuda.empty_cache()
         progress(f"engine freed: {torch.cuda.memory_reserved(device) / MIB:.0f} MiB still reserved here")
     if not arguments.skip_farm:
-        for gpus in arguments.farm_gpus or [None]:
+        for placement, named in farm_placements(arguments, device):
+            jobs = arguments.jobs * (worker_count(placement) if arguments.jobs_per_worker else 1)
+            requests = (
+                workload if jobs == len(workload) else standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds)
+            )
             for processes in [int(count) for count in arguments.celery_processes.split(",")]:
-                results.append(run_farm(arguments, device, warm_up, workload, gpus, processes))
+                results.append(run_farm(arguments, warm_up, requests, placement, processes, named))
 
     print(
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
@@ -576,6 +630,7 @@ def main() -> None:
         f"tokens a job on average, {slots} slots, KV cache {arguments.kv_dtype}\n"
     )
     print_tables(results, soak)
+    print_scaling(results)
     if arguments.json:
         with open(arguments.json, "w") as handle:
             json.dump(

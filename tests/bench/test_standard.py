@@ -2,6 +2,8 @@
 
 import re
 
+import pytest
+
 from tests.support import markdown_table, run_bench
 
 MODES = ("engine, batch 1", "engine alone", "stock ChatTTS, serial", "engine soak", "farm (Redis + Celery)")
@@ -40,3 +42,27 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     soak = markdown_table(lines, "| t s |")
     assert len(soak) >= 2
     assert sum(float(row["audio-s/s"]) for row in soak[1:]) > 0
+
+
+def test_farm_runs_on_several_workers_carry_the_load_of_one_each_and_are_compared_with_one(
+    tiny_assets, data_dir, tmp_path
+):
+    # Two CPU workers stand in for two GPUs: the comparison is what is checked here, not its figure.
+    finished = run_bench(
+        "standard",
+        *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--skip-stock", "--seconds", "1-1"),
+        *("--farm-cpus", "1", "--farm-cpus", "2", "--jobs-per-worker", "--workdir", str(tmp_path)),
+        data_dir=data_dir,
+    )
+    lines = finished.stdout.splitlines()
+
+    farms = [row for row in markdown_table(lines, "| mode |") if row["mode"].startswith("farm")]
+    assert [(row["mode"], row["jobs"], row["done"]) for row in farms] == [
+        ("farm (Redis + Celery), 1 CPU worker", "2", "2"),
+        ("farm (Redis + Celery), 2 CPU workers", "4", "4"),
+    ]
+    [scaling] = [line for line in lines if " x the audio-s/s of " in line]
+    multiple = float(re.search(r": ([\d.]+) x the audio-s/s of farm \(Redis \+ Celery\), 1 CPU worker", scaling)[1])
+    one, two = (float(row["audio-s/s"]) for row in farms)
+    assert multiple == pytest.approx(two / one, abs=0.01)
+    assert "(4 jobs against 2); p95 latency" in scaling
