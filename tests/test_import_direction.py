@@ -93,6 +93,7 @@ CELERY_SIDE = [
     "worker.runtime",
     "worker.engine_client",
     "worker.channel",
+    "worker.interpreter",
     "worker.celery_app",
     "worker.supervisor",
     "worker.stream_publisher",
