@@ -56,12 +56,9 @@ _sender_client: Celery | None = None
 
 
 @contextmanager
-def senders(
-    redis_url: str, processes: int = SENDER_PROCESSES
-) -> Iterator[Callable[[list[dict]], list[tuple[str, float]]]]:
+def senders(redis_url: str, processes: int = SENDER_PROCESSES) -> Iterator[Callable[[list[dict]], list[Sent]]]:
     """``send(jobs)``: the jobs' keyword arguments sent as the farm's task from ``processes`` client processes
-    at once (the i-th of every ``processes`` jobs by the i-th), returning each job's task id and when it was
-    sent (``time.perf_counter``: the host's monotonic clock, one for every process on Linux), in order."""
+    at once (the i-th of every ``processes`` jobs by the i-th), returning each job's :class:`Sent`, in order."""
     # Not forked: the bench's process may hold a CUDA context.
     context = multiprocessing.get_context("forkserver")
     with ProcessPoolExecutor(processes, mp_context=context, initializer=_open_sender, initargs=(redis_url,)) as pool:

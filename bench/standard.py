@@ -70,7 +70,7 @@ from celery.result import ResultSet  # noqa: E402
 from bench.farm import SENDER_PROCESSES, Sent, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
-from chattts_farm.contract import SynthesisRequest  # noqa: E402
+from chattts_farm.contract import SynthesisRequest, worker_queue  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import expected_tokens  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -338,8 +338,8 @@ def run_farm(
     ``--cpu N``); ``named`` is added to the mode's name."""
     count = worker_count(placement)
     kind = "gpu" if placement[0] == "--gpus" else "cpu"
-    indices = placement[1].split(",") if kind == "gpu" else range(count)
-    queues = [f"{kind}{index}" for index in indices]
+    indices = [int(index) for index in placement[1].split(",")] if kind == "gpu" else range(count)
+    queues = [worker_queue(kind, index) for index in indices]
     workdir = Path(arguments.workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with bench_redis(workdir, arguments.redis_server) as redis_url:
