@@ -2,8 +2,6 @@
 
 import re
 
-import pytest
-
 from tests.support import markdown_table, run_bench
 
 MODES = ("engine, batch 1", "engine alone", "stock ChatTTS, serial", "engine soak", "farm (Redis + Celery)")
@@ -63,6 +61,8 @@ def test_farm_runs_on_several_workers_carry_the_load_of_one_each_and_are_compare
     ]
     [scaling] = [line for line in lines if " x the audio-s/s of " in line]
     multiple = float(re.search(r": ([\d.]+) x the audio-s/s of farm \(Redis \+ Celery\), 1 CPU worker", scaling)[1])
+    # The table rounds each audio-s/s to 0.1 and the line its multiple to 0.01: the multiple of the unrounded
+    # figures lies within what the rounded ones allow.
     one, two = (float(row["audio-s/s"]) for row in farms)
-    assert multiple == pytest.approx(two / one, abs=0.01)
+    assert (two - 0.05) / (one + 0.05) - 0.005 <= multiple <= (two + 0.05) / (one - 0.05) + 0.005
     assert "(4 jobs against 2); p95 latency" in scaling
