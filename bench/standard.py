@@ -128,7 +128,7 @@ class ModeResult:
     wall_s: float
     latencies_s: list[float] = field(repr=False)  # of the jobs done
     memory: Memory | None
-    # Of the farm's run: CPU seconds its workers' Celery processes and engine processes used.
+    # CPU seconds used by the farm's Celery, encoder and engine processes, or by the engine alone's process.
     cpu_s: dict[str, float] | None = None
     # Of the farm's run: how long its clients took to send every job, and where each job done spent its
     # time (see FarmHops).
@@ -250,9 +250,13 @@ def mode_result(mode: str, started: float, ended: float, finished: list[Finished
 
 
 def run_engine(synthesizer: Synthesizer, mode: str, requests: list[SynthesisRequest]) -> ModeResult:
-    """The workload in one synthesize call (which resets the peak memory figures itself)."""
+    """The workload in one synthesize call (which resets the peak memory figures itself), with the CPU this
+    process used meanwhile: the engine process's share of the farm's CPU, had it nothing else to do."""
+    cpu_started = time.process_time()
     started, finished = synthesize_timed(synthesizer, requests)
-    return mode_result(mode, started, time.perf_counter(), finished, Memory.of(synthesizer.model.device, "peak"))
+    result = mode_result(mode, started, time.perf_counter(), finished, Memory.of(synthesizer.model.device, "peak"))
+    result.cpu_s = {"engine": time.process_time() - cpu_started}
+    return result
 
 
 def run_stock(synthesizer: Synthesizer, requests: list[SynthesisRequest]) -> ModeResult:
@@ -484,7 +488,12 @@ def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
         if r.mode == "engine, batch 1" and r.audio_s:
             print(f"\nbatch 1: RTF {r.wall_s / r.audio_s:.3f} (wall s over audio s)")
     for r in results:
-        if r.cpu_s is not None and r.done:
+        if r.cpu_s is not None and r.done and "celery" not in r.cpu_s:
+            print(
+                f"\n{r.mode}: CPU a job in its process {1000 * r.cpu_s['engine'] / r.done:.1f} ms "
+                f"({r.cpu_s['engine'] / r.wall_s:.2f} cores busy)"
+            )
+        elif r.cpu_s is not None and r.done:
             print(
                 f"\n{r.mode}: CPU a job in the workers' Celery processes {1000 * r.cpu_s['celery'] / r.done:.1f} ms "
                 f"({r.cpu_s['celery'] / r.wall_s:.2f} cores busy), their encoder processes "
