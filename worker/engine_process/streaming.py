@@ -142,9 +142,3 @@ def aligned_start(start: int, stop: int) -> int:
     its length is a multiple of WINDOW_STEP_FRAMES, where the row has the frames; else at the row's start."""
     steps = math.ceil((stop - start) / WINDOW_STEP_FRAMES)
     return max(0, stop - steps * WINDOW_STEP_FRAMES)
-
-
-def largest_piece_frames(frames_per_second: float, context_frames: int) -> int:
-    """About the most frames a piece holds: the largest chunk with its context either side, a window step
-    more for the alignment of its start, and one more for a segment's last piece, which takes all that is left."""
-    return math.ceil(LARGEST_CHUNK_S * frames_per_second) + 2 * context_frames + 2 * WINDOW_STEP_FRAMES

@@ -186,17 +186,30 @@ class VocoderNetwork(nn.Module):
 
 
 class WindowGraphs:
-    """The network as a CUDA graph per (window frames, batch bucket), captured the first time one is met.
+    """The network as a CUDA graph per (window frames, batch bucket).
 
-    The graphs share one memory pool: they replay one after another on the vocoder's stream, and each
-    keeps its own input and output.
+    The graphs replay one after another on the vocoder's stream, so they share all their memory: one
+    pool for their activations, one input and one audio buffer, each as large as the largest batch
+    (``max_batch_frames`` frames); a replay's audio is to be copied out before the next replay.
+    Every graph is captured ahead (:meth:`capture_every_bucket`): one first met mid-run is captured
+    then, and a capture waits for the decode steps queued and holds the thread that launches them.
     """
 
-    def __init__(self, network: VocoderNetwork, width: int, device: torch.device):
+    def __init__(
+        self,
+        network: VocoderNetwork,
+        width: int,
+        samples_per_frame: int,
+        device: torch.device,
+        max_batch_frames: int = MAX_FRAMES_PER_BATCH,
+    ):
         self.network = network
         self.width = width
         self.device = device
+        self.max_batch_frames = max_batch_frames
         self._pool = torch.cuda.graph_pool_handle()
+        self._inputs = torch.zeros(max_batch_frames * width, dtype=network.dtype, device=device)
+        self._audio = torch.zeros(max_batch_frames * samples_per_frame, dtype=torch.float32, device=device)
         self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -208,7 +221,8 @@ class WindowGraphs:
             self._graph(frames, bucket)
 
     def __call__(self, windows: torch.Tensor, most: int) -> torch.Tensor:
-        """(windows, width, frames) as (windows, samples), the batch padded to a bucket of at most ``most``."""
+        """(windows, width, frames) as (windows, samples), the batch padded to a bucket of at most ``most``;
+        the audio is the graphs' shared buffer, valid until the next call."""
         count, _, frames = windows.shape
         graph, inputs, audio = self._graph(frames, batch_bucket(count, most))
         inputs[:count].copy_(windows)
@@ -223,7 +237,9 @@ class WindowGraphs:
         return self._graphs[frames, bucket]
 
     def _capture(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        inputs = torch.zeros(bucket, self.width, frames, dtype=self.network.dtype, device=self.device)
+        if bucket * frames > self.max_batch_frames:
+            raise ValueError(f"{bucket} windows of {frames} frames exceed the graphs' {self.max_batch_frames} frames")
+        inputs = self._inputs[: bucket * self.width * frames].view(bucket, self.width, frames)
         # One call first, off the capture: cuFFT's plan and cuBLAS's workspace for these shapes.
         stream = torch.cuda.current_stream(self.device)
         warm_up = torch.cuda.Stream(self.device)
@@ -232,15 +248,16 @@ class WindowGraphs:
             self.network(inputs)
         stream.wait_stream(warm_up)
         graph = torch.cuda.CUDAGraph()
-        # torch.cuda.graph synchronises the device and empties the memory caches first: mid-run that
-        # waits for the decode steps queued, but without emptying them the capture's pool found no
-        # memory on an H200 (the engine leaves little free); a workload that met 8 new (size, batch)
-        # pairs after a warm-up workload spent 0.85 s of its host here (cProfile).
+        # torch.cuda.graph synchronises the device and empties the memory caches first: without emptying
+        # them the capture's pool found no memory on an H200 (the engine leaves little free).
         # Thread-local, as the engine's captures: the ASR gate's Whisper runs on a thread of its own
         # (worker.asr.listener) and a worker's heartbeat asks the GPU for free memory; either's CUDA
         # calls while this thread captures would break a capture in the default global mode.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            audio = self.network(inputs)
+            produced = self.network(inputs)
+            audio = self._audio[: produced.numel()].view(produced.shape)
+            audio.copy_(produced)
+        # ``produced`` goes here: its memory in the pool is the next capture's to use.
         return graph, inputs, audio
 
 
@@ -282,7 +299,9 @@ class Vocoder:
         self._chattts_networks = (chat.decoder, chat.vocos)
         self.network = VocoderNetwork(chat.decoder, chat.vocos, dtype or network_dtype(model), fused=fused)
         use_graphs = model.device.type == "cuda" if graphs is None else graphs
-        self.graphs = WindowGraphs(self.network, self.width, model.device) if use_graphs else None
+        self.graphs = (
+            WindowGraphs(self.network, self.width, self.samples_per_frame, model.device) if use_graphs else None
+        )
 
     @torch.inference_mode()
     def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
@@ -330,16 +349,18 @@ class Vocoder:
         return enough
 
     @torch.inference_mode()
-    def capture_windows(self, longest: int) -> int:
-        """Capture now the graphs of windows of up to ``longest`` frames, in every batch (on CUDA), and
-        return how many the vocoder holds: the lengths streamed pieces take (worker.engine_process.streaming).
+    def capture_windows(self) -> int:
+        """Capture now the graphs of every window size the plans take, in every batch (on CUDA), and
+        return how many the vocoder holds.
 
         Captured when first met instead, each capture held the engine's thread and waited for the decode
-        steps queued (py-spy, H200, 64 then 256 streams: 1.9 s of the run), while the streams waited for audio.
+        steps queued: 1.9 s of a streaming run when none was captured ahead, and 1.5 s of the host's
+        8.7 in the standard workload's engine-alone run after its warm-up, when the streamed pieces'
+        short windows were and the whole rows' longer ones were not (py-spy, H200, both).
         """
         if self.graphs is None:
             return 0
-        for frames in range(WINDOW_STEP_FRAMES, min(longest, self.max_window_frames) + 1, WINDOW_STEP_FRAMES):
+        for frames in range(WINDOW_STEP_FRAMES, self.max_window_frames + 1, WINDOW_STEP_FRAMES):
             self.graphs.capture_every_bucket(frames, self.windows_per_batch(frames))
         return len(self.graphs)
 
