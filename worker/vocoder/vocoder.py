@@ -191,8 +191,8 @@ class WindowGraphs:
     The graphs replay one after another on the vocoder's stream, so they share all their memory: one
     pool for their activations, one input and one audio buffer, each as large as the largest batch
     (``max_batch_frames`` frames); a replay's audio is to be copied out before the next replay.
-    Every graph is captured ahead (:meth:`capture_every_bucket`): one first met mid-run is captured
-    then, and a capture waits for the decode steps queued and holds the thread that launches them.
+    The vocoder captures them all at start (:meth:`capture_every_bucket`); one first met mid-run would
+    be captured then, waiting for the decode steps queued and holding the thread that launches them.
     """
 
     def __init__(
