@@ -39,7 +39,7 @@ from worker.engine.segment import Attempt, Segment, segment_seed
 from worker.engine.sizing import describe_memory, engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
-from worker.engine_process.streaming import Deliver, RequestStream
+from worker.engine_process.streaming import Deliver, RequestStream, row_start_piece_frames
 from worker.engine_process.synthesis import Synthesis
 from worker.interpreter import share_promptly
 from worker.model.loading import LoadedModel, load_model
@@ -126,7 +126,8 @@ class Synthesizer:
 
     def _capture_vocoder(self) -> None:
         started = time.perf_counter()
-        windows = self.vocoder.capture_windows()
+        first_pieces = row_start_piece_frames(self.frames_per_second, self.stream_context_frames)
+        windows = self.vocoder.capture_windows(first_pieces)
         if windows:
             logger.info(
                 "captured the vocoder's windows of %d (length, batch) buckets in %.2f s; %s",

@@ -17,7 +17,9 @@ size of the one before, up to a bound, so that a long text is decoded in few, la
 takes more context on its left where the row has it, so that its length is a multiple of the
 vocoder's window step: pieces then replay the vocoder's CUDA graphs with the rows' windows, where a
 piece of any other length runs op by op on the engine's thread (on an H200 with 256 streams, py-spy
-found that thread busier launching such pieces than launching the decode steps).
+found that thread busier launching such pieces than launching the decode steps). A segment's first
+pieces start at the row's start and cannot be aligned; their lengths are the same for every stream
+(:func:`row_start_piece_frames`), and the vocoder captures graphs for them too.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ class RequestStream:
         self.silences = silences  # before each segment, and after the last (see worker.results.joined)
         self.context_frames = context_frames
         self.first_chunk_frames = first_chunk_frames(frames_per_second, context_frames)
-        self.largest_chunk_frames = math.ceil(LARGEST_CHUNK_S * frames_per_second)
+        self.largest_chunk_frames = largest_chunk_frames(frames_per_second)
         self._cut_to = [0] * len(segments)  # per segment: the frames whose audio has been cut off
         self._cuts = [0] * len(segments)
         self._audio: list[list[np.ndarray]] = [[] for _ in segments]  # decoded pieces, in order
@@ -81,11 +83,11 @@ class RequestStream:
         pieces = []
         while True:
             keep_from = self._cut_to[index]
-            keep_to = keep_from + min(self.first_chunk_frames << self._cuts[index], self.largest_chunk_frames)
+            start, keep_to, stop = next_piece(
+                keep_from, self._cuts[index], self.first_chunk_frames, self.largest_chunk_frames, self.context_frames
+            )
             if keep_to > stable:
                 return pieces
-            stop = keep_to + self.context_frames
-            start = aligned_start(keep_from - self.context_frames, stop)
             pieces.append(
                 Piece(segment, hidden_states(start, stop), start, keep_from, keep_to, last=False, assess=False)
             )
@@ -135,6 +137,35 @@ def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:
     most = math.ceil(FIRST_CHUNK_S * frames_per_second)
     within_a_round = 1 + SYNC_EVERY * ((most + context_frames - 1) // SYNC_EVERY) - context_frames
     return within_a_round if within_a_round >= SHORTEST_FIRST_CHUNK_S * frames_per_second else most
+
+
+def largest_chunk_frames(frames_per_second: float) -> int:
+    return math.ceil(LARGEST_CHUNK_S * frames_per_second)
+
+
+def next_piece(cut_to: int, cuts: int, first_chunk: int, largest_chunk: int, context: int) -> tuple[int, int, int]:
+    """(start, keep_to, stop) of a segment's next piece once its first ``cut_to`` frames went out in ``cuts``
+    pieces: each kept chunk twice the one before, from ``first_chunk`` frames up to ``largest_chunk``, with
+    ``context`` frames on its right and at least as many on its left (see :func:`aligned_start`)."""
+    keep_to = cut_to + min(first_chunk << cuts, largest_chunk)
+    stop = keep_to + context
+    return aligned_start(cut_to - context, stop), keep_to, stop
+
+
+def row_start_piece_frames(frames_per_second: float, context_frames: int) -> list[int]:
+    """The lengths of a segment's pieces that start at its row's start and so cannot take more context to
+    reach a multiple of the window step (its first one or two): the same for every stream, so that the
+    vocoder captures graphs for them too, and a burst of streams' first pieces does not run op by op on
+    the thread that launches the decode steps."""
+    first, largest = first_chunk_frames(frames_per_second, context_frames), largest_chunk_frames(frames_per_second)
+    lengths, cut_to, cuts = [], 0, 0
+    while True:
+        start, keep_to, stop = next_piece(cut_to, cuts, first, largest, context_frames)
+        if start > 0:
+            return lengths
+        if stop % WINDOW_STEP_FRAMES:
+            lengths.append(stop)
+        cut_to, cuts = keep_to, cuts + 1
 
 
 def aligned_start(start: int, stop: int) -> int:

@@ -302,6 +302,8 @@ class Vocoder:
         self.graphs = (
             WindowGraphs(self.network, self.width, self.samples_per_frame, model.device) if use_graphs else None
         )
+        # The window lengths that replay graphs (captured on first use where capture_windows did not).
+        self.graph_lengths = set(range(WINDOW_STEP_FRAMES, self.max_window_frames + 1, WINDOW_STEP_FRAMES))
 
     @torch.inference_mode()
     def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
@@ -349,9 +351,11 @@ class Vocoder:
         return enough
 
     @torch.inference_mode()
-    def capture_windows(self) -> int:
-        """Capture now the graphs of every window size the plans take, in every batch (on CUDA), and
-        return how many the vocoder holds.
+    def capture_windows(self, rows: Iterable[int] = ()) -> int:
+        """Capture now the graphs of every window size the plans take, in every batch (on CUDA), and of the
+        windows of rows of the given lengths (a streamed segment's first pieces, which are not windowed
+        to the window step: worker.engine_process.streaming.row_start_piece_frames); return how many
+        graphs the vocoder holds.
 
         Captured when first met instead, each capture held the engine's thread and waited for the decode
         steps queued: 1.9 s of a streaming run when none was captured ahead, and 1.5 s of the host's
@@ -360,7 +364,8 @@ class Vocoder:
         """
         if self.graphs is None:
             return 0
-        for frames in range(WINDOW_STEP_FRAMES, self.max_window_frames + 1, WINDOW_STEP_FRAMES):
+        self.graph_lengths.update(window.stop - window.start for length in rows for window in self.plan(length))
+        for frames in sorted(self.graph_lengths):
             self.graphs.capture_every_bucket(frames, self.windows_per_batch(frames))
         return len(self.graphs)
 
@@ -398,10 +403,11 @@ class Vocoder:
         return LaunchedDecode(self.samples_per_frame, [len(plan) for plan in plans], batches, done)
 
     def _decode_windows(self, windows: torch.Tensor, most: int) -> torch.Tensor:
-        """(windows, width, frames) as (windows, samples): a planned window size replays its graph (on CUDA),
-        a short row decoded whole runs op by op."""
+        """(windows, width, frames) as (windows, samples): a length with graphs (every planned window size,
+        and a streamed segment's first pieces) replays its graph on CUDA; another short row decoded whole
+        runs op by op."""
         frames = windows.shape[-1]
-        if self.graphs is not None and frames % WINDOW_STEP_FRAMES == 0 and frames <= self.max_window_frames:
+        if self.graphs is not None and frames in self.graph_lengths:
             return self.graphs(windows, most)
         return self.network(windows.contiguous())
 

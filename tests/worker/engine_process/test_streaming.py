@@ -15,7 +15,7 @@ from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
-from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream, aligned_start
+from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream, aligned_start, row_start_piece_frames
 from worker.engine_process.voices import speaker_sample
 from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
@@ -242,6 +242,28 @@ def test_a_piece_starts_further_left_to_a_multiple_of_the_window_step_where_the_
     assert aligned_start(100 - step + 1, 100) == 100 - step
     assert aligned_start(100 - step - 1, 100) == 100 - 2 * step
     assert aligned_start(3, step + 5) == 0  # the row's start: too few frames to its left for two steps
+
+
+def test_the_pieces_from_a_rows_start_have_the_lengths_the_vocoder_is_told_to_capture():
+    # Full scale: a first piece of 10 frames and its 7 of context, then 20 more; the third takes more
+    # context on its left to a multiple of the window step.
+    assert row_start_piece_frames(46.875, 7) == [17, 37]
+    segment = segments_of(1)[0]
+    for frames_per_second, context in ((46.875, 7), (40.0, 5), (93.75, 20)):
+        stream = RequestStream(
+            [segment],
+            deliver=lambda *_: None,
+            silences=[0, 0],
+            frames_per_second=frames_per_second,
+            context_frames=context,
+        )
+        unaligned = [
+            piece.hiddens.shape[0]
+            for drawn in range(1, 2000, SYNC_EVERY)
+            for piece in stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1))
+            if piece.hiddens.shape[0] % WINDOW_STEP_FRAMES
+        ]
+        assert unaligned and unaligned == row_start_piece_frames(frames_per_second, context)
 
 
 def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_that_is_too_short():

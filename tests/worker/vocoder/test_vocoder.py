@@ -243,11 +243,14 @@ def test_on_a_gpu_every_window_size_is_captured_ahead_in_every_batch_and_met_lat
 
     model = load_model(replace(tiny_settings, device="cuda"))
     vocoder = Vocoder(model, 8)
-    sizes = range(WINDOW_STEP_FRAMES, vocoder.max_window_frames + 1, WINDOW_STEP_FRAMES)
+    # A streamed segment's first piece, decoded whole: a length of its own.
+    first_piece = WINDOW_STEP_FRAMES // 2 + 1
+    assert [window.stop - window.start for window in vocoder.plan(first_piece)] == [first_piece]
+    sizes = [*range(WINDOW_STEP_FRAMES, vocoder.max_window_frames + 1, WINDOW_STEP_FRAMES), first_piece]
     graphs = sum(len({batch_bucket(count, vocoder.windows_per_batch(size)) for count in range(1, 9)}) for size in sizes)
-    assert vocoder.capture_windows() == graphs
+    assert vocoder.capture_windows([first_piece]) == graphs
     for batch in (1, 5, 8):
-        for frames in (WINDOW_STEP_FRAMES, 5 * vocoder.max_window_frames):  # a short row whole, long rows windowed
+        for frames in (first_piece, WINDOW_STEP_FRAMES, 5 * vocoder.max_window_frames):  # rows whole and windowed
             rows = [random_hidden_states(model.chat, frames, seed).cuda() for seed in range(batch)]
             assert len(vocoder.decode(rows)) == batch
     assert len(vocoder.graphs) == graphs
