@@ -140,6 +140,7 @@ def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:
 
 
 def largest_chunk_frames(frames_per_second: float) -> int:
+    """The most frames one piece keeps: LARGEST_CHUNK_S of audio."""
     return math.ceil(LARGEST_CHUNK_S * frames_per_second)
 
 
