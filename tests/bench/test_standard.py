@@ -27,6 +27,9 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     [cpu] = [line for line in lines if line.startswith("farm (Redis + Celery): CPU a job")]
     celery_ms, encoders_ms, engine_ms = (float(figure) for figure in re.findall(r"([\d.]+) ms", cpu))
     assert celery_ms > 0 and engine_ms > 0 and encoders_ms >= 0  # the workload's wav needs no encoder
+    # The engine alone's process, for comparison with the farm's engine process.
+    [alone] = [line for line in lines if line.startswith("engine alone: CPU a job in its process")]
+    assert float(re.search(r"([\d.]+) ms", alone)[1]) > 0
 
     # The farm's latency split at the times its jobs' results tell: each part within the jobs' latency.
     [hops] = markdown_table(lines, "| farm run |")
