@@ -10,7 +10,10 @@ a little more than the untimed wall), then times the decode step alone at 1, 64 
 untimed pass also keeps a timeline of host timestamps (no synchronisation): how long ``add`` took, and
 the wall its synthesizer steps took by how many segments were running when each began (0: the first
 step, which admits the first segments, and the steps after the last segment, with only the
-vocoder's and the finishing's work left).
+vocoder's and the finishing's work left), with their decode steps and how long the engine's thread
+waited in them for the device (reading the steps' snapshots; collecting the vocoder's audio, its
+handling on the host included): a row whose steps cost more than their decode steps should, with
+little of it waiting, is the host's.
 
 ``--profile-run`` adds, after the untimed pass, two more whole workloads: the first (on CUDA) in
 torch's synchronisation debug mode (every place the host waited for the device without asking to,
@@ -138,23 +141,41 @@ def running_label(index: int) -> str:
 
 
 def timeline(synthesizer: Synthesizer) -> PhaseTimer:
-    """An unsynchronised timer of the synthesizer's ``add`` and its steps by the segments running."""
+    """An unsynchronised timer of the synthesizer's ``add`` and its steps by the segments running when each
+    began; within each row, its decode steps (launches) and the engine thread's two waits for the device:
+    reading a step's snapshot (the decode steps') and collecting the vocoder's audio (with its handling
+    on the host, and, with the engine out of work, the wait for the oldest launch)."""
+    row = "0"
 
-    def running() -> str:
-        return running_label(next(i for i, bound in enumerate(TIMELINE_BOUNDS) if synthesizer.engine.running <= bound))
+    def step_began() -> str:
+        nonlocal row
+        running = synthesizer.engine.running
+        row = running_label(next(i for i, bound in enumerate(TIMELINE_BOUNDS) if running <= bound))
+        return row
 
     timer = PhaseTimer(synthesizer.model.device, synchronised=False)
     timer.time(synthesizer, "add", "add")
-    timer.time(synthesizer, "step", running)
+    timer.time(synthesizer, "step", step_began)
+    timer.time(synthesizer.engine, "_decode_step", lambda: f"{row} decode")
+    timer.time(synthesizer.engine.runner, "read_snapshot", lambda: f"{row} snapshot")
+    timer.time(synthesizer.decoder, "collect", lambda: f"{row} audio")
     return timer
 
 
 def print_timeline(timer: PhaseTimer) -> None:
     print(f"  timeline: add {timer.seconds['add']:.2f} s; synthesizer steps by segments running when they began:")
-    print("  | running | steps | wall s |\n  |---|---:|---:|")
+    print(
+        "  | running | steps | wall s | decode steps | wall ms a decode step | reading snapshots s "
+        "| collecting audio s |\n  |---|---:|---:|---:|---:|---:|---:|"
+    )
     for name in map(running_label, range(len(TIMELINE_BOUNDS))):
         if timer.calls[name]:
-            print(f"  | {name} | {timer.calls[name]} | {timer.seconds[name]:.2f} |")
+            decode_steps = timer.calls[f"{name} decode"]
+            per_step = f"{1000 * timer.seconds[name] / decode_steps:.2f}" if decode_steps else "-"
+            print(
+                f"  | {name} | {timer.calls[name]} | {timer.seconds[name]:.2f} | {decode_steps} | {per_step} "
+                f"| {timer.seconds[f'{name} snapshot']:.3f} | {timer.seconds[f'{name} audio']:.3f} |"
+            )
 
 
 def audio_per_wall(

@@ -4,6 +4,7 @@ the untimed pass's timeline accounts for its steps, and profiles of the host (a 
 import re
 
 from tests.support import run_bench
+from worker.engine.engine import SYNC_EVERY
 
 
 def table_after(lines: list[str], header: str) -> dict[str, list[str]]:
@@ -42,6 +43,10 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     # The timeline: the first step admits (0 running), the rest ran 1-64 segments.
     timeline = table_after(lines, "| running |")
     assert "0" in timeline and int(timeline["1-64"][0]) > 0 and float(timeline["1-64"][1]) > 0
+    # Its decode steps (up to SYNC_EVERY a synthesizer step), and the waits within its wall.
+    steps, wall, decode_steps, _, snapshots, audio = timeline["1-64"]
+    assert 0 < int(decode_steps) <= SYNC_EVERY * int(steps)
+    assert float(snapshots) + float(audio) <= float(wall)
     assert output.count("the host over 2 steps (cProfile, by own time)") == 2
     # A whole workload's host profile, the synthesizer's steps in it (the sync count is CUDA's alone).
     assert output.count("the host over a whole workload (cProfile, by time with callees)") == 2
