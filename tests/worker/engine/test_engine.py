@@ -8,6 +8,8 @@ its batch mates, its slot and the step at which it joined.
 
 import dataclasses
 import inspect
+import itertools
+import math
 
 import pytest
 import torch
@@ -257,6 +259,40 @@ def test_a_steps_prompts_go_to_prefill_passes_shortest_first_so_each_pads_to_pro
     while engine.has_work:
         engine.step()
     assert_same_outputs([segment.output for segment in segments], expected)
+
+
+@pytest.mark.parametrize("pass_cost", [0, None], ids=["passes-free", "default-pass-cost"])
+def test_a_steps_long_prompts_get_a_pass_of_their_own_when_that_saves_more_than_a_pass_costs(
+    synthesizer, mixed_segments, monkeypatch, pass_cost
+):
+    from worker.engine import engine as engine_module
+
+    if pass_cost is not None:
+        monkeypatch.setattr(engine_module, "PREFILL_PASS_COST_TOKENS", pass_cost)
+    segments = mixed_segments()
+    # Two of the eight prompts three times as long: with them, one pass pads all eight to their bucket.
+    long_text = TEXTS[1] * 3
+    segments += [
+        dataclasses.replace(segment, text=long_text, owner=6 + row) for row, segment in enumerate(segments[:2])
+    ]
+    engine = Engine(synthesizer.model, slots=8, max_admissions=8, max_prompt_tokens=128, max_new_tokens=160)
+    passes = engine._prefill_passes(segments)
+    length = {id(segment): len(segment.prompt_ids) for segment in segments}
+
+    def padded(prefill_pass):
+        return math.prod(engine.runner.prefill_bucket(len(prefill_pass), max(length[id(s)] for s in prefill_pass)))
+
+    buckets = [engine.runner.prefill_bucket(1, length[id(segment)])[1] for segment in segments]
+    assert len(set(buckets)) > 1  # the long prompts are in a longer bucket than the others
+    assert sorted(map(id, itertools.chain(*passes))) == sorted(map(id, segments))
+    one_pass = padded(segments)
+    if pass_cost == 0:
+        # Each pass holds prompts of one length bucket and the passes run fewer tokens than one would.
+        assert all(len({buckets[segments.index(s)] for s in prefill_pass}) == 1 for prefill_pass in passes)
+        assert len(passes) > 1 and sum(map(padded, passes)) < one_pass
+    else:
+        # At this scale the padding saved is far less than a pass's cost: one pass, shortest first.
+        assert len(passes) == 1 and [length[id(s)] for s in passes[0]] == sorted(length.values())
 
 
 def test_prompts_past_the_prefill_budget_run_a_few_to_a_pass_and_draw_what_they_would_alone(
