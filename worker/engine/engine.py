@@ -206,8 +206,8 @@ class Engine:
         most ``max_admissions`` of them, within the runner's prefill budget.
 
         A pass runs its bucket of (rows, length), every prompt padded to the longest's length bucket. The
-        standard workload's 1,536 prompts (252k tokens) ran 393k padded in passes of 512 in order of
-        arrival; cut here (a row bucket's worth at a time, so no new pass shape), the same steps run 319k
+        standard workload's 1,536 prompts (252k tokens), admitted 512 a step, ran 393k padded in one pass a
+        step; cut here (a row bucket's worth at a time, so no new pass shape), the same steps run 319k
         in 9 passes (counted on the CPU with synthetic-tiny's tokenizer). Every one of a step's passes runs
         before its decode steps, so their number and order delay none of them beyond the passes' own time.
         """
