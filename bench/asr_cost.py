@@ -25,8 +25,10 @@ once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
 Prints one Markdown table: the engine's audio-s/s with each choice and its ratio to the first
 choice's, and what the listener did in the timed run: the segments it heard (one a job: none is
-generated again), its batches, segments a batch, ms a batch, segments/s while busy, and the share of
-the wall it was busy.
+generated again), its batches, segments a batch, ms a batch, segments/s while busy, the share of
+the wall it was busy, and how much of the wall came after the engine and the vocoder had finished
+(the gate's tail, where it holds up the last requests; the rest of its cost is what it took from the
+engine beside it).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import argparse
 import dataclasses
 import logging
 import platform
+import time
 
 from worker.cuda import configure_allocator
 
@@ -63,6 +66,7 @@ class Run:
     audio_per_wall: float
     wall_s: float
     heard: ListenerFigures | None  # what the listener did in the timed run; None with the gate off
+    past_engine_s: float  # the wall after the engine and the vocoder had nothing left: the listener's tail
 
 
 def asr_choices(text: str) -> list[str]:
@@ -92,22 +96,56 @@ def run(
     synthesize_timed(synthesizer, standard_requests(min(jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds))
     before = dataclasses.replace(listener.figures) if listener else None
     progress(f"ASR {label}: the workload")
-    result = run_engine(synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
+    tail = EngineTail(synthesizer)
+    try:
+        result = run_engine(synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
+    finally:
+        tail.remove()
     heard = None
     if listener is not None:
         after = listener.figures
         heard = ListenerFigures(
             after.batches - before.batches, after.attempts - before.attempts, after.busy_s - before.busy_s
         )
-    return Run(label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard)
+    return Run(label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard, tail.seconds)
+
+
+class EngineTail:
+    """Watches a synthesizer's steps: how long its last ones ran after the engine and the vocoder had
+    nothing left (only verdicts of the ASR gate to wait for): what the gate added at the workload's end,
+    as opposed to what it took from the engine beside it."""
+
+    def __init__(self, synthesizer: Synthesizer):
+        self.synthesizer = synthesizer
+        self._engine_done_at: float | None = None
+        self._last_step_end = 0.0
+        step = synthesizer.step
+
+        def watched():
+            finished = step()
+            self._last_step_end = time.perf_counter()
+            if synthesizer.engine.has_work or synthesizer.decoder.pending:
+                self._engine_done_at = None
+            elif self._engine_done_at is None:
+                self._engine_done_at = self._last_step_end
+            return finished
+
+        synthesizer.step = watched
+
+    @property
+    def seconds(self) -> float:
+        return self._last_step_end - self._engine_done_at if self._engine_done_at is not None else 0.0
+
+    def remove(self) -> None:
+        del self.synthesizer.step
 
 
 def print_table(runs: list[Run]) -> None:
     print(
         f"| ASR | jobs | done | wall s | audio-s/s | vs {runs[0].asr} | segments heard | listener batches "
-        "| segments a batch | ms a batch | listener segments/s | listener busy |"
+        "| segments a batch | ms a batch | listener segments/s | listener busy | past the engine s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         heard = r.heard
         batches = heard.batches if heard else 0
@@ -124,6 +162,7 @@ def print_table(runs: list[Run]) -> None:
             cell(1000 * heard.busy_s / batches if batches else None, 1),
             cell(heard.attempts / heard.busy_s if heard and heard.busy_s else None, 1),
             cell(heard.busy_s / r.wall_s if heard else None, 3),
+            cell(r.past_engine_s, 2),
         )
         print("| " + " | ".join(str(c) for c in cells) + " |")
 

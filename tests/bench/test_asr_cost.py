@@ -31,3 +31,7 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     for whisper in (one_by_one, together):
         assert float(whisper["ms a batch"]) > 0 and float(whisper["listener segments/s"]) > 0
         assert 0 < float(whisper["listener busy"]) <= 1
+        # What came after the engine's last step is part of the wall (the last verdict may come within that
+        # step's wait for it); with the gate off nothing waits past the engine.
+        assert 0 <= float(whisper["past the engine s"]) < float(whisper["wall s"])
+    assert off["past the engine s"] == "0.00"
