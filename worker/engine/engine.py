@@ -14,6 +14,7 @@ blocks for the next.
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -214,6 +215,14 @@ class Engine:
         ordered = sorted(admitted, key=lambda segment: len(encode_prompt(self.model, segment)))
         lengths = [len(encode_prompt(self.model, segment)) for segment in ordered]
         runner = self.runner
+
+        @functools.cache
+        def pass_cost(rows: int, longest: int) -> float:
+            """A pass's padded tokens and its own cost; infinite past the budget (but for a prompt alone)."""
+            if rows > 1 and not runner.prefill_fits(rows, longest):
+                return math.inf
+            return math.prod(runner.prefill_bucket(rows, longest)) + PREFILL_PASS_COST_TOKENS
+
         # fewest[stop]: the least cost of the first ``stop`` prompts, in passes; first_of[stop]: where the
         # last of those passes starts.
         fewest = [0] + [math.inf] * len(ordered)
@@ -221,12 +230,11 @@ class Engine:
         for stop in range(1, len(ordered) + 1):
             for rows in runner.prefill_row_buckets:
                 first = max(0, stop - rows)
-                if rows > 1 and not runner.prefill_fits(stop - first, lengths[stop - 1]):
-                    break  # more rows take more tokens still; a prompt over the budget goes alone
-                cost = fewest[first] + math.prod(runner.prefill_bucket(stop - first, lengths[stop - 1]))
-                cost += PREFILL_PASS_COST_TOKENS
-                if cost < fewest[stop]:
-                    fewest[stop], first_of[stop] = cost, first
+                cost = pass_cost(stop - first, lengths[stop - 1])
+                if cost == math.inf:
+                    break  # more rows take more tokens still
+                if fewest[first] + cost < fewest[stop]:
+                    fewest[stop], first_of[stop] = fewest[first] + cost, first
                 if first == 0:
                     break
         passes, stop = [], len(ordered)
