@@ -295,6 +295,26 @@ def test_on_a_gpu_a_windows_audio_does_not_depend_on_how_many_windows_share_its_
             assert (together - alone[:batch]).abs().max() <= 1e-3 * alone.abs().max()
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned host memory needs a GPU")
+def test_on_a_gpu_each_row_lands_whole_in_pinned_host_memory_of_its_own(tiny_settings):
+    """The windows' kept audio is copied to its row's place on the host by the stream, so the engine's thread
+    neither waits for it nor joins windows; a row holds no other row's memory (a request may keep it long)."""
+    from dataclasses import replace
+
+    from worker.model.loading import load_model
+
+    model = load_model(replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
+    graphed, eager = Vocoder(model, 8), Vocoder(model, 8, graphs=False)
+    rows = [random_hidden_states(model.chat, frames, frames).cuda() for frames in (64, 700, 0, 96)]
+    launched = graphed.launch(rows)
+    decoded = launched.result()
+    assert [row.is_pinned() for row in launched.rows] == [True, True, False, True]  # the empty row holds nothing
+    assert [row.numel() for row in launched.rows] == [samples.size for samples in decoded]
+    assert len({row.data_ptr() for row in launched.rows if row.numel()}) == 3
+    for samples, reference in zip(decoded, eager.decode(rows), strict=True):
+        np.testing.assert_allclose(samples, reference, rtol=0, atol=1e-4)
+
+
 def test_off_a_gpu_no_window_is_captured(vocoder):
     assert vocoder.capture_windows() == 0
 
