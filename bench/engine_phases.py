@@ -12,13 +12,17 @@ the wall its synthesizer steps took by how many segments were running when each 
 step, which admits the first segments, and the steps after the last segment, with only the
 vocoder's and the finishing's work left), with their decode steps and how long the engine's thread
 waited in them for the device (reading the steps' snapshots; collecting the vocoder's audio, its
-handling on the host included): a row whose steps cost more than their decode steps should, with
-little of it waiting, is the host's.
+handling on the host included), the host's time in two of its own tasks (launching the prefill
+passes; handing finished rows to the vocoder, which launches their decoding) and the garbage
+collector's pauses: a row whose steps cost more than their decode steps should, with little of it
+waiting, is the host's.
 
 ``--profile-run`` adds, after the untimed pass, two more whole workloads: the first (on CUDA) in
 torch's synchronisation debug mode (every place the host waited for the device without asking to,
-by count: the host waiting so lets the GPU run dry behind it); the second under ``cProfile`` (the
-host's functions over a whole workload, ramp and tail included).
+by count: the host waiting so lets the GPU run dry behind it); the second under ``cProfile`` from
+the first step that begins with fewer segments running than a step before it: the host's functions
+over the workload's tail, where fewer rows leave the GPU less to do beside the host's work for each
+segment that ends.
 
 ``--profile-steps N`` adds, between the two passes, a look at N synthesizer steps in the middle of
 another workload (after 20 steps, with the slots taken): on CUDA the GPU's kernels under
@@ -81,6 +85,7 @@ class PhaseTimer:
         self.seconds: collections.Counter[str] = collections.Counter()
         self.calls: collections.Counter[str] = collections.Counter()
         self._wrapped: list[tuple[object, str]] = []
+        self._collector_callbacks: list[Callable] = []
 
     def time(self, owner: object, method: str, phase: str | Callable[[], str]) -> None:
         real = getattr(owner, method)
@@ -101,8 +106,29 @@ class PhaseTimer:
         setattr(owner, method, timed)
         self._wrapped.append((owner, method, real))
 
+    def time_collections(self, phase: Callable[[], str]) -> None:
+        """Add the garbage collector's pauses to the phase ``phase()`` names as each ends (as "<phase> gc"),
+        counting the full ones (generation 2) as calls."""
+        started = 0.0
+
+        def note(event: str, info: dict) -> None:
+            nonlocal started
+            if event == "start":
+                started = time.perf_counter()
+                return
+            name = f"{phase()} gc"
+            self.seconds[name] += time.perf_counter() - started
+            self.calls[name] += info["generation"] == 2
+
+        gc.callbacks.append(note)
+        self._collector_callbacks.append(note)
+
     def remove(self) -> None:
-        """Unwrap every method this timer wrapped (an object's own method falls back to its class's)."""
+        """Unwrap every method this timer wrapped (an object's own method falls back to its class's) and
+        stop timing the garbage collector."""
+        for note in self._collector_callbacks:
+            gc.callbacks.remove(note)
+        self._collector_callbacks.clear()
         for owner, method, real in self._wrapped:
             if isinstance(owner, types.ModuleType):
                 setattr(owner, method, real)
@@ -142,9 +168,11 @@ def running_label(index: int) -> str:
 
 def timeline(synthesizer: Synthesizer) -> PhaseTimer:
     """An unsynchronised timer of the synthesizer's ``add`` and its steps by the segments running when each
-    began; within each row, its decode steps (launches) and the engine thread's two waits for the device:
+    began; within each row, its decode steps (launches), the engine thread's two waits for the device:
     reading a step's snapshot (the decode steps') and collecting the vocoder's audio (with its handling
-    on the host, and, with the engine out of work, the wait for the oldest launch)."""
+    on the host, and, with the engine out of work, the wait for the oldest launch), two of the host's
+    tasks: the prefill passes' launches and the vocoder's (handing it finished rows), and the garbage
+    collector's pauses."""
     row = "0"
 
     def step_began() -> str:
@@ -159,6 +187,9 @@ def timeline(synthesizer: Synthesizer) -> PhaseTimer:
     timer.time(synthesizer.engine, "_decode_step", lambda: f"{row} decode")
     timer.time(synthesizer.engine.runner, "read_snapshot", lambda: f"{row} snapshot")
     timer.time(synthesizer.decoder, "collect", lambda: f"{row} audio")
+    timer.time(synthesizer.engine, "_prefill", lambda: f"{row} prefill")
+    timer.time(synthesizer.decoder, "submit", lambda: f"{row} submit")
+    timer.time_collections(lambda: row)
     return timer
 
 
@@ -166,7 +197,8 @@ def print_timeline(timer: PhaseTimer) -> None:
     print(f"  timeline: add {timer.seconds['add']:.2f} s; synthesizer steps by segments running when they began:")
     print(
         "  | running | steps | wall s | decode steps | wall ms a decode step | reading snapshots s "
-        "| collecting audio s |\n  |---|---:|---:|---:|---:|---:|---:|"
+        "| collecting audio s | prefill launches s | vocoder launches s | collecting garbage s (full passes) |\n"
+        "  |---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     for name in map(running_label, range(len(TIMELINE_BOUNDS))):
         if timer.calls[name]:
@@ -174,7 +206,9 @@ def print_timeline(timer: PhaseTimer) -> None:
             per_step = f"{1000 * timer.seconds[name] / decode_steps:.2f}" if decode_steps else "-"
             print(
                 f"  | {name} | {timer.calls[name]} | {timer.seconds[name]:.2f} | {decode_steps} | {per_step} "
-                f"| {timer.seconds[f'{name} snapshot']:.3f} | {timer.seconds[f'{name} audio']:.3f} |"
+                f"| {timer.seconds[f'{name} snapshot']:.3f} | {timer.seconds[f'{name} audio']:.3f} "
+                f"| {timer.seconds[f'{name} prefill']:.3f} | {timer.seconds[f'{name} submit']:.3f} "
+                f"| {timer.seconds[f'{name} gc']:.3f} ({timer.calls[f'{name} gc']}) |"
             )
 
 
@@ -278,12 +312,26 @@ def profile_run(synthesizer: Synthesizer, jobs: int, seconds: tuple[float, float
         for frames, count in places.most_common(15):
             print(f"  | {count} | " + " < ".join(f"{name}:{line} {function}" for name, line, function in frames) + " |")
     host = cProfile.Profile()
-    host.enable()
-    synthesizer.synthesize(standard_requests(jobs, seed=5, seconds=seconds))
-    host.disable()
+    real_step, most_running, profiling = synthesizer.step, 0, False
+
+    def step():
+        nonlocal most_running, profiling
+        running = synthesizer.engine.running
+        if not profiling and running < most_running:
+            host.enable()
+            profiling = True
+        most_running = max(most_running, running)
+        return real_step()
+
+    synthesizer.step = step
+    try:
+        synthesizer.synthesize(standard_requests(jobs, seed=5, seconds=seconds))
+    finally:
+        host.disable()
+        del synthesizer.step
     for order, meaning in (("cumulative", "time with callees"), ("tottime", "own time")):
-        print(f"  the host over a whole workload (cProfile, by {meaning}):", flush=True)
-        pstats.Stats(host).sort_stats(order).print_stats(40 if order == "cumulative" else 20)
+        print(f"  the host over the workload's tail (cProfile, by {meaning}):", flush=True)
+        pstats.Stats(host).sort_stats(order).print_stats(40 if order == "cumulative" else 25)
 
 
 def _is_ours(filename: str) -> bool:

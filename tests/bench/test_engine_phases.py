@@ -1,5 +1,5 @@
 """bench/engine_phases.py in a tiny form: every phase of the synthesizer is timed, the decode step alone too,
-the untimed pass's timeline accounts for its steps, and profiles of the host (a few steps, a whole workload) run."""
+the untimed pass's timeline accounts for its steps, and profiles of the host (a few steps, a workload's tail) run."""
 
 import re
 
@@ -43,11 +43,14 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     # The timeline: the first step admits (0 running), the rest ran 1-64 segments.
     timeline = table_after(lines, "| running |")
     assert "0" in timeline and int(timeline["1-64"][0]) > 0 and float(timeline["1-64"][1]) > 0
-    # Its decode steps (up to SYNC_EVERY a synthesizer step), and the waits within its wall.
-    steps, wall, decode_steps, _, snapshots, audio = timeline["1-64"]
+    # Its decode steps (up to SYNC_EVERY a synthesizer step); the waits and the host's launches within its
+    # wall: the first step's prefill, the vocoder's rows as segments end (on the CPU, decoded there and then).
+    steps, wall, decode_steps, _, snapshots, audio, prefills, vocoder, collections = timeline["1-64"]
     assert 0 < int(decode_steps) <= SYNC_EVERY * int(steps)
-    assert float(snapshots) + float(audio) <= float(wall)
+    assert float(snapshots) + float(audio) + float(prefills) + float(vocoder) <= float(wall)
+    assert float(vocoder) > 0 and float(timeline["0"][6]) > 0
+    assert re.fullmatch(r"\d+\.\d{3} \(\d+\)", collections)  # the collector's pauses (its full passes)
     assert output.count("the host over 2 steps (cProfile, by own time)") == 2
-    # A whole workload's host profile, the synthesizer's steps in it (the sync count is CUDA's alone).
-    assert output.count("the host over a whole workload (cProfile, by time with callees)") == 2
-    assert "pipeline.py" in output.split("the host over a whole workload")[1]
+    # The host's profile of a workload's tail, the synthesizer's steps in it (the sync count is CUDA's alone).
+    assert output.count("the host over the workload's tail (cProfile, by time with callees)") == 2
+    assert "pipeline.py" in output.split("the host over the workload's tail")[1]
