@@ -1,7 +1,7 @@
 """What a finished request gives back: its audio and its description, on either side of the engine process.
 
 Torch-free: the engine process builds a :class:`SynthesisResult`, sends it over the channel as a plain
-message (:meth:`SynthesisResult.as_message`: the samples as float32 bytes), and the worker's Celery
+message (:meth:`SynthesisResult.as_message`: the samples' float32 bytes), and the worker's Celery
 side rebuilds it (:meth:`SynthesisResult.from_message`) and has its audio joined and encoded, off the
 engine's interpreter: in a pool of encoder processes for the formats that cost CPU (mp3 and Ogg Opus
 take tens of milliseconds a job, which one interpreter's lock would serialise).
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from worker import audio
+from worker.channel import float32_bytes
 
 # Travel beside the summary, not in it.
 _UNSAID = frozenset({"pieces", "silences"})
@@ -105,10 +106,10 @@ class SynthesisResult:
         return {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self) if f.name not in _UNSAID}
 
     def as_message(self) -> dict:
-        """The result as plain values for the channel (see worker.channel)."""
+        """The result as plain values for the channel, its samples as blobs (see worker.channel)."""
         return {
             "summary": self.summary(),
-            "pieces": [np.ascontiguousarray(piece, dtype=np.float32).tobytes() for piece in self.pieces],
+            "pieces": [float32_bytes(piece) for piece in self.pieces],
             "silences": self.silences,
         }
 

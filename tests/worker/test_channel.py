@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from chattts_farm.contract import EngineLost, InvalidRequest, SynthesisFailed
-from worker.channel import Channel, error_fields, error_from
+from worker.channel import Channel, error_fields, error_from, float32_bytes
 
 
 @pytest.fixture
@@ -32,10 +32,37 @@ def test_a_message_arrives_whole_with_its_bytes_and_numbers(ends):
     }
 
 
+def test_samples_travel_as_float32_bytes_in_frames_of_their_own_read_where_they_lie(ends):
+    ours, theirs = ends
+    samples = np.linspace(-1, 1, 24_000, dtype=np.float32)
+    other = np.linspace(-1, 1, 5, dtype=np.float64)[::2]  # another dtype, not in one block: converted
+    held = float32_bytes(samples)
+    assert np.shares_memory(np.frombuffer(held.data, dtype=np.float32), samples)  # no copy before the socket
+    ours.send(
+        "finished",
+        result={"pieces": [held, float32_bytes(other)], "summary": {"duration_s": 1.0}},
+        empty=float32_bytes(np.zeros(0, dtype=np.float32)),
+        level=np.float32(0.5),
+    )
+    ours.send("status", n=1)
+    assert theirs.receive() == {
+        "kind": "finished",
+        "result": {"pieces": [samples.tobytes(), other.astype(np.float32).tobytes()], "summary": {"duration_s": 1.0}},
+        "empty": b"",
+        "level": 0.5,
+    }
+    assert theirs.receive() == {"kind": "status", "n": 1}
+
+
 def test_messages_from_many_threads_arrive_whole_and_in_each_threads_order(ends):
     ours, theirs = ends
     senders = [
-        threading.Thread(target=lambda name=name: [ours.send("status", sender=name, n=n) for n in range(200)])
+        threading.Thread(
+            target=lambda name=name: [
+                ours.send("audio", sender=name, n=n, pcm=float32_bytes(np.full(n * 100, name, dtype=np.float32)))
+                for n in range(200)
+            ]
+        )
         for name in range(4)
     ]
     for sender in senders:
@@ -45,6 +72,9 @@ def test_messages_from_many_threads_arrive_whole_and_in_each_threads_order(ends)
         sender.join()
     for name in range(4):
         assert [message["n"] for message in received if message["sender"] == name] == list(range(200))
+    # Each message's frames follow it, whatever the other threads send meanwhile.
+    for message in received:
+        assert message["pcm"] == np.full(message["n"] * 100, message["sender"], dtype=np.float32).tobytes()
 
 
 def test_a_value_that_is_no_plain_value_is_refused_at_the_sender(ends):

@@ -4,10 +4,10 @@ import dataclasses
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 
-import msgpack
 import numpy as np
 
 from worker.audio import SAMPLE_RATE, decode
+from worker.channel import Channel
 from worker.results import SynthesisResult, timeline
 
 
@@ -36,8 +36,14 @@ def a_result() -> SynthesisResult:
 
 def test_a_result_sent_as_a_message_is_rebuilt_with_the_same_samples_and_summary():
     sent = a_result()
-    wire = msgpack.packb(sent.as_message(), use_bin_type=True)
-    rebuilt = SynthesisResult.from_message(msgpack.unpackb(wire, raw=False))
+    ours, theirs_socket = Channel.pair()
+    theirs = Channel.from_fd(theirs_socket.detach())
+    try:
+        ours.send("finished", result=sent.as_message())
+        rebuilt = SynthesisResult.from_message(theirs.receive()["result"])
+    finally:
+        ours.close()
+        theirs.close()
     assert rebuilt.summary() == sent.summary()
     assert np.array_equal(rebuilt.samples, sent.samples)
 

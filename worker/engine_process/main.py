@@ -30,7 +30,7 @@ import setproctitle
 
 from chattts_farm.contract import FarmError, SynthesisRequest, parse_voice
 from chattts_farm.settings import Settings
-from worker.channel import Channel, error_fields, listen
+from worker.channel import Channel, error_fields, float32_bytes, listen
 from worker.engine_process.batcher import Batcher, JobHandle
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
 
@@ -143,8 +143,7 @@ class EngineServer:
             self._send(channel, "answer", ask=ask, error=error_fields(error))
 
     def _send_audio(self, channel: Channel, job: str, segment: int, samples: np.ndarray) -> None:
-        pcm = np.ascontiguousarray(samples, dtype=np.float32).tobytes()
-        self._send(channel, "audio", job=job, segment=segment, pcm=pcm)
+        self._send(channel, "audio", job=job, segment=segment, pcm=float32_bytes(samples))
 
     def _finished(self, channel: Channel, handle: JobHandle) -> None:
         job = handle.request.request_id
