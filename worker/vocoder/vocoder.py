@@ -409,6 +409,7 @@ class Vocoder:
         per_frame = self.samples_per_frame
         for frames, windows in by_length.items():
             most = self.windows_per_batch(frames)
+            spans: list[tuple[int, int]] = []  # each window's (first kept sample, kept samples), as windows
             filled: dict[int, int] = {}  # row -> samples placed so far
             for first in range(0, len(windows), most):
                 batch = windows[first : first + most]
@@ -418,13 +419,14 @@ class Vocoder:
                     # A row's windows are all one size, so its length follows from the first batch's audio:
                     # the ISTFT may give a window fewer samples than its frames' share (ChatTTS's centred
                     # one gives a hop fewer), and the row's last window keeps only what it has.
+                    spans = [_kept_samples(window, per_frame, audio.shape[1]) for _, window in windows]
                     kept = collections.Counter()
-                    for row, window in windows:
-                        kept[row] += _kept_samples(window, per_frame, audio.shape[1])[1]
+                    for (row, _), (_, count) in zip(windows, spans, strict=True):
+                        kept[row] += count
                     for row, samples in kept.items():
                         rows[row] = _host_samples(samples, self.device)
-                for index, (row, window) in enumerate(batch):
-                    keep_from, count = _kept_samples(window, per_frame, audio.shape[1])
+                for index, (row, _) in enumerate(batch):
+                    keep_from, count = spans[first + index]
                     place = filled.get(row, 0)
                     rows[row][place : place + count].copy_(
                         audio[index, keep_from : keep_from + count], non_blocking=True
