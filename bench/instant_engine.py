@@ -21,7 +21,7 @@ from chattts_farm.contract import MIME_TYPES, SynthesisRequest
 from chattts_farm.settings import Settings
 from chattts_farm.speech_length import TOKENS_PER_SECOND, expected_tokens
 from worker.audio import SAMPLE_RATE
-from worker.channel import Channel, listen
+from worker.channel import Channel, float32_bytes, listen
 from worker.results import SynthesisResult, timeline
 
 CHUNK_S = 0.5
@@ -71,7 +71,7 @@ def serve(channel: Channel) -> None:
         if message["stream"]:
             samples = result.pieces[0]
             for start in range(message["sent_samples"], samples.size, chunk):
-                channel.send("audio", job=job, segment=0, pcm=samples[start : start + chunk].tobytes())
+                channel.send("audio", job=job, segment=0, pcm=float32_bytes(samples[start : start + chunk]))
         channel.send("finished", job=job, started_at=now, started_wall=wall, result=result.as_message())
 
 
