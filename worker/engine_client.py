@@ -84,10 +84,13 @@ class Job:
 
 
 class EngineClient:
-    def __init__(self, settings: Settings, name: str, *, is_revoked: Callable[[str], bool]):
+    def __init__(
+        self, settings: Settings, name: str, *, is_revoked: Callable[[str], bool], log_level: int = logging.INFO
+    ):
         self.settings = settings
         self.name = name  # gpu0, cpu1: the engine process is ``chattts-farm engine <name>``
         self.is_revoked = is_revoked
+        self.log_level = log_level  # the engine process's, each time it is started
         self.model_info: dict = {}
         self.engine_pid: int | None = None
         self.restarts = 0  # engine processes started after the first
@@ -169,7 +172,7 @@ class EngineClient:
             self.settings.engine_module,
             str(theirs.fileno()),
             self.name,
-            str(logging.getLogger("worker").getEffectiveLevel()),
+            str(self.log_level),
         ]
         # A session of its own: a terminal's Ctrl-C (SIGINT to the foreground group) reaches the worker,
         # which shuts down warm; the engine ends when the worker's end of the channel closes.

@@ -151,12 +151,12 @@ class WorkerRuntime:
 _runtime: WorkerRuntime | None = None
 
 
-def start(settings: Settings, hostname: str, is_revoked, celery_app) -> WorkerRuntime:
-    """Start the engine process (it loads and warms up the model); once per process."""
+def start(settings: Settings, hostname: str, is_revoked, celery_app, log_level: int = logging.INFO) -> WorkerRuntime:
+    """Start the engine process (it loads and warms up the model, logging at ``log_level``); once per process."""
     global _runtime
     client = redis_client(settings)
     _warn_unless_noeviction(client)
-    engine = EngineClient(settings, queue_of_worker(hostname), is_revoked=is_revoked)
+    engine = EngineClient(settings, queue_of_worker(hostname), is_revoked=is_revoked, log_level=log_level)
     engine.start()
     publisher = StreamPublisher(client, ttl_s=settings.stream_ttl_s, max_entries=settings.stream_max_entries)
     store = audio_store.from_settings(settings, client)

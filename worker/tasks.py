@@ -54,7 +54,15 @@ def _start_runtime(sender, **_) -> None:
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
     share_promptly()
-    runtime.start(settings, sender.hostname, is_revoked=lambda job_id: job_id in worker_state.revoked, celery_app=app)
+    # Celery sets its logging up after this signal, so the level the engine process logs at is the worker's
+    # own, not what the logging module holds at this point (WARNING: the engine's start went unlogged).
+    runtime.start(
+        settings,
+        sender.hostname,
+        is_revoked=lambda job_id: job_id in worker_state.revoked,
+        celery_app=app,
+        log_level=sender.loglevel,
+    )
     threading.Thread(target=_report_progress, name="progress-reporter", daemon=True).start()
 
 

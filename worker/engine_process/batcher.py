@@ -170,7 +170,9 @@ class Batcher:
         for handle in live:
             if handle.started_at is None:
                 handle.started_at, handle.started_wall = now, wall
-        logger.info("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
+        # Every job is in the Celery process's log already; here, on the engine's thread, only on request.
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
         added = self._call(
             lambda: self.synthesizer.add([handle.request for handle in live], [handle.deliver for handle in live]),
             arriving=live,
