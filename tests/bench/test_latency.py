@@ -20,6 +20,13 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         assert row["failed"] == "0"
         assert 0 < float(row["first chunk p50 ms"]) <= float(row["p95 ms"]) <= float(row["p99 ms"])
     assert all(float(row["audio-s/s"]) > 0 for row in rows)
+    # Each streamed level's throughput is also given as a share of the farm's, not streamed.
+    plain = float(rows[-1]["audio-s/s"])
+    for row in rows[: len(levels)]:
+        share, streamed = float(row["of the farm not streamed"].rstrip("%")), float(row["audio-s/s"])
+        # Both throughputs are printed to a tenth, the share to a whole percent.
+        assert 100 * (streamed - 0.05) / (plain + 0.05) - 0.5 <= share <= 100 * (streamed + 0.05) / (plain - 0.05) + 0.5
+    assert rows[-1]["of the farm not streamed"] == ""
     p50s = {(row["path"], row["clients"]): float(row["first chunk p50 ms"]) for row in rows[: len(levels)]}
     hops = markdown_table(finished.stdout.splitlines(), "| path | clients | submit")
     assert [(row["path"], row["clients"]) for row in hops] == [("farm", "1"), ("farm", "3"), ("web", "1"), ("web", "3")]
