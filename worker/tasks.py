@@ -54,8 +54,11 @@ def _start_runtime(sender, **_) -> None:
             "chattts-farm workers batch jobs in one process: run them with `-P threads` (`chattts-farm worker` does)"
         )
     share_promptly()
-    # Celery sets its logging up after this signal, so the level the engine process logs at is the worker's
-    # own, not what the logging module holds at this point (WARNING: the engine's start went unlogged).
+    # Celery sets its logging up after this signal: done here first (Celery's own call then finds it
+    # done), the runtime's start is logged too (the engine process ready, the worker's model). The engine
+    # process is handed the worker's level: before, it read the logging module's, WARNING at this point.
+    if hasattr(sender, "setup_logging"):  # a worker started by `celery worker`, not a test's WorkController
+        sender.setup_logging()
     runtime.start(
         settings,
         sender.hostname,

@@ -57,9 +57,12 @@ def test_an_engine_killed_with_12_jobs_in_flight_is_started_again_and_every_job_
     # The engine runs in a process of its own, named for its device in `ps`.
     assert before["engine_pid"] != before["pid"] and before["engine_restarts"] == 0
     assert Path(f"/proc/{before['engine_pid']}/cmdline").read_bytes().startswith(b"chattts-farm engine cpu0")
-    # Its lines are in the worker's log at the worker's level (INFO), from its first start on.
+    # Its lines are in the worker's log at the worker's level (INFO), from its first start on, and so
+    # are the worker's own on its start.
     warmed_up = "INFO engine cpu0 worker.engine_process.pipeline: warmed up in"
     assert worker.log().count(warmed_up) == 1
+    assert f"engine process {before['engine_pid']} of cpu0 ready: 0 job(s) handed to it" in worker.log()
+    assert re.search(r"INFO/MainProcess\] worker cpu0@\S+ ready: model \{'kind': 'synthetic'", worker.log())
     streaming = client.send_task(TASK_NAME, kwargs={"text": LONG_TEXT[:900], "voice": 99, "stream": True}, queue="cpu0")
     heard = iter(stream_audio(streaming.id, redis_url=worker.redis_url, timeout_s=300))
     chunks = [next(heard)]  # it streams
