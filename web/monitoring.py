@@ -170,6 +170,14 @@ class _FarmCollector:
                 labels=["worker"],
             ),
         }
+        # Its engine's thread: in the synthesizer's calls, and of that waiting for the GPU (the rest is
+        # host work; a thread busy without waiting is the worker's limit, not its GPU).
+        engine_thread = CounterMetricFamily(
+            "chattts_engine_thread_seconds",
+            "Seconds a GPU's engine thread spent in steps (what: steps) and of those waiting for the GPU "
+            "(what: waiting_for_device)",
+            labels=["worker", "what"],
+        )
         for report in alive:
             worker = report["worker"]
             jobs_done.add_metric([worker], report["jobs_done"])
@@ -182,6 +190,8 @@ class _FarmCollector:
             for name, family in gates.items():
                 family.add_metric([worker], report.get(name, 0))
             batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
+            engine_thread.add_metric([worker, "steps"], report.get("in_steps_s", 0.0))
+            engine_thread.add_metric([worker, "waiting_for_device"], report.get("waiting_for_device_s", 0.0))
             if report.get("gpu"):
                 gpu = report["gpu"]
                 labels = [worker, gpu["name"]]
@@ -191,7 +201,7 @@ class _FarmCollector:
                 reserved.add_metric(labels, gpu["reserved_mb"] * 2**20)
                 if gpu.get("utilisation") is not None:
                     utilisation.add_metric(labels, gpu["utilisation"])
-        yield from (batch, peak, fragmentation, allocated, reserved, utilisation, jobs_done, audio_done)
+        yield from (batch, peak, fragmentation, allocated, reserved, utilisation, jobs_done, audio_done, engine_thread)
         yield from gates.values()
 
 

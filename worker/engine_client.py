@@ -102,6 +102,8 @@ class EngineClient:
             "asr_checks": 0,
             "asr_mismatches": 0,
             "regenerated": 0,
+            "in_steps_s": 0.0,
+            "waiting_for_device_s": 0.0,
         }
         self.gpu: dict | None = None
         self._jobs: dict[str, Job] = {}  # unfinished, by job id

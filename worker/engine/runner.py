@@ -33,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 
+from worker.engine import device_waits
 from worker.engine.attention import decode_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.layers import after_attention, before_attention, fuse_layers, rms_norm
@@ -465,7 +466,7 @@ class ModelRunner:
         """A snapshot's finished flags, lengths and endings (waiting for its steps); the outputs copied
         from now on are those of its steps."""
         if snapshot.done is not None:
-            snapshot.done.synchronize()
+            device_waits.wait_for(snapshot.done)
             if self.output_stream is not None:
                 self.output_stream.wait_event(snapshot.done)
         finished, lengths, ended_by = snapshot.host.tolist()

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from chattts_farm.contract import JobCancelled, JobTimeout, SynthesisFailed, SynthesisRequest
+from worker.engine import device_waits
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
 from worker.engine_process.streaming import Deliver
 from worker.engine_process.synthesis import Synthesis
@@ -80,6 +81,10 @@ class BatcherStats:
     jobs_done: int = 0
     current_batch: int = 0  # jobs in flight now
     last_batch_size: int = 0  # how many jobs shared the GPU with the last one done
+    # The engine's thread in the synthesizer's calls (adding jobs, steps), and of that time how much it
+    # waited for the device: the rest is the host's own work (see worker.engine.device_waits).
+    in_steps_s: float = 0.0
+    waiting_for_device_s: float = 0.0
 
 
 class Batcher:
@@ -218,6 +223,7 @@ class Batcher:
     def _call(self, call, arriving: list[JobHandle] = ()):
         """Run one synthesizer call under the watchdog; when it fails, finish every job in isolation."""
         self._busy_since = time.monotonic()
+        started, waited = time.perf_counter(), device_waits.waited_s()
         try:
             return call()
         except Exception as error:  # noqa: BLE001 - any failure is isolated below
@@ -231,6 +237,8 @@ class Batcher:
             return None
         finally:
             self._busy_since = None
+            self.stats.in_steps_s += time.perf_counter() - started
+            self.stats.waiting_for_device_s += device_waits.waited_s() - waited
 
     def _finish_isolating(self, handles: list[JobHandle]) -> None:
         """Synthesise jobs together; when that fails, split them in halves and try each again.

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from torch.nn import functional
 
+from worker.engine import device_waits
 from worker.engine.attention import triton_available
 from worker.model.loading import LoadedModel
 from worker.vocoder.convnext import ChannelsLastStack
@@ -460,7 +461,7 @@ class LaunchedDecode:
 
     def result(self) -> list[np.ndarray]:
         if self.done is not None:
-            self.done.synchronize()
+            device_waits.wait_for(self.done)
         return [row.numpy() for row in self.rows]
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from chattts_farm.contract import JobCancelled, SynthesisFailed, SynthesisRequest
+from worker.engine import device_waits
 from worker.engine_process.batcher import Batcher
 from worker.engine_process.pipeline import Synthesizer
 
@@ -135,6 +136,29 @@ def test_a_job_that_arrives_while_others_run_joins_them_and_finishes_first(core)
     assert not long_one.finished.is_set()  # no head-of-line blocking behind the long job
     assert short_one.outcome.batch_size == 2
     assert not isinstance(outcomes_of([long_one])[0], Exception)
+
+
+class SlowEvent:
+    """A CUDA event's stand-in (no GPU here): the device takes 20 ms to reach it."""
+
+    def synchronize(self):
+        time.sleep(0.02)
+
+
+def test_the_engine_threads_time_in_steps_and_its_waits_for_the_device_within_it_are_counted(core, monkeypatch):
+    engine, real_step, steps = core.engine, core.engine.step, []
+
+    def step():
+        steps.append(1)
+        device_waits.wait_for(SlowEvent())  # as the runner waits for a step's state on a GPU
+        return real_step()
+
+    monkeypatch.setattr(engine, "step", step)
+    batcher = started_batcher(core)
+    outcomes_of([batcher.submit(SynthesisRequest(text=f"Counted {n}.", request_id=str(n))) for n in range(2)])
+    assert steps
+    stats = batcher.stats
+    assert 0.02 * len(steps) <= stats.waiting_for_device_s < stats.in_steps_s  # the rest is the host's work
 
 
 def test_a_revoked_job_ends_at_once_and_its_batch_mates_go_on(core):
