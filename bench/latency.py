@@ -16,7 +16,9 @@ audio-s per wall-s of the level, and that as a share of the farm's unstreamed th
 level's clients, not streamed, run last: a worker warm from the levels before); for the ``farm`` and
 ``web`` rows also where the first chunks waited: until the engine started the job, until its first
 audio reached the worker's Celery process (both from each job's result), until Redis appended it to
-the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client."""
+the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client.
+Last, level by level, the workers' engine threads: seconds in steps, of which waiting for the device,
+and the rest, the host's own work (from the workers' health, read a second after each level)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from pathlib import Path
 from bench.farm import bench_redis, running_workers
 from bench.workload import standard_requests
 from chattts_farm.celery_client import create_celery
-from chattts_farm.contract import TASK_NAME
+from chattts_farm.contract import TASK_NAME, queue_of_worker
 from chattts_farm.settings import Settings
 from chattts_farm.streams import stream_audio
 from cli.local_services import free_port
@@ -54,6 +56,8 @@ READER_START_TIMEOUT_S = 60
 STREAM_TIMEOUT_S = 600
 # Longer than a stream's own timeout: a reader process that died is an error, not a hang.
 READ_TIMEOUT_S = STREAM_TIMEOUT_S + 60
+# An engine reports its figures to its worker every half second: after a level, they are read this much later.
+ENGINE_REPORT_SETTLE_S = 1.0
 
 
 @dataclass
@@ -349,6 +353,29 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
     }
 
 
+class EngineThreads:
+    """The workers' engine threads, level by level: seconds in steps, and of those waiting for the
+    device, from each worker's health (see worker.engine.device_waits)."""
+
+    def __init__(self, celery):
+        self.celery = celery
+        # One queue a GPU (or CPU worker), whichever of its Celery processes answers.
+        self.queues = sorted({queue_of_worker(name) for reply in celery.control.ping(timeout=1.0) for name in reply})
+        self._last = self._read()
+
+    def _read(self) -> tuple[float, float]:
+        time.sleep(ENGINE_REPORT_SETTLE_S)
+        reports = [self.celery.send_task("chattts.health", queue=queue).get(timeout=60) for queue in self.queues]
+        return sum(r["in_steps_s"] for r in reports), sum(r["waiting_for_device_s"] for r in reports)
+
+    def since_last(self) -> tuple[float, float]:
+        """In steps and waiting, since the last call (or the start)."""
+        now = self._read()
+        spent = (now[0] - self._last[0], now[1] - self._last[1])
+        self._last = now
+        return spent
+
+
 def run_plain(celery, clients: int, seconds: float) -> float:
     """Audio-s per wall-s of the same level not streamed: the throughput streaming is measured against."""
     requests = level_requests(clients, seconds)
@@ -426,14 +453,23 @@ def main() -> None:
         }
         with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
             run_farm_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
-            rows += [run_farm_level(celery, redis_url, clients, arguments.seconds) for clients in levels]
+            engines = EngineThreads(celery)
+            threads = []  # (path, clients, wall s, engine thread seconds)
+            for clients in levels:
+                rows.append(run_farm_level(celery, redis_url, clients, arguments.seconds))
+                threads.append(("farm", clients, rows[-1]["wall_s"], engines.since_last()))
             if arguments.web:
                 with running_web(redis_url, workdir) as base:
                     # Warm-up, as the farm's: a fresh web process's first requests open its database, its
                     # Redis pools and its Celery producer (its first chunk at one client came ~60 ms late).
                     run_web_level(base, 4, arguments.seconds)
-                    rows += [run_web_level(base, clients, arguments.seconds) for clients in levels]
+                    engines.since_last()
+                    for clients in levels:
+                        rows.append(run_web_level(base, clients, arguments.seconds))
+                        threads.append(("web", clients, rows[-1]["wall_s"], engines.since_last()))
+            started = time.perf_counter()
             plain = run_plain(celery, levels[-1], arguments.seconds)
+            threads.append(("farm, not streamed", levels[-1], time.perf_counter() - started, engines.since_last()))
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
         f"streaming through Redis + Celery (chattts_farm.streams.stream_audio), all of a level submitted at once\n"
@@ -461,6 +497,14 @@ def main() -> None:
         if row["hops_ms"]:
             hops = " | ".join("-" if hop is None else f"{hop[0]:.0f} / {hop[1]:.0f}" for hop in row["hops_ms"])
             print(f"| {row['path']} | {row['clients']} | {hops} |")
+    print(
+        "\nthe engines' threads, level by level (from the workers' health; the level's wall runs from its first "
+        "submit to its last chunk heard):\n"
+    )
+    print("| path | clients | level wall s | in steps s | waiting for the device s | host's own work s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path, clients, wall, (in_steps, waiting) in threads:
+        print(f"| {path} | {clients} | {wall:.2f} | {in_steps:.2f} | {waiting:.2f} | {in_steps - waiting:.2f} |")
 
 
 if __name__ == "__main__":

@@ -45,3 +45,12 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
             assert abs(total - p50s[row["path"], "1"]) < 2
         # The clocks (the client's, the engine's, Redis's) are one host's; Redis's counts whole milliseconds.
         assert to_client[0] > -5 and (to_redis is None or to_redis[0] > -5)
+    # Level by level, the engine's thread: in steps, of which waiting for the device (none on a CPU).
+    threads = markdown_table(finished.stdout.splitlines(), "| path | clients | level wall s")
+    assert [(row["path"], row["clients"]) for row in threads] == [*levels[2:], ("farm, not streamed", "3")]
+    for row in threads:
+        in_steps, waiting, own = (
+            float(row[name]) for name in ("in steps s", "waiting for the device s", "host's own work s")
+        )
+        assert 0 < in_steps < float(row["level wall s"]) + 1.0  # the engine reports twice a second
+        assert waiting == 0 and own == in_steps
