@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from chattts_farm.contract import JobCancelled, SynthesisFailed, SynthesisRequest
+from tests.worker.engine.test_device_waits import Event
 from worker.engine import device_waits
 from worker.engine_process.batcher import Batcher
 from worker.engine_process.pipeline import Synthesizer
@@ -138,19 +139,12 @@ def test_a_job_that_arrives_while_others_run_joins_them_and_finishes_first(core)
     assert not isinstance(outcomes_of([long_one])[0], Exception)
 
 
-class SlowEvent:
-    """A CUDA event's stand-in (no GPU here): the device takes 20 ms to reach it."""
-
-    def synchronize(self):
-        time.sleep(0.02)
-
-
 def test_the_engine_threads_time_in_steps_and_its_waits_for_the_device_within_it_are_counted(core, monkeypatch):
     engine, real_step, steps = core.engine, core.engine.step, []
 
     def step():
         steps.append(1)
-        device_waits.wait_for(SlowEvent())  # as the runner waits for a step's state on a GPU
+        device_waits.wait_for(Event(0.02))  # as the runner waits for a step's state on a GPU
         return real_step()
 
     monkeypatch.setattr(engine, "step", step)
