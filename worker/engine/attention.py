@@ -7,18 +7,20 @@ slot's cache up to the deepest slot's, and on a GPU a decode step is bound by th
 Triton kernels read what the slots hold, at the bandwidth of the GPU, in two stages (split-KV, as
 flash-decoding does):
 
-1. programs for each (slot, head) stream the slot's keys and values a split of :data:`SPLIT_COLUMNS`
-   positions at a time, block by block through the slot's table, with an online softmax, and leave
-   each split's partial result (its weighted sum, its largest score and its sum of weights). A
-   (slot, head) has as many programs as keep the GPU's cores busy (:func:`split_programs_for`), each
-   taking every n-th split of the n up to the slot's length: a single slot with a long context
-   spreads over many cores, and a step of many slots has programs enough with one each (where a
-   program per split, mostly past their slots' lengths, would cost their launches for nothing: the
-   grid is the same for every depth, so that one CUDA graph per row count serves them all). A step
-   of few slots cuts them into short splits (:func:`split_columns_for`), so that a slot's context
-   spreads over its programs however short it is;
+1. programs for each (slot, head) stream the slot's keys and values a split of positions at a time,
+   block by block through the slot's table, with an online softmax, and leave each split's partial
+   result (its weighted sum, its largest score and its sum of weights). A (slot, head) has as many
+   programs as keep the GPU's cores busy (:func:`split_programs_for`), each taking every n-th split
+   of the n up to the slot's length: a single slot with a long context spreads over many cores, and
+   a step of many slots has programs enough with one each (where a program per split, mostly past
+   their slots' lengths, would cost their launches for nothing: the grid is the same for every depth,
+   so that one CUDA graph per row count serves them all). A step of few slots cuts them into short
+   splits (:func:`split_columns_for`), so that a slot's context spreads over its programs however
+   short it is;
 2. one program per (slot, head) merges the slot's partial results, when it has more than one (a
-   slot whose positions fit one split has its result written by that split's program).
+   slot whose positions fit one split has its result written by that split's program). A step of
+   slots enough for a program each makes a slot's whole table one split (:func:`split_columns_for`):
+   its program writes the result, and the merge is not launched.
 
 The step's new key and value come in as tensors, not from the cache: the program whose split holds
 the new column writes them to the cache (in its dtype, fp8 included) and attends to them as written,
@@ -34,16 +36,15 @@ import functools
 
 import torch
 
-# Positions a program reads per split, and per iteration (its tile: a divisor of the split, whole
-# blocks of the cache), warps and pipeline stages, and whether its products run on the tensor cores,
-# by the cache's bytes a value. Chosen by sweeps of tiles, warp counts and stage counts, each way of
-# multiplying, on an H200 at the standard workload's full load (1,536 slots, mean context 341, their
-# blocks scattered over the pool as the engine left them; docs/performance.md): bf16 on the CUDA cores
-# with tiles of 64 and 2 warps 419 us a layer (3,835 GB/s; on the tensor cores 436 us); fp8 with tiles
-# of 64 and 1 warp 229 us (3,514 GB/s; tiles of 128 and 2 warps 269 us; on the tensor cores, widened
-# to float16, 379 us and more). Fewer warps, more programs resident on each multiprocessor: more loads
-# in flight.
-SPLIT_COLUMNS = 512
+# Positions a program reads per iteration (its tile: whole blocks of the cache), warps and pipeline
+# stages, and whether its products run on the tensor cores, by the cache's bytes a value. Chosen by
+# sweeps of tiles, warp counts and stage counts, each way of multiplying, on an H200 at the standard
+# workload's full load (1,536 slots, mean context 341, their blocks scattered over the pool as the
+# engine left them; splits of 512 positions then; docs/performance.md): bf16 on the CUDA cores with
+# tiles of 64 and 2 warps 419 us a layer (3,835 GB/s; on the tensor cores 436 us); fp8 with tiles of
+# 64 and 1 warp 229 us (3,514 GB/s; tiles of 128 and 2 warps 269 us; on the tensor cores, widened to
+# float16, 379 us and more). Fewer warps, more programs resident on each multiprocessor: more loads in
+# flight.
 _LAUNCH = {
     2: {"TILE": 64, "num_warps": 2, "num_stages": 2, "TENSOR_CORES": False},
     1: {"TILE": 64, "num_warps": 1, "num_stages": 2, "TENSOR_CORES": False},
@@ -66,19 +67,22 @@ def triton_available() -> bool:
 BUSY_PROGRAMS = 1024
 
 
-def splits_for(context: int, split_columns: int = SPLIT_COLUMNS) -> int:
+def splits_for(context: int, split_columns: int) -> int:
     """How many splits of ``split_columns`` cover ``context`` columns of a slot's cache."""
     return -(-context // split_columns)
 
 
-def split_columns_for(rows: int, heads: int) -> int:
-    """How many positions a split holds in a step of ``rows`` slots: SPLIT_COLUMNS, or one tile's when
-    the slots and heads are too few to keep the GPU busy with a program each. A slot's programs take
-    its splits up to its length, and with splits of 512 one slot at the standard workload's contexts
-    (~370) had one split: one program read it a tile at a time while the others sat idle, 11.3 us a
-    layer on an H200 (26% of the one-job step's kernels); in splits of 64 over 69 programs, 6.4, and
-    one job alone went from 17.7 to 25.4 audio-s/s with the compiled draw (docs/performance.md)."""
-    return SPLIT_COLUMNS if rows * heads >= BUSY_PROGRAMS else SHORT_SPLIT_COLUMNS
+def split_columns_for(rows: int, heads: int, context: int) -> int:
+    """How many positions a split holds in a step of ``rows`` slots whose tables cover ``context``
+    positions: the whole table where the slots and heads keep the GPU busy with a program each (that
+    program would take every split of its slot in turn: one split, and no merge to launch, does the
+    same reads; at 1,536 slots the merge was 3% of a step's kernels on an H200), one tile's where they
+    are too few. A slot's programs take its splits up to its length, and with splits of 512 one slot at
+    the standard workload's contexts (~370) had one split: one program read it a tile at a time while
+    the others sat idle, 11.3 us a layer on an H200 (26% of the one-job step's kernels); in splits of
+    64 over 69 programs, 6.4, and one job alone went from 17.7 to 25.4 audio-s/s with the compiled draw
+    (docs/performance.md)."""
+    return context if rows * heads >= BUSY_PROGRAMS else SHORT_SPLIT_COLUMNS
 
 
 def split_programs_for(rows: int, heads: int, splits: int) -> int:
@@ -111,20 +115,22 @@ def decode_attention(
     ``columns`` (rows,) the position each row's new key and value go to, or -1 for a row that takes
     no part (a slot that finished or holds nothing: nothing of its cache is read or written, and its
     output is zeros); ``split_columns``, the positions of a split (by default :func:`split_columns_for`;
-    a multiple of the launch's tile); ``split_programs``, the programs each (row, head) takes (by
+    rounded up to a multiple of the launch's tile); ``split_programs``, the programs each (row, head) takes (by
     default :func:`split_programs_for`).
     Returns (rows, heads, 1, dim) in the query's dtype.
     """
     rows, heads, _, dim = query.shape
     kv_heads, block_positions = keys.shape[1], keys.shape[2]
-    split_columns = split_columns or split_columns_for(rows, heads)
-    splits = splits_for(block_table.shape[1] * block_positions, split_columns)
+    context = block_table.shape[1] * block_positions
+    launch = _LAUNCH[min(keys.element_size(), 2)]
+    split_columns = split_columns or split_columns_for(rows, heads, context)
+    launch = {**launch, "TILE": min(launch["TILE"], split_columns)}
+    split_columns = -(-split_columns // launch["TILE"]) * launch["TILE"]
+    splits = splits_for(context, split_columns)
     partial = torch.empty((rows, heads, splits, dim), dtype=torch.float32, device=query.device)
     best_scores = torch.empty((rows, heads, splits), dtype=torch.float32, device=query.device)
     weight_sums = torch.empty_like(best_scores)
     out = torch.empty_like(query)
-    launch = _LAUNCH[min(keys.element_size(), 2)]
-    launch = {**launch, "TILE": min(launch["TILE"], split_columns)}
     attend, merge = _kernels()
     split_programs = split_programs or split_programs_for(rows, heads, splits)
     attend[(rows, heads, split_programs)](
@@ -163,6 +169,8 @@ def decode_attention(
         OPERAND=_operand_type(keys.dtype),
         **launch,
     )
+    if splits == 1:  # every row's result written by its one split's program
+        return out
     merge[(rows, heads)](
         partial,
         best_scores,
@@ -239,9 +247,11 @@ def _kernels():
         first_split = tl.program_id(2)
         kv_head = head // GROUP
         new_column = tl.load(columns + row)
-        if new_column < 0:  # a row taking no part: the merge writes its zeros
-            return
         dims = tl.arange(0, DIM)
+        if new_column < 0:  # a row taking no part: zeros, written here when there is no merge to write them
+            if SPLITS == 1:
+                tl.store(out + row * out_row + head * out_head + dims, tl.zeros((DIM,), out.dtype.element_ty))
+            return
         q = tl.load(query + row * query_row + head * query_head + dims).to(tl.float32) * scale
         table = block_table + row * table_row
         key_base = keys + kv_head * key_head

@@ -15,6 +15,10 @@ from tests.triton_interpreter import in_triton_interpreter as in_triton_interpre
 pytest.importorskip("triton")
 
 
+# A long split: the length the kernel's launch settings were chosen with (worker.engine.attention).
+LONG_SPLIT = 512
+
+
 def in_triton_interpreter(check: str) -> None:
     in_triton_interpreter_of("tests.worker.engine.test_attention", check)
 
@@ -52,13 +56,13 @@ def unpaged(pool, table):
 
 def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns(device: str = "cpu") -> None:
     from worker.engine import attention
-    from worker.engine.attention import SHORT_SPLIT_COLUMNS, SPLIT_COLUMNS, decode_attention, splits_for
+    from worker.engine.attention import SHORT_SPLIT_COLUMNS, decode_attention, splits_for
 
     generator = torch.Generator().manual_seed(0)
     slots, heads, kv_heads, block_positions, dim = 8, 4, 2, 16, 16
-    context = 2 * SPLIT_COLUMNS + 128
+    context = 2 * LONG_SPLIT + 128
     # The new position first, within a block, at a block's, a tile's and a split's edges, and last in the cache.
-    columns = torch.tensor([0, 6, 15, 64, SPLIT_COLUMNS - 1, SPLIT_COLUMNS, SPLIT_COLUMNS + 1, context - 1])
+    columns = torch.tensor([0, 6, 15, 64, LONG_SPLIT - 1, LONG_SPLIT, LONG_SPLIT + 1, context - 1])
     # Products on the CUDA cores and on the tensor cores (whose weights are bfloat16 for a bfloat16
     # cache, as flash attention's are, float16 for fp8, tf32 for float32: ~1e-3 from exact). The
     # interpreter has no bfloat16 products: the model's dtype is checked on a GPU.
@@ -84,9 +88,10 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
             attention._LAUNCH = {**attention._LAUNCH, size: {**attention._LAUNCH[size], "TENSOR_CORES": tensor_cores}}
             allowed = max(tolerance, 1e-3) if tensor_cores else tolerance
             # Long splits or short ones, a program per split or fewer programs taking several splits
-            # each: the same answer.
+            # each, or the whole table as one split (no merge): the same answer.
             for split_columns, split_programs in (
-                *((SPLIT_COLUMNS, programs) for programs in (splits_for(context), 2, 1)),
+                (context, 1),
+                *((LONG_SPLIT, programs) for programs in (splits_for(context, LONG_SPLIT), 2, 1)),
                 *((SHORT_SPLIT_COLUMNS, programs) for programs in (splits_for(context, SHORT_SPLIT_COLUMNS), 5)),
             ):
                 on_device = (query, new_key, new_value, key_pool.clone(), value_pool.clone(), table, columns)
@@ -103,15 +108,15 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
 
 
 def check_columns_past_a_slots_new_position_are_never_read() -> None:
-    from worker.engine.attention import SHORT_SPLIT_COLUMNS, SPLIT_COLUMNS, decode_attention
+    from worker.engine.attention import SHORT_SPLIT_COLUMNS, decode_attention
 
     generator = torch.Generator().manual_seed(1)
     query = torch.randn(3, 2, 1, 16)
     new_key, new_value = torch.randn(3, 2, 1, 16), torch.randn(3, 2, 1, 16)
-    table = shuffled_table(3, 3 * SPLIT_COLUMNS, 64, generator)
-    keys, values = (paged(torch.randn(3, 2, 3 * SPLIT_COLUMNS, 16, generator=generator), table) for _ in range(2))
+    table = shuffled_table(3, 3 * LONG_SPLIT, 64, generator)
+    keys, values = (paged(torch.randn(3, 2, 3 * LONG_SPLIT, 16, generator=generator), table) for _ in range(2))
     # The third row takes no part.
-    columns = torch.tensor([40, SPLIT_COLUMNS + 100, -1])
+    columns = torch.tensor([40, LONG_SPLIT + 100, -1])
     before = decode_attention(
         query,
         new_key,
@@ -122,7 +127,7 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
         columns,
         0.25,
         split_programs=3,
-        split_columns=SPLIT_COLUMNS,
+        split_columns=LONG_SPLIT,
     )
     # Every position past a row's new one: the rest of its block, and its later blocks.
     for row, column in enumerate(columns.tolist()):
@@ -131,9 +136,14 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
         for pool in (keys, values):
             pool[table[row, block], :, offset:] = float("nan")
             pool[table[row, block + 1 :]] = float("nan")
-    # Whether each split has its program or one program takes them all, long splits or short, none
-    # reads past its row's length.
-    for split_columns, split_programs in ((SPLIT_COLUMNS, 3), (SPLIT_COLUMNS, 1), (SHORT_SPLIT_COLUMNS, 24)):
+    # Whether each split has its program or one program takes them all, long splits or short or the whole
+    # table as one, none reads past its row's length.
+    for split_columns, split_programs in (
+        (LONG_SPLIT, 3),
+        (LONG_SPLIT, 1),
+        (SHORT_SPLIT_COLUMNS, 24),
+        (3 * LONG_SPLIT, 1),
+    ):
         attended = decode_attention(
             query,
             new_key,
@@ -147,8 +157,9 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
             split_columns=split_columns,
         )
         torch.testing.assert_close(attended[:2], before[:2])
-    # A row taking no part reads and writes nothing, and attends to nothing.
-    assert torch.equal(before[2], torch.zeros_like(before[2]))
+        # A row taking no part attends to nothing, whether a merge writes its output or not.
+        assert torch.equal(attended[2], torch.zeros_like(attended[2]))
+    # A row taking no part reads and writes nothing.
     assert keys[table[2]].isnan().all() and values[table[2]].isnan().all()
 
 
@@ -163,3 +174,15 @@ def test_on_a_gpu_in_the_models_dtype_and_fp8():
 
 def test_columns_past_a_slots_new_position_and_rows_taking_no_part_are_never_read():
     in_triton_interpreter("check_columns_past_a_slots_new_position_are_never_read")
+
+
+def test_a_busy_step_reads_each_slots_whole_table_as_one_split_and_a_step_of_few_slots_short_ones():
+    from worker.engine.attention import BUSY_PROGRAMS, SHORT_SPLIT_COLUMNS, split_columns_for, split_programs_for
+
+    heads, context = 12, 2_464
+    busy_rows = -(-BUSY_PROGRAMS // heads)
+    assert split_columns_for(busy_rows, heads, context) == context
+    assert split_programs_for(busy_rows, heads, splits=1) == 1
+    # Too few programs with one a slot and head: the context in short splits, over several programs each.
+    assert split_columns_for(busy_rows - 1, heads, context) == SHORT_SPLIT_COLUMNS
+    assert split_programs_for(1, heads, splits=context // SHORT_SPLIT_COLUMNS) > 1
