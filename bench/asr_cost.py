@@ -20,6 +20,11 @@ and hears garbage. Every segment is then heard wrong; quality retries are off (a
 ``bench.standard``), so it is reported, not generated again: the figures are the cost of listening,
 with every decode running to its limit (twice the text's tokens and ten more), the most it can cost.
 
+``--timeline`` prints, for each run, ``bench.engine_phases``' timeline of the engine's thread (its steps by
+the segments running when each began; within them, its decode step launches, its waits, the prefill's
+and the vocoder's launches and the garbage collector's pauses): which of the thread's parts the
+listener beside it lengthens.
+
 ``--asr-batch`` (comma-separated) runs each recogniser once per most segments its listener hears at
 once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
@@ -28,7 +33,9 @@ choice's, and what the listener did in the timed run: the segments it heard (one
 generated again), its batches, segments a batch, ms a batch, segments/s while busy, the share of
 the wall it was busy, and how much of the wall came after the engine and the vocoder had finished
 (the gate's tail, where it holds up the last requests; the rest of its cost is what it took from the
-engine beside it).
+engine beside it). Of the engine's thread's wall, it prints the seconds spent waiting for the GPU's
+work and the rest: what the listener takes from the engine shows as more waiting where it takes the
+GPU, and as more of the rest where it takes the interpreter's lock.
 """
 
 from __future__ import annotations
@@ -45,11 +52,13 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
+from bench.engine_phases import PhaseTimer, print_timeline, timeline  # noqa: E402
 from bench.standard import WARM_UP_JOBS, cell, progress, run_engine, seconds_range, synthesize_timed  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from worker.asr.backends import Backend, load_backend  # noqa: E402
 from worker.asr.listener import MAX_BATCH, Listener, ListenerFigures  # noqa: E402
+from worker.engine import device_waits  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 from worker.model.loading import pick_device  # noqa: E402
 
@@ -67,6 +76,8 @@ class Run:
     wall_s: float
     heard: ListenerFigures | None  # what the listener did in the timed run; None with the gate off
     past_engine_s: float  # the wall after the engine and the vocoder had nothing left: the listener's tail
+    waiting_for_device_s: float  # of the wall, the engine's thread waiting for the GPU's work
+    timeline: PhaseTimer | None  # with --timeline, the engine's thread's parts over the timed run
 
 
 def asr_choices(text: str) -> list[str]:
@@ -88,7 +99,14 @@ def batch_sizes(text: str) -> list[int]:
 
 
 def run(
-    synthesizer: Synthesizer, asr: str, backend: Backend | None, max_batch: int, jobs: int, seconds, label: str
+    synthesizer: Synthesizer,
+    asr: str,
+    backend: Backend | None,
+    max_batch: int,
+    jobs: int,
+    seconds,
+    label: str,
+    with_timeline: bool,
 ) -> Run:
     listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
     synthesizer.listener = listener
@@ -97,9 +115,13 @@ def run(
     before = dataclasses.replace(listener.figures) if listener else None
     progress(f"ASR {label}: the workload")
     tail = EngineTail(synthesizer)
+    timer = timeline(synthesizer) if with_timeline else None
+    waited_before = device_waits.waited_s()
     try:
         result = run_engine(synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
     finally:
+        if timer is not None:
+            timer.remove()
         tail.remove()
     heard = None
     if listener is not None:
@@ -107,7 +129,10 @@ def run(
         heard = ListenerFigures(
             after.batches - before.batches, after.attempts - before.attempts, after.busy_s - before.busy_s
         )
-    return Run(label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard, tail.seconds)
+    waited = device_waits.waited_s() - waited_before
+    return Run(
+        label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard, tail.seconds, waited, timer
+    )
 
 
 class EngineTail:
@@ -143,9 +168,10 @@ class EngineTail:
 def print_table(runs: list[Run]) -> None:
     print(
         f"| ASR | jobs | done | wall s | audio-s/s | vs {runs[0].asr} | segments heard | listener batches "
-        "| segments a batch | ms a batch | listener segments/s | listener busy | past the engine s |"
+        "| segments a batch | ms a batch | listener segments/s | listener busy | past the engine s "
+        "| engine waiting for the GPU s | engine's other s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         heard = r.heard
         batches = heard.batches if heard else 0
@@ -163,6 +189,8 @@ def print_table(runs: list[Run]) -> None:
             cell(heard.attempts / heard.busy_s if heard and heard.busy_s else None, 1),
             cell(heard.busy_s / r.wall_s if heard else None, 3),
             cell(r.past_engine_s, 2),
+            cell(r.waiting_for_device_s, 2),
+            cell(r.wall_s - r.waiting_for_device_s, 2),
         )
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
@@ -188,6 +216,9 @@ def main() -> None:
         type=batch_sizes,
         default=[MAX_BATCH],
         help="Most segments the listener hears at once; several, comma-separated, run each.",
+    )
+    parser.add_argument(
+        "--timeline", action="store_true", help="Print the engine thread's timeline of each run (bench.engine_phases)."
     )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -224,6 +255,7 @@ def main() -> None:
             arguments.jobs,
             arguments.seconds,
             label=f"{asr}, batches of {max_batch}" if several and backends[asr] else asr,
+            with_timeline=arguments.timeline,
         )
         for asr in arguments.asr
         for max_batch in (arguments.asr_batch if backends[asr] else arguments.asr_batch[:1])
@@ -239,6 +271,10 @@ def main() -> None:
         f"up to {', '.join(map(str, arguments.asr_batch))}; quality retries off\n"
     )
     print_table(runs)
+    for r in runs:
+        if r.timeline is not None:
+            print(f"\nthe engine's thread, ASR {r.asr}:")
+            print_timeline(r.timeline)
 
 
 if __name__ == "__main__":

@@ -103,8 +103,10 @@ class PhaseTimer:
                 self.seconds[name] += time.perf_counter() - started
                 self.calls[name] += 1
 
+        # Another wrapper may have put the method on the object itself: removing this one puts that one back.
+        own = isinstance(owner, types.ModuleType) or method in vars(owner)
         setattr(owner, method, timed)
-        self._wrapped.append((owner, method, real))
+        self._wrapped.append((owner, method, real, own))
 
     def time_collections(self, phase: Callable[[], str]) -> None:
         """Add the garbage collector's pauses to the phase ``phase()`` names as each ends (as "<phase> gc"),
@@ -124,13 +126,13 @@ class PhaseTimer:
         self._collector_callbacks.append(note)
 
     def remove(self) -> None:
-        """Unwrap every method this timer wrapped (an object's own method falls back to its class's) and
-        stop timing the garbage collector."""
+        """Unwrap every method this timer wrapped (an object's own method falls back to its class's, or to
+        what the object held before) and stop timing the garbage collector."""
         for note in self._collector_callbacks:
             gc.callbacks.remove(note)
         self._collector_callbacks.clear()
-        for owner, method, real in self._wrapped:
-            if isinstance(owner, types.ModuleType):
+        for owner, method, real, own in reversed(self._wrapped):
+            if own:
                 setattr(owner, method, real)
             else:
                 delattr(owner, method)

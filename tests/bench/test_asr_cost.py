@@ -10,7 +10,7 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     finished = run_bench(
         "asr_cost",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--seconds", "1-2"),
-        *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32"),
+        *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32", "--timeline"),
         data_dir=data_dir,
         timeout_s=400,
     )
@@ -35,3 +35,14 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
         # step's wait for it); with the gate off nothing waits past the engine.
         assert 0 <= float(whisper["past the engine s"]) < float(whisper["wall s"])
     assert off["past the engine s"] == "0.00"
+    for row in (off, one_by_one, together):
+        # The thread's wall is its waits for the device (none on a CPU) and the rest.
+        waiting, other = float(row["engine waiting for the GPU s"]), float(row["engine's other s"])
+        assert waiting == 0 and other == float(row["wall s"]), row
+    # Each run's timeline of the engine's thread, in the order run.
+    lines = finished.stdout.splitlines()
+    titles = [line for line in lines if line.startswith("the engine's thread, ASR")]
+    assert titles == [f"the engine's thread, ASR {row['ASR']}:" for row in (off, one_by_one, together)]
+    for title in titles:
+        steps = markdown_table([line.strip() for line in lines[lines.index(title) + 1 :]], "| running |")
+        assert steps and sum(int(row["steps"]) for row in steps) > 0, steps
