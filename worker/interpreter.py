@@ -1,4 +1,5 @@
-"""How the worker's processes share their interpreter among their threads. Torch-free: both sides use it.
+"""How the worker's processes share their interpreter among their threads, and keep its garbage collector
+from stopping them. Torch-free: both sides use it.
 
 Each process of a worker runs one busy thread beside several that mostly wait: the engine process's
 batcher beside its channel's reader and sender threads (and the ASR gate's listener), the Celery
@@ -13,6 +14,7 @@ ms at 64 streams, the engine alone too) to settle its share.
 
 from __future__ import annotations
 
+import gc
 import sys
 
 SWITCH_INTERVAL_S = 0.0005
@@ -21,3 +23,17 @@ SWITCH_INTERVAL_S = 0.0005
 def share_promptly() -> None:
     """Let a waiting thread of this process take the interpreter within SWITCH_INTERVAL_S."""
     sys.setswitchinterval(SWITCH_INTERVAL_S)
+
+
+def freeze_start_up_heap() -> None:
+    """Collect what start-up left behind, then move every object still alive out of the garbage
+    collector's passes for good.
+
+    CPython runs a full pass, over every object it tracks, whenever those that survived earlier passes
+    have grown by a quarter. An engine process holds millions from start-up (the model, torch.compile's
+    and Triton's, Whisper's): on an H200 a full pass took 0.52 s of the engine's thread in the middle of
+    a workload, the GPU idle behind it (bench.asr_cost --timeline, 2026-12-04; docs/performance.md).
+    Frozen, they are never scanned again; only what comes later is.
+    """
+    gc.collect()
+    gc.freeze()

@@ -41,7 +41,7 @@ from worker.engine_process.finish import finish, memory_report, reset_memory_sta
 from worker.engine_process.prepare import Preparer
 from worker.engine_process.streaming import Deliver, RequestStream, row_start_piece_frames
 from worker.engine_process.synthesis import Synthesis
-from worker.interpreter import share_promptly
+from worker.interpreter import freeze_start_up_heap, share_promptly
 from worker.model.loading import LoadedModel, load_model
 from worker.results import SynthesisResult
 from worker.vocoder.piece import Piece
@@ -118,10 +118,12 @@ class Synthesizer:
     def load(cls, settings: Settings, *, progress: Callable[[str, int, int], None] | None = None) -> Synthesizer:
         """Load the configured model and warm it up, ready for the first real request. The process that
         hosts it runs other threads beside its steps (the engine process's channel, the ASR gate's
-        listener): they get the interpreter promptly (see worker.interpreter)."""
+        listener): they get the interpreter promptly, and what start-up leaves is kept out of the garbage
+        collector's passes (see worker.interpreter)."""
         share_promptly()
         synthesizer = cls(load_model(settings, progress=progress), settings)
         synthesizer.warm_up()
+        freeze_start_up_heap()
         return synthesizer
 
     def _capture_vocoder(self) -> None:

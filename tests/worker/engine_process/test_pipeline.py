@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import gc
 import sys
 
 import numpy as np
@@ -35,6 +36,10 @@ def test_the_model_reports_what_it_is(synthesizer):
         "device": "cpu",
         "dtype": "fp32",
     }
+
+
+def test_what_loading_left_is_out_of_the_garbage_collectors_passes(synthesizer):
+    assert all(o is not synthesizer.model for o in gc.get_objects())
 
 
 def test_a_result_carries_audio_and_its_description(synthesizer, make_request):
