@@ -25,6 +25,12 @@ the segments running when each began; within them, its decode step launches, its
 and the vocoder's launches and the garbage collector's pauses): which of the thread's parts the
 listener beside it lengthens.
 
+``--runtime-calls`` records each run's timed workload with torch.profiler's CUDA activity and prints
+the CUDA runtime's calls (graph launches, copies, event records and waits, ...) by thread: how many
+and how long each took on the host. The engine's thread spends longer on the
+host beside the listener without the listener holding the interpreter's lock (docs/performance.md);
+this says whether its calls into the driver are what got slower. (On a CPU there are none.)
+
 ``--asr-batch`` (comma-separated) runs each recogniser once per most segments its listener hears at
 once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
@@ -41,9 +47,12 @@ GPU, and as more of the rest where it takes the interpreter's lock.
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import dataclasses
 import logging
 import platform
+import threading
 import time
 
 from worker.cuda import configure_allocator
@@ -78,6 +87,7 @@ class Run:
     past_engine_s: float  # the wall after the engine and the vocoder had nothing left: the listener's tail
     waiting_for_device_s: float  # of the wall, the engine's thread waiting for the GPU's work
     timeline: PhaseTimer | None  # with --timeline, the engine's thread's parts over the timed run
+    runtime_calls: RuntimeCalls | None  # with --runtime-calls, the CUDA runtime's calls over the timed run
 
 
 def asr_choices(text: str) -> list[str]:
@@ -98,6 +108,44 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+class RuntimeCalls:
+    """The CUDA runtime's calls made over a stretch of work, by thread and call: how many, and how long
+    each took on the host (torch.profiler's CUDA activity). Threads go by the ids the profiler gives
+    them; the recording thread's own ids are printed beside them, to tell the engine's from the others."""
+
+    def __init__(self):
+        self.engine_thread = (threading.get_native_id(), threading.get_ident())
+        self.calls: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.micros: collections.Counter[tuple[int, str]] = collections.Counter()
+
+    @contextlib.contextmanager
+    def recording(self, device: torch.device):
+        if device.type != "cuda":
+            yield
+            return
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+            yield
+        for event in profiler.events():
+            if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("cu"):
+                self.calls[event.thread, event.name] += 1
+                self.micros[event.thread, event.name] += event.cpu_time_total
+
+    def print(self, title: str, most: int = 8) -> None:
+        native, ident = self.engine_thread
+        print(f"\n{title} (the engine's thread: native id {native}, Python's {ident})")
+        print("| thread | call | calls | host ms | mean us |")
+        print("|---|---|---:|---:|---:|")
+        by_thread: dict[int, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+        for (thread, name), micros in self.micros.items():
+            by_thread[thread][name] = micros
+        for thread, calls in sorted(by_thread.items(), key=lambda item: -item[1].total()):
+            for name, micros in calls.most_common(most):
+                count = self.calls[thread, name]
+                print(f"| {thread} | {name} | {count} | {micros / 1000:.1f} | {micros / count:.1f} |")
+
+
 def run(
     synthesizer: Synthesizer,
     asr: str,
@@ -107,6 +155,7 @@ def run(
     seconds,
     label: str,
     with_timeline: bool,
+    with_runtime_calls: bool,
 ) -> Run:
     listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
     synthesizer.listener = listener
@@ -116,9 +165,13 @@ def run(
     progress(f"ASR {label}: the workload")
     tail = EngineTail(synthesizer)
     timer = timeline(synthesizer) if with_timeline else None
+    runtime_calls = RuntimeCalls() if with_runtime_calls else None
     waited_before = device_waits.waited_s()
     try:
-        result = run_engine(synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds))
+        with runtime_calls.recording(synthesizer.model.device) if runtime_calls else contextlib.nullcontext():
+            result = run_engine(
+                synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds)
+            )
     finally:
         if timer is not None:
             timer.remove()
@@ -131,7 +184,16 @@ def run(
         )
     waited = device_waits.waited_s() - waited_before
     return Run(
-        label, result.jobs, result.done, result.audio_per_wall, result.wall_s, heard, tail.seconds, waited, timer
+        label,
+        result.jobs,
+        result.done,
+        result.audio_per_wall,
+        result.wall_s,
+        heard,
+        tail.seconds,
+        waited,
+        timer,
+        runtime_calls,
     )
 
 
@@ -220,6 +282,11 @@ def main() -> None:
     parser.add_argument(
         "--timeline", action="store_true", help="Print the engine thread's timeline of each run (bench.engine_phases)."
     )
+    parser.add_argument(
+        "--runtime-calls",
+        action="store_true",
+        help="Print the CUDA runtime's calls of each run's workload, by thread (torch.profiler).",
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -256,6 +323,7 @@ def main() -> None:
             arguments.seconds,
             label=f"{asr}, batches of {max_batch}" if several and backends[asr] else asr,
             with_timeline=arguments.timeline,
+            with_runtime_calls=arguments.runtime_calls,
         )
         for asr in arguments.asr
         for max_batch in (arguments.asr_batch if backends[asr] else arguments.asr_batch[:1])
@@ -275,6 +343,8 @@ def main() -> None:
         if r.timeline is not None:
             print(f"\nthe engine's thread, ASR {r.asr}:")
             print_timeline(r.timeline)
+        if r.runtime_calls is not None:
+            r.runtime_calls.print(f"the CUDA runtime's calls over ASR {r.asr}'s workload, by thread")
 
 
 if __name__ == "__main__":

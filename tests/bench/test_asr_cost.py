@@ -11,6 +11,7 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
         "asr_cost",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--seconds", "1-2"),
         *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32", "--timeline"),
+        "--runtime-calls",
         data_dir=data_dir,
         timeout_s=400,
     )
@@ -46,3 +47,8 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     for title in titles:
         steps = markdown_table([line.strip() for line in lines[lines.index(title) + 1 :]], "| running |")
         assert steps and sum(int(row["steps"]) for row in steps) > 0, steps
+    # And the CUDA runtime's calls of each run, by thread: none on a CPU, only the table's header.
+    titles = [line for line in lines if line.startswith("the CUDA runtime's calls over ASR")]
+    assert len(titles) == 3
+    for title in titles:
+        assert markdown_table(lines[lines.index(title) + 1 :], "| thread | call |") == []
