@@ -41,7 +41,7 @@ the wall it was busy, and how much of the wall came after the engine and the voc
 (the gate's tail, where it holds up the last requests; the rest of its cost is what it took from the
 engine beside it). Of the engine's thread's wall, it prints the seconds spent waiting for the GPU's
 work and the rest: what the listener takes from the engine shows as more waiting where it takes the
-GPU, and as more of the rest where it takes the interpreter's lock.
+GPU, and as more of the rest where it takes the host's side (the interpreter's lock, the driver).
 """
 
 from __future__ import annotations
