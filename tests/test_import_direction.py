@@ -92,6 +92,7 @@ CELERY_SIDE = [
     "worker.tasks",
     "worker.runtime",
     "worker.engine_client",
+    "worker.engine_report",
     "worker.channel",
     "worker.interpreter",
     "worker.celery_app",

@@ -40,6 +40,7 @@ from chattts_farm.contract import (
 )
 from chattts_farm.settings import Settings
 from worker.channel import Channel, error_from
+from worker.engine_report import BatcherStats, GateCounts, engine_stats
 from worker.results import SynthesisResult
 
 logger = logging.getLogger(__name__)
@@ -94,17 +95,7 @@ class EngineClient:
         self.model_info: dict = {}
         self.engine_pid: int | None = None
         self.restarts = 0  # engine processes started after the first
-        self.stats = {
-            "batches": 0,
-            "jobs_done": 0,
-            "current_batch": 0,
-            "last_batch_size": 0,
-            "asr_checks": 0,
-            "asr_mismatches": 0,
-            "regenerated": 0,
-            "in_steps_s": 0.0,
-            "waiting_for_device_s": 0.0,
-        }
+        self.stats = engine_stats(BatcherStats(), GateCounts())  # until the engine's first status
         self.gpu: dict | None = None
         self._jobs: dict[str, Job] = {}  # unfinished, by job id
         self._lock = threading.Lock()  # over _jobs and _channel: a job is sent once to each engine

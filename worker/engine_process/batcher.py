@@ -25,6 +25,7 @@ from worker.engine import device_waits
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
 from worker.engine_process.streaming import Deliver
 from worker.engine_process.synthesis import Synthesis
+from worker.engine_report import BatcherStats
 from worker.results import SynthesisResult
 
 logger = logging.getLogger(__name__)
@@ -73,18 +74,6 @@ class JobHandle:
                 self.first_audio_at = time.monotonic()
             self._sent += fresh.size
             self.on_audio(segment, fresh)
-
-
-@dataclass
-class BatcherStats:
-    batches: int = 0  # engine steps run
-    jobs_done: int = 0
-    current_batch: int = 0  # jobs in flight now
-    last_batch_size: int = 0  # how many jobs shared the GPU with the last one done
-    # The engine's thread in the synthesizer's calls (adding jobs, steps), and of that time how much it
-    # waited for the device: the rest is the host's own work (see worker.engine.device_waits).
-    in_steps_s: float = 0.0
-    waiting_for_device_s: float = 0.0
 
 
 class Batcher:

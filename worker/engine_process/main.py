@@ -23,7 +23,6 @@ import queue
 import sys
 import threading
 import time
-from dataclasses import asdict
 
 import numpy as np
 import setproctitle
@@ -33,6 +32,7 @@ from chattts_farm.settings import Settings
 from worker.channel import Channel, error_fields, float32_bytes, listen
 from worker.engine_process.batcher import Batcher, JobHandle
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
+from worker.engine_report import engine_stats
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class EngineServer:
                 handle.request.request_id: [handle.started_at, handle.started_wall, handle.progress]
                 for handle in self.batcher.running()
             }
-            status = {"stats": {**asdict(self.batcher.stats), **asdict(self.synthesizer.gates)}}
+            status = {"stats": engine_stats(self.batcher.stats, self.synthesizer.gates)}
             if count % GPU_REPORT_EVERY == 0:
                 status["gpu"] = gpu_report(self.synthesizer.model.device)
             with self._lock:

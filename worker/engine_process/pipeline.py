@@ -27,7 +27,6 @@ import itertools
 import logging
 import time
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
 
 from chattts_farm.contract import FarmError, InvalidRequest, JobCancelled, SynthesisRequest
 from chattts_farm.settings import Settings
@@ -41,6 +40,7 @@ from worker.engine_process.finish import finish, memory_report, reset_memory_sta
 from worker.engine_process.prepare import Preparer
 from worker.engine_process.streaming import Deliver, RequestStream, row_start_piece_frames
 from worker.engine_process.synthesis import Synthesis
+from worker.engine_report import GateCounts
 from worker.interpreter import freeze_start_up_heap, share_promptly
 from worker.model.loading import LoadedModel, load_model
 from worker.results import SynthesisResult
@@ -59,16 +59,6 @@ CancelledCheck = Callable[[], Collection[int]]
 # With nothing else to do but wait for the ASR gate, a step waits this long for it: short enough
 # that the batcher sees arrivals and cancellations at once.
 LISTEN_WAIT_S = 0.05
-
-
-@dataclass
-class GateCounts:
-    """What the quality gates have done since this synthesizer started (the engine process reports them
-    for /metrics)."""
-
-    asr_checks: int = 0  # attempts the ASR gate heard
-    asr_mismatches: int = 0  # of those, heard saying something else
-    regenerated: int = 0  # segments generated again with another seed, by either gate
 
 
 class Synthesizer:
