@@ -353,9 +353,14 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
     }
 
 
+# What each worker's health reports of its engine's thread, summed over the workers level by level.
+ENGINE_FIGURES = ("in_steps_s", "waiting_for_device_s", "pinned_blocks_made", "pinned_alloc_s")
+
+
 class EngineThreads:
-    """The workers' engine threads, level by level: seconds in steps, and of those waiting for the
-    device, from each worker's health (see worker.engine.device_waits)."""
+    """The workers' engine threads, level by level (ENGINE_FIGURES): seconds in steps, and of those
+    waiting for the device (see worker.engine.device_waits); pinned memory blocks made, and the seconds
+    that took (see worker.engine_report), from each worker's health."""
 
     def __init__(self, celery):
         self.celery = celery
@@ -363,15 +368,15 @@ class EngineThreads:
         self.queues = sorted({queue_of_worker(name) for reply in celery.control.ping(timeout=1.0) for name in reply})
         self._last = self._read()
 
-    def _read(self) -> tuple[float, float]:
+    def _read(self) -> dict[str, float]:
         time.sleep(ENGINE_REPORT_SETTLE_S)
         reports = [self.celery.send_task("chattts.health", queue=queue).get(timeout=60) for queue in self.queues]
-        return sum(r["in_steps_s"] for r in reports), sum(r["waiting_for_device_s"] for r in reports)
+        return {figure: sum(report[figure] for report in reports) for figure in ENGINE_FIGURES}
 
-    def since_last(self) -> tuple[float, float]:
-        """In steps and waiting, since the last call (or the start)."""
+    def since_last(self) -> dict[str, float]:
+        """Each figure's growth since the last call (or the start)."""
         now = self._read()
-        spent = (now[0] - self._last[0], now[1] - self._last[1])
+        spent = {figure: now[figure] - self._last[figure] for figure in ENGINE_FIGURES}
         self._last = now
         return spent
 
@@ -501,10 +506,17 @@ def main() -> None:
         "\nthe engines' threads, level by level (from the workers' health; the level's wall runs from its first "
         "submit to its last chunk heard):\n"
     )
-    print("| path | clients | level wall s | in steps s | waiting for the device s | host's own work s |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for path, clients, wall, (in_steps, waiting) in threads:
-        print(f"| {path} | {clients} | {wall:.2f} | {in_steps:.2f} | {waiting:.2f} | {in_steps - waiting:.2f} |")
+    print(
+        "| path | clients | level wall s | in steps s | waiting for the device s | host's own work s "
+        "| pinned blocks made | making them s |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for path, clients, wall, spent in threads:
+        in_steps, waiting = spent["in_steps_s"], spent["waiting_for_device_s"]
+        print(
+            f"| {path} | {clients} | {wall:.2f} | {in_steps:.2f} | {waiting:.2f} | {in_steps - waiting:.2f} "
+            f"| {spent['pinned_blocks_made']:.0f} | {spent['pinned_alloc_s']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -171,11 +171,12 @@ class _FarmCollector:
             ),
         }
         # Its engine's thread: in the synthesizer's calls, and of that waiting for the GPU (the rest is
-        # host work; a thread busy without waiting is the worker's limit, not its GPU).
+        # host work; a thread busy without waiting is the worker's limit, not its GPU), and making pinned
+        # host memory, a part of that host work.
         engine_thread = CounterMetricFamily(
             "chattts_engine_thread_seconds",
             "Seconds a GPU's engine thread spent in steps (what: steps) and of those waiting for the GPU "
-            "(what: waiting_for_device)",
+            "(what: waiting_for_device) and making pinned host memory (what: making_pinned_memory)",
             labels=["worker", "what"],
         )
         for report in alive:
@@ -192,6 +193,7 @@ class _FarmCollector:
             batch.add_metric([worker, "last"], report.get("last_batch_size", 0))
             engine_thread.add_metric([worker, "steps"], report.get("in_steps_s", 0.0))
             engine_thread.add_metric([worker, "waiting_for_device"], report.get("waiting_for_device_s", 0.0))
+            engine_thread.add_metric([worker, "making_pinned_memory"], report.get("pinned_alloc_s", 0.0))
             if report.get("gpu"):
                 gpu = report["gpu"]
                 labels = [worker, gpu["name"]]

@@ -1,6 +1,6 @@
-"""What an engine process reports of itself in each status message: its batcher's counts and its quality
-gates'. Torch-free: the engine process keeps them, and a worker's Celery side starts from their zeros
-until the first status comes (worker.engine_client)."""
+"""What an engine process reports of itself in each status message: its batcher's counts, its quality
+gates' and its pinned host memory's. Torch-free: the engine process keeps them, and a worker's Celery
+side starts from their zeros until the first status comes (worker.engine_client)."""
 
 from __future__ import annotations
 
@@ -28,6 +28,17 @@ class GateCounts:
     regenerated: int = 0  # segments generated again with another seed, by either gate
 
 
-def engine_stats(batcher: BatcherStats, gates: GateCounts) -> dict:
-    """Both, as one status message's ``stats``."""
-    return {**asdict(batcher), **asdict(gates)}
+@dataclass
+class PinnedMemory:
+    """torch's cache of pinned host memory (where the vocoder's rows land): the blocks it had to make
+    because none of its cached ones fitted, and the seconds that took on the thread that asked, the
+    engine's. A new block cost ~1 ms on an H200's host (docs/performance.md), one from the cache a few
+    microseconds: a level of streams that makes many pays for them in its steps."""
+
+    pinned_blocks_made: int = 0
+    pinned_alloc_s: float = 0.0
+
+
+def engine_stats(batcher: BatcherStats, gates: GateCounts, pinned: PinnedMemory) -> dict:
+    """All three, as one status message's ``stats``."""
+    return {**asdict(batcher), **asdict(gates), **asdict(pinned)}

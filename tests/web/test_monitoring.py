@@ -38,6 +38,7 @@ A_GPU_WORKER = {
     "regenerated": 7,
     "in_steps_s": 30.5,
     "waiting_for_device_s": 12.25,
+    "pinned_alloc_s": 1.5,
     "gpu": {
         "name": "NVIDIA H200",
         "allocated_mb": 1000.0,
@@ -83,10 +84,11 @@ def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis
     assert samples["chattts_engine_asr_mismatches_total", first] == 6
     assert samples["chattts_engine_segments_regenerated_total", first] == 7
     assert ("chattts_engine_asr_checks_total", (("worker", "gpu0.1@host"),)) not in samples
-    # Its engine's thread: in steps, and of that waiting for the GPU.
+    # Its engine's thread: in steps, and of that waiting for the GPU and making pinned memory.
     thread = "chattts_engine_thread_seconds_total"
     assert samples[thread, (("what", "steps"), ("worker", "gpu0@host"))] == 30.5
     assert samples[thread, (("what", "waiting_for_device"), ("worker", "gpu0@host"))] == 12.25
+    assert samples[thread, (("what", "making_pinned_memory"), ("worker", "gpu0@host"))] == 1.5
     assert not [key for key in samples if key[0] == thread and ("worker", "gpu0.1@host") in key[1]]
     assert not [key for key in samples if key[0].startswith("chattts_gpu_") and ("worker", "gpu0.1@host") in key[1]]
     assert ("chattts_worker_batch_size", (("which", "current"), ("worker", "gpu0.1@host"))) not in samples

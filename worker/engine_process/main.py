@@ -32,7 +32,7 @@ from chattts_farm.settings import Settings
 from worker.channel import Channel, error_fields, float32_bytes, listen
 from worker.engine_process.batcher import Batcher, JobHandle
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
-from worker.engine_report import engine_stats
+from worker.engine_report import PinnedMemory, engine_stats
 
 logger = logging.getLogger(__name__)
 
@@ -172,9 +172,10 @@ class EngineServer:
                 handle.request.request_id: [handle.started_at, handle.started_wall, handle.progress]
                 for handle in self.batcher.running()
             }
-            status = {"stats": engine_stats(self.batcher.stats, self.synthesizer.gates)}
+            device = self.synthesizer.model.device
+            status = {"stats": engine_stats(self.batcher.stats, self.synthesizer.gates, pinned_memory(device))}
             if count % GPU_REPORT_EVERY == 0:
-                status["gpu"] = gpu_report(self.synthesizer.model.device)
+                status["gpu"] = gpu_report(device)
             with self._lock:
                 jobs_of = {channel: list(jobs) for channel, jobs in self._jobs_of.items()}
             for channel, jobs in jobs_of.items():
@@ -214,6 +215,16 @@ def gpu_report(device) -> dict | None:
         "fragmentation": round(1 - allocated / reserved, 4) if reserved else 0.0,
         "utilisation": _utilisation(device),
     }
+
+
+def pinned_memory(device) -> PinnedMemory:
+    """What torch's pinned memory cache has made so far (nothing on a CPU)."""
+    import torch
+
+    if device.type != "cuda":
+        return PinnedMemory()
+    stats = torch.cuda.host_memory_stats()
+    return PinnedMemory(stats.get("num_host_alloc", 0), stats.get("host_alloc_time.total", 0) / 1e6)
 
 
 def _utilisation(device) -> float | None:
