@@ -115,8 +115,8 @@ def decode_attention(
     ``columns`` (rows,) the position each row's new key and value go to, or -1 for a row that takes
     no part (a slot that finished or holds nothing: nothing of its cache is read or written, and its
     output is zeros); ``split_columns``, the positions of a split (by default :func:`split_columns_for`;
-    rounded up to a multiple of the launch's tile); ``split_programs``, the programs each (row, head) takes (by
-    default :func:`split_programs_for`).
+    rounded up to a multiple of the launch's tile); ``split_programs``, the programs each (row, head)
+    takes (by default :func:`split_programs_for`).
     Returns (rows, heads, 1, dim) in the query's dtype.
     """
     rows, heads, _, dim = query.shape
