@@ -39,10 +39,11 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         assert 0 < sent_by_engine[0] <= sent_by_engine[1] and 0 <= to_worker[0] <= to_worker[1]
         # The farm's clients read the stream's entries, whose ids say when Redis appended them; the web's do not.
         assert (to_redis is None) == (row["path"] == "web")
-        # The hops of a job add up to its first chunk; one client's p50s are that job's own.
+        # The hops of a job add up to its first chunk; one client's p50s are that job's own. Each hop (five at
+        # most) and the first chunk are printed to a whole ms: they agree within half a ms each.
         if row["clients"] == "1":
-            total = sum(hop[0] for hop in (to_engine, sent_by_engine, to_worker, to_redis, to_client) if hop)
-            assert abs(total - p50s[row["path"], "1"]) < 2
+            printed = [hop[0] for hop in (to_engine, sent_by_engine, to_worker, to_redis, to_client) if hop]
+            assert abs(sum(printed) - p50s[row["path"], "1"]) <= 0.5 * (len(printed) + 1)
         # The clocks (the client's, the engine's, Redis's) are one host's; Redis's counts whole milliseconds.
         assert to_client[0] > -5 and (to_redis is None or to_redis[0] > -5)
     # Level by level, the engine's thread: in steps, of which waiting for the device (none on a CPU).
