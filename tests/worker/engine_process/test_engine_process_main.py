@@ -1,4 +1,5 @@
-"""What the engine process reports of its pinned host memory (worker.engine_process.main.pinned_memory)."""
+"""What the engine process reports of its pinned host memory (worker.engine_process.main.pinned_memory). Not
+test_main.py: tests/cli has one, and test files need unique names."""
 
 import pytest
 import torch
