@@ -17,6 +17,11 @@ passes; handing finished rows to the vocoder, which launches their decoding) and
 collector's pauses: a row whose steps cost more than their decode steps should, with little of it
 waiting, is the host's.
 
+``--streamed`` gives every request a callback for its audio (which drops it), as the farm's streamed jobs
+have: the vocoder then decodes each segment a piece at a time while it is drawn, beside the decode
+steps, instead of whole once it has ended (most of them in the workload's tail, with fewer rows
+running). Against a run without, it says what decoding audio as it is drawn costs or saves the engine.
+
 ``--profile-run`` adds, after the untimed pass, two more whole workloads: the first (on CUDA) in
 torch's synchronisation debug mode (every place the host waited for the device without asking to,
 by count: the host waiting so lets the GPU run dry behind it); the second under ``cProfile`` from
@@ -215,14 +220,21 @@ def print_timeline(timer: PhaseTimer) -> None:
 
 
 def audio_per_wall(
-    synthesizer: Synthesizer, jobs: int, seed: int, seconds: tuple[float, float], bandwidth: float | None = None
+    synthesizer: Synthesizer,
+    jobs: int,
+    seed: int,
+    seconds: tuple[float, float],
+    bandwidth: float | None = None,
+    *,
+    streamed: bool = False,
 ) -> tuple[float, float]:
-    """The workload's wall seconds and audio-s per wall-s; given the device's copy bandwidth (bytes a
-    second), also prints what its KV cache reads alone allow (:func:`kv_cache_reads`)."""
+    """The workload's wall seconds and audio-s per wall-s, each request streamed or not; given the
+    device's copy bandwidth (bytes a second), also prints what its KV cache reads alone allow
+    (:func:`kv_cache_reads`)."""
     # Made before the clock starts: writing 1,536 texts is the client's work (~0.25 s), not the engine's.
     requests = standard_requests(jobs, seed=seed, seconds=seconds)
     started = time.perf_counter()
-    outcomes = synthesizer.synthesize(requests)
+    outcomes = synthesizer.synthesize(requests, on_audio=dropping_audio(len(requests)) if streamed else None)
     wall = time.perf_counter() - started
     audio_s = sum(outcome.duration_s for outcome in outcomes)
     if bandwidth:
@@ -234,6 +246,15 @@ def audio_per_wall(
             "per wall-s with nothing else to do"
         )
     return wall, audio_s / wall
+
+
+def dropping_audio(count: int) -> list:
+    """A callback for each of ``count`` streamed requests that takes their audio and drops it."""
+
+    def drop(index: int, samples) -> None:
+        pass
+
+    return [drop] * count
 
 
 def kv_cache_reads(synthesizer: Synthesizer, requests: list, tokens: list[int]) -> int:
@@ -412,6 +433,7 @@ def main() -> None:
     )
     parser.add_argument("--kv-dtypes", default="model,fp8", help="KV cache dtypes to run, comma-separated.")
     parser.add_argument("--seconds", type=seconds_range, default=(5.0, 15.0), help="Speech per job, LOW-HIGH s.")
+    parser.add_argument("--streamed", action="store_true", help="Every request streams its audio as it is drawn.")
     parser.add_argument("--profile-steps", type=int, default=0, help="Profile this many steps at full load.")
     parser.add_argument(
         "--profile-run", action="store_true", help="Profile whole workloads: the implicit syncs, the host."
@@ -451,10 +473,13 @@ def main() -> None:
         )
         # Warmed up on a whole workload of other jobs: a first pass at full load still finds new sizes
         # (the allocator's, the vocoder's batches), and a worker lives in the steady state after it.
-        synthesizer.synthesize(standard_requests(arguments.jobs, seed=7, seconds=arguments.seconds))
+        streamed = arguments.streamed
+        warm_up = standard_requests(arguments.jobs, seed=7, seconds=arguments.seconds)
+        synthesizer.synthesize(warm_up, on_audio=dropping_audio(len(warm_up)) if streamed else None)
         steps_timer = timeline(synthesizer)
-        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds, bandwidth)
-        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases untimed)")
+        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds, bandwidth, streamed=streamed)
+        how = "phases untimed, streamed" if streamed else "phases untimed"
+        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s ({how})")
         steps_timer.remove()
         print_timeline(steps_timer)
         print(f"  segments preempted so far: {synthesizer.engine.preemptions}")
@@ -472,12 +497,13 @@ def main() -> None:
         timer.time(pipeline, "finish", "finish")
         timer.time(synthesizer, "step", "synthesizer step, in all")
         prompts = count_prompt_tokens(synthesizer)
-        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 2, arguments.seconds)
+        wall, rate = audio_per_wall(synthesizer, arguments.jobs, 2, arguments.seconds, streamed=streamed)
         del synthesizer.engine._prefill_passes
         # Unwrapped at once: the module function it wraps would hold this synthesizer (and its cache) past
         # this dtype's pass, and the next dtype's would find no memory for its own.
         timer.remove()
-        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases timed)")
+        how = "phases timed, streamed" if streamed else "phases timed"
+        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s ({how})")
         print("  | phase | s | calls | ms per call |\n  |---|---:|---:|---:|")
         for phase, seconds in timer.seconds.most_common():
             calls = timer.calls[phase]

@@ -54,3 +54,18 @@ def test_the_phases_of_a_workload_are_timed_on_the_cpu(tiny_assets, data_dir):
     # The host's profile of a workload's tail, the synthesizer's steps in it (the sync count is CUDA's alone).
     assert output.count("the host over the workload's tail (cProfile, by time with callees)") == 2
     assert "pipeline.py" in output.split("the host over the workload's tail")[1]
+
+
+def test_every_request_can_stream_its_audio_as_it_is_drawn(tiny_assets, data_dir):
+    finished = run_bench(
+        "engine_phases",
+        *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "4", "--slots", "4"),
+        *("--kv-dtypes", "model", "--seconds", "1-2", "--streamed"),
+        data_dir=data_dir,
+        timeout_s=300,
+    )
+    rates = re.findall(r"4 jobs: [\d.]+ s, ([\d.]+) audio-s per wall-s \((phases \w+, streamed)\)", finished.stdout)
+    assert [how for _, how in rates] == ["phases untimed, streamed", "phases timed, streamed"]
+    assert all(float(rate) > 0 for rate, _ in rates)
+    phases = table_after(finished.stdout.splitlines(), "| phase |")
+    assert int(phases["vocoder"][1]) > 0
