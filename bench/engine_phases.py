@@ -474,12 +474,11 @@ def main() -> None:
         # Warmed up on a whole workload of other jobs: a first pass at full load still finds new sizes
         # (the allocator's, the vocoder's batches), and a worker lives in the steady state after it.
         streamed = arguments.streamed
-        warm_up = standard_requests(arguments.jobs, seed=7, seconds=arguments.seconds)
-        synthesizer.synthesize(warm_up, on_audio=dropping_audio(len(warm_up)) if streamed else None)
+        audio_per_wall(synthesizer, arguments.jobs, 7, arguments.seconds, streamed=streamed)
+        streamed_note = ", streamed" if streamed else ""
         steps_timer = timeline(synthesizer)
         wall, rate = audio_per_wall(synthesizer, arguments.jobs, 1, arguments.seconds, bandwidth, streamed=streamed)
-        how = "phases untimed, streamed" if streamed else "phases untimed"
-        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s ({how})")
+        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases untimed{streamed_note})")
         steps_timer.remove()
         print_timeline(steps_timer)
         print(f"  segments preempted so far: {synthesizer.engine.preemptions}")
@@ -502,8 +501,7 @@ def main() -> None:
         # Unwrapped at once: the module function it wraps would hold this synthesizer (and its cache) past
         # this dtype's pass, and the next dtype's would find no memory for its own.
         timer.remove()
-        how = "phases timed, streamed" if streamed else "phases timed"
-        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s ({how})")
+        print(f"  {arguments.jobs} jobs: {wall:.2f} s, {rate:.1f} audio-s per wall-s (phases timed{streamed_note})")
         print("  | phase | s | calls | ms per call |\n  |---|---:|---:|---:|")
         for phase, seconds in timer.seconds.most_common():
             calls = timer.calls[phase]
