@@ -354,13 +354,21 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
 
 
 # What each worker's health reports of its engine's thread, summed over the workers level by level.
-ENGINE_FIGURES = ("in_steps_s", "waiting_for_device_s", "pinned_blocks_made", "pinned_alloc_s")
+ENGINE_FIGURES = (
+    "in_steps_s",
+    "waiting_for_device_s",
+    "pinned_blocks_made",
+    "pinned_alloc_s",
+    "device_blocks_made",
+    "device_alloc_retries",
+)
 
 
 class EngineThreads:
     """The workers' engine threads, level by level (ENGINE_FIGURES): seconds in steps, and of those
     waiting for the device (see worker.engine.device_waits); pinned memory blocks made, and the seconds
-    that took (see worker.engine_report), from each worker's health."""
+    that took; device memory blocks made, and the allocator's retries (see worker.engine_report), from
+    each worker's health."""
 
     def __init__(self, celery):
         self.celery = celery
@@ -508,14 +516,15 @@ def main() -> None:
     )
     print(
         "| path | clients | level wall s | in steps s | waiting for the device s | host's own work s "
-        "| pinned blocks made | making them s |"
+        "| pinned blocks made | making them s | device blocks made | allocator retries |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for path, clients, wall, spent in threads:
         in_steps, waiting = spent["in_steps_s"], spent["waiting_for_device_s"]
         print(
             f"| {path} | {clients} | {wall:.2f} | {in_steps:.2f} | {waiting:.2f} | {in_steps - waiting:.2f} "
-            f"| {spent['pinned_blocks_made']:.0f} | {spent['pinned_alloc_s']:.2f} |"
+            f"| {spent['pinned_blocks_made']:.0f} | {spent['pinned_alloc_s']:.2f} "
+            f"| {spent['device_blocks_made']:.0f} | {spent['device_alloc_retries']:.0f} |"
         )
 
 

@@ -179,6 +179,14 @@ class _FarmCollector:
             "(what: waiting_for_device) and making pinned host memory (what: making_pinned_memory)",
             labels=["worker", "what"],
         )
+        # And how its memory caches grew: blocks that had to be made rather than taken from a cache. Once
+        # a worker is warm these stay flat; a rise beside a slow level says where its host time went.
+        blocks_made = CounterMetricFamily(
+            "chattts_engine_memory_blocks_made",
+            "Blocks a GPU's engine made rather than reused, of pinned host memory (memory: pinned) and of "
+            "device memory (memory: device)",
+            labels=["worker", "memory"],
+        )
         for report in alive:
             worker = report["worker"]
             jobs_done.add_metric([worker], report["jobs_done"])
@@ -194,6 +202,8 @@ class _FarmCollector:
             engine_thread.add_metric([worker, "steps"], report.get("in_steps_s", 0.0))
             engine_thread.add_metric([worker, "waiting_for_device"], report.get("waiting_for_device_s", 0.0))
             engine_thread.add_metric([worker, "making_pinned_memory"], report.get("pinned_alloc_s", 0.0))
+            blocks_made.add_metric([worker, "pinned"], report.get("pinned_blocks_made", 0))
+            blocks_made.add_metric([worker, "device"], report.get("device_blocks_made", 0))
             if report.get("gpu"):
                 gpu = report["gpu"]
                 labels = [worker, gpu["name"]]
@@ -204,6 +214,7 @@ class _FarmCollector:
                 if gpu.get("utilisation") is not None:
                     utilisation.add_metric(labels, gpu["utilisation"])
         yield from (batch, peak, fragmentation, allocated, reserved, utilisation, jobs_done, audio_done, engine_thread)
+        yield blocks_made
         yield from gates.values()
 
 

@@ -40,7 +40,7 @@ from chattts_farm.contract import (
 )
 from chattts_farm.settings import Settings
 from worker.channel import Channel, error_from
-from worker.engine_report import BatcherStats, GateCounts, PinnedMemory, engine_stats
+from worker.engine_report import BatcherStats, GateCounts, MemoryGrowth, engine_stats
 from worker.results import SynthesisResult
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class EngineClient:
         self.model_info: dict = {}
         self.engine_pid: int | None = None
         self.restarts = 0  # engine processes started after the first
-        self.stats = engine_stats(BatcherStats(), GateCounts(), PinnedMemory())  # until the engine's first status
+        self.stats = engine_stats(BatcherStats(), GateCounts(), MemoryGrowth())  # until the engine's first status
         self.gpu: dict | None = None
         self._jobs: dict[str, Job] = {}  # unfinished, by job id
         self._lock = threading.Lock()  # over _jobs and _channel: a job is sent once to each engine

@@ -1,5 +1,5 @@
 """What an engine process reports of itself in each status message: its batcher's counts, its quality
-gates' and its pinned host memory's. Torch-free: the engine process keeps them, and a worker's Celery
+gates' and how its memory caches grew. Torch-free: the engine process keeps them, and a worker's Celery
 side starts from their zeros until the first status comes (worker.engine_client)."""
 
 from __future__ import annotations
@@ -29,16 +29,20 @@ class GateCounts:
 
 
 @dataclass
-class PinnedMemory:
-    """torch's cache of pinned host memory (where the vocoder's rows land): the blocks it had to make
+class MemoryGrowth:
+    """How torch's memory caches grew: the pinned host blocks (where the vocoder's rows land) it had to make
     because none of its cached ones fitted, and the seconds that took on the thread that asked, the
-    engine's. A new block cost ~1 ms on an H200's host (docs/performance.md), one from the cache a few
-    microseconds: a level of streams that makes many pays for them in its steps."""
+    engine's; the device memory blocks its CUDA allocator asked the driver for, and how often it had to
+    give back its cache and ask again (each time after waiting for the whole device). A new pinned block
+    cost ~1 ms on an H200's host (docs/performance.md), one from the cache a few microseconds: a level of
+    streams that makes many pays for them in its steps."""
 
     pinned_blocks_made: int = 0
     pinned_alloc_s: float = 0.0
+    device_blocks_made: int = 0
+    device_alloc_retries: int = 0
 
 
-def engine_stats(batcher: BatcherStats, gates: GateCounts, pinned: PinnedMemory) -> dict:
+def engine_stats(batcher: BatcherStats, gates: GateCounts, memory: MemoryGrowth) -> dict:
     """All three, as one status message's ``stats``."""
-    return {**asdict(batcher), **asdict(gates), **asdict(pinned)}
+    return {**asdict(batcher), **asdict(gates), **asdict(memory)}

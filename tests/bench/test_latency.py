@@ -55,5 +55,6 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         )
         assert 0 < in_steps < float(row["level wall s"]) + 1.0  # the engine reports twice a second
         assert waiting == 0 and own == in_steps
-        # A CPU worker pins no host memory.
+        # A CPU worker pins no host memory and has no CUDA allocator.
         assert row["pinned blocks made"] == "0" and row["making them s"] == "0.00"
+        assert row["device blocks made"] == "0" and row["allocator retries"] == "0"

@@ -39,6 +39,8 @@ A_GPU_WORKER = {
     "in_steps_s": 30.5,
     "waiting_for_device_s": 12.25,
     "pinned_alloc_s": 1.5,
+    "pinned_blocks_made": 30,
+    "device_blocks_made": 4,
     "gpu": {
         "name": "NVIDIA H200",
         "allocated_mb": 1000.0,
@@ -90,6 +92,11 @@ def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis
     assert samples[thread, (("what", "waiting_for_device"), ("worker", "gpu0@host"))] == 12.25
     assert samples[thread, (("what", "making_pinned_memory"), ("worker", "gpu0@host"))] == 1.5
     assert not [key for key in samples if key[0] == thread and ("worker", "gpu0.1@host") in key[1]]
+    # And the blocks its memory caches had to make.
+    made = "chattts_engine_memory_blocks_made_total"
+    assert samples[made, (("memory", "pinned"), ("worker", "gpu0@host"))] == 30
+    assert samples[made, (("memory", "device"), ("worker", "gpu0@host"))] == 4
+    assert not [key for key in samples if key[0] == made and ("worker", "gpu0.1@host") in key[1]]
     assert not [key for key in samples if key[0].startswith("chattts_gpu_") and ("worker", "gpu0.1@host") in key[1]]
     assert ("chattts_worker_batch_size", (("which", "current"), ("worker", "gpu0.1@host"))) not in samples
 

@@ -32,7 +32,7 @@ from chattts_farm.settings import Settings
 from worker.channel import Channel, error_fields, float32_bytes, listen
 from worker.engine_process.batcher import Batcher, JobHandle
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
-from worker.engine_report import PinnedMemory, engine_stats
+from worker.engine_report import MemoryGrowth, engine_stats
 
 logger = logging.getLogger(__name__)
 
@@ -173,7 +173,7 @@ class EngineServer:
                 for handle in self.batcher.running()
             }
             device = self.synthesizer.model.device
-            status = {"stats": engine_stats(self.batcher.stats, self.synthesizer.gates, pinned_memory(device))}
+            status = {"stats": engine_stats(self.batcher.stats, self.synthesizer.gates, memory_growth(device))}
             if count % GPU_REPORT_EVERY == 0:
                 status["gpu"] = gpu_report(device)
             with self._lock:
@@ -217,14 +217,21 @@ def gpu_report(device) -> dict | None:
     }
 
 
-def pinned_memory(device) -> PinnedMemory:
-    """What torch's pinned memory cache has made so far (nothing on a CPU)."""
+def memory_growth(device) -> MemoryGrowth:
+    """What torch's pinned host memory cache and the device's CUDA allocator have made so far (nothing
+    on a CPU)."""
     import torch
 
     if device.type != "cuda":
-        return PinnedMemory()
-    stats = torch.cuda.host_memory_stats()
-    return PinnedMemory(stats.get("num_host_alloc", 0), stats.get("host_alloc_time.total", 0) / 1e6)
+        return MemoryGrowth()
+    host = torch.cuda.host_memory_stats()
+    allocator = torch.cuda.memory_stats(device)
+    return MemoryGrowth(
+        pinned_blocks_made=host.get("num_host_alloc", 0),
+        pinned_alloc_s=host.get("host_alloc_time.total", 0) / 1e6,
+        device_blocks_made=allocator.get("num_device_alloc", 0),
+        device_alloc_retries=allocator.get("num_alloc_retries", 0),
+    )
 
 
 def _utilisation(device) -> float | None:
