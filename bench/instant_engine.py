@@ -3,7 +3,7 @@
 ``CHATTTS_FARM_ENGINE_MODULE=bench.instant_engine`` makes a worker start this instead of
 worker.engine_process.main. It speaks the same channel (worker.channel): it says ``ready``, and answers
 each ``submit`` at once with a result of the speech its text is expected to last (a quiet tone), a
-streaming job's audio first in chunks of CHUNK_S. No model, no torch: what the worker then spends on
+streaming job's audio in chunks of CHUNK_S instead. No model, no torch: what the worker then spends on
 a job (its thread, Redis, the audio store, encoding) is the Celery side's own cost, which
 bench/celery_side.py reports.
 """
@@ -50,7 +50,7 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": []},
         model=MODEL,
         memory={},
-        timeline=timeline([samples], [0, 0], SAMPLE_RATE, [request.text]),
+        timeline=timeline([samples.size], [0, 0], SAMPLE_RATE, [request.text]),
     )
 
 
@@ -69,9 +69,11 @@ def serve(channel: Channel) -> None:
         request = SynthesisRequest.from_arguments(message["arguments"], max_text_chars=10**6, request_id=job)
         result = result_for(request)
         if message["stream"]:
+            # As the engine does: a stream's audio goes out in chunks, and its result carries none.
             samples = result.pieces[0]
             for start in range(message["sent_samples"], samples.size, chunk):
                 channel.send("audio", job=job, segment=0, pcm=float32_bytes(samples[start : start + chunk]))
+            result.pieces = None
         channel.send("finished", job=job, started_at=now, started_wall=wall, result=result.as_message())
 
 

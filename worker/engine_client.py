@@ -77,6 +77,7 @@ class Job:
     outcome: SynthesisResult | FarmError | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
     sent_samples: int = 0  # of a stream: what has gone out, which a new engine process does not send again
+    streamed: list[np.ndarray] = field(default_factory=list)  # of a stream: what came, its result's audio
     engine_deaths: int = 0  # engine processes that died while they ran it
 
     def finish(self, outcome: SynthesisResult | FarmError) -> None:
@@ -249,6 +250,7 @@ class EngineClient:
         if held.first_audio_at is None:
             held.first_audio_at = time.monotonic()
         held.sent_samples += samples.size
+        held.streamed.append(samples)
         held.on_audio(segment, samples)
 
     def _on_finished(
@@ -265,7 +267,12 @@ class EngineClient:
         if held is None:  # ended here already (revoked)
             return
         held.started_at, held.started_wall, held.first_audio_sent_at = started_at, started_wall, first_audio_at
-        held.finish(error_from(error) if error is not None else SynthesisResult.from_message(result))
+        if error is not None:
+            held.finish(error_from(error))
+            return
+        outcome = SynthesisResult.from_message(result)
+        # A stream's audio came as it was drawn, across every engine process that ran it.
+        held.finish(outcome if outcome.pieces is not None else outcome.with_streamed_audio(held.streamed))
 
     def _on_status(self, jobs: dict, stats: dict, **gpu_report) -> None:
         for job, (started_at, started_wall, progress) in jobs.items():

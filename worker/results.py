@@ -1,8 +1,9 @@
 """What a finished request gives back: its audio and its description, on either side of the engine process.
 
 Torch-free: the engine process builds a :class:`SynthesisResult`, sends it over the channel as a plain
-message (:meth:`SynthesisResult.as_message`: the samples' float32 bytes), and the worker's Celery
-side rebuilds it (:meth:`SynthesisResult.from_message`) and has its audio joined and encoded, off the
+message (:meth:`SynthesisResult.as_message`: the samples' float32 bytes; a streamed request's result
+carries none, its audio having gone out as it was drawn), and the worker's Celery side rebuilds it
+(:meth:`SynthesisResult.from_message`) and has its audio joined and encoded, off the
 engine's interpreter: in a pool of encoder processes for the formats that cost CPU (mp3 and Ogg Opus
 take tens of milliseconds a job, which one interpreter's lock would serialise).
 """
@@ -13,7 +14,7 @@ import copy
 import functools
 import time
 from concurrent.futures import Executor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -42,13 +43,14 @@ def joined(pieces: list[np.ndarray], silences: list[int]) -> np.ndarray:
     return signal
 
 
-def timeline(pieces: list[np.ndarray], silences: list[int], sample_rate: int, captions: list[str]) -> list[dict]:
-    """Where each segment lies in the audio :func:`joined` makes of the pieces, counted in its samples:
-    one entry a segment, ``{"index", "text", "start_s", "end_s"}`` (``text``: its caption), to the millisecond."""
+def timeline(sizes: list[int], silences: list[int], sample_rate: int, captions: list[str]) -> list[dict]:
+    """Where each segment lies in the audio :func:`joined` makes of pieces of ``sizes`` samples, counted in
+    its samples: one entry a segment, ``{"index", "text", "start_s", "end_s"}`` (``text``: its caption), to
+    the millisecond."""
     entries, end = [], 0
-    for index, (piece, silence, caption) in enumerate(zip(pieces, silences[:-1], captions, strict=True)):
+    for index, (size, silence, caption) in enumerate(zip(sizes, silences[:-1], captions, strict=True)):
         start = end + silence
-        end = start + piece.size
+        end = start + size
         entries.append(
             {
                 "index": index,
@@ -71,7 +73,10 @@ class SynthesisResult:
     read and encoded when ``audio`` is, by whoever reads them: a worker's job thread, not the engine."""
 
     request_id: str
-    pieces: list[np.ndarray] = field(repr=False)  # the segments' samples, float32 at sample_rate
+    # The segments' samples, float32 at sample_rate. None where the engine process streamed them: they
+    # went out as they were drawn, and the worker's Celery side puts together what it received
+    # (:meth:`with_streamed_audio`).
+    pieces: list[np.ndarray] | None = field(repr=False)
     # Samples of silence before each segment, and after the last (one more than pieces): the pause
     # between segments, or what an SSML <break> asked for.
     silences: list[int] = field(repr=False)
@@ -109,9 +114,16 @@ class SynthesisResult:
         """The result as plain values for the channel, its samples as blobs (see worker.channel)."""
         return {
             "summary": self.summary(),
-            "pieces": [float32_bytes(piece) for piece in self.pieces],
+            "pieces": None if self.pieces is None else [float32_bytes(piece) for piece in self.pieces],
             "silences": self.silences,
         }
+
+    def with_streamed_audio(self, streamed: list[np.ndarray]) -> SynthesisResult:
+        """A streamed result with its audio: every chunk that came as it was drawn, in order (silences and
+        all, so the result's own silences are in it already)."""
+        assert self.pieces is None, "the result carries its audio"
+        whole = np.concatenate(streamed) if streamed else np.zeros(0, dtype=np.float32)
+        return replace(self, pieces=[whole], silences=[0, 0])
 
     def encoded_by(self, pool: Executor | None) -> bytes:
         """The audio, encoded by a process of ``pool`` (another interpreter: many jobs' encodings at once)
@@ -125,5 +137,7 @@ class SynthesisResult:
 
     @classmethod
     def from_message(cls, message: dict) -> SynthesisResult:
-        pieces = [np.frombuffer(piece, dtype=np.float32) for piece in message["pieces"]]
+        pieces = message["pieces"]
+        if pieces is not None:
+            pieces = [np.frombuffer(piece, dtype=np.float32) for piece in pieces]
         return cls(pieces=pieces, silences=message["silences"], **message["summary"])

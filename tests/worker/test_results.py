@@ -30,7 +30,7 @@ def a_result() -> SynthesisResult:
         quality={"ok": True, "flags": [], "retried_segments": 0, "segments": [{"ok": True}, {"ok": True}]},
         model={"kind": "synthetic", "device": "cpu"},
         memory={},
-        timeline=timeline([tone, tone[: SAMPLE_RATE // 2]], [0, SAMPLE_RATE // 4, 0], SAMPLE_RATE, ["One.", "Two."]),
+        timeline=timeline([tone.size, SAMPLE_RATE // 2], [0, SAMPLE_RATE // 4, 0], SAMPLE_RATE, ["One.", "Two."]),
     )
 
 
@@ -46,6 +46,27 @@ def test_a_result_sent_as_a_message_is_rebuilt_with_the_same_samples_and_summary
         theirs.close()
     assert rebuilt.summary() == sent.summary()
     assert np.array_equal(rebuilt.samples, sent.samples)
+
+
+def test_a_streamed_result_crosses_without_audio_and_takes_what_was_streamed_as_its_own():
+    plain = a_result()
+    sent = dataclasses.replace(plain, pieces=None)  # its audio went out in chunks as it was drawn
+    ours, theirs_socket = Channel.pair()
+    theirs = Channel.from_fd(theirs_socket.detach())
+    try:
+        ours.send("finished", result=sent.as_message())
+        rebuilt = SynthesisResult.from_message(theirs.receive()["result"])
+    finally:
+        ours.close()
+        theirs.close()
+    assert rebuilt.pieces is None and rebuilt.summary() == plain.summary()
+    # The chunks as they came: the first segment, the pause, the second, in pieces of any size.
+    whole = plain.samples
+    chunks = np.split(whole, [1_000, SAMPLE_RATE, SAMPLE_RATE + SAMPLE_RATE // 4, 40_000])
+    streamed = rebuilt.with_streamed_audio(chunks)
+    assert np.array_equal(streamed.samples, whole)
+    assert streamed.audio == plain.audio and streamed.summary()["timeline"] == plain.timeline
+    assert rebuilt.with_streamed_audio([]).samples.size == 0
 
 
 def test_the_samples_are_the_pieces_with_a_pause_between_and_the_audio_is_them_encoded():
@@ -77,7 +98,7 @@ def test_silence_before_the_first_segment_and_after_the_last_is_in_the_samples_a
         a_result(),
         pieces=[tone, tone],
         silences=silences,
-        timeline=timeline([tone, tone], silences, SAMPLE_RATE, ["One.", "Two."]),
+        timeline=timeline([tone.size, tone.size], silences, SAMPLE_RATE, ["One.", "Two."]),
     )
     assert [(entry["start_s"], entry["end_s"]) for entry in result.timeline] == [(0.5, 1.5), (4.5, 5.5)]
     assert result.samples.size == 6.5 * SAMPLE_RATE

@@ -129,7 +129,8 @@ class Attempt:
     """One attempt at a segment's audio, with its verdicts."""
 
     output: SegmentOutput
-    samples: np.ndarray
+    # None for a streamed segment's audio, which went out as it was drawn (unless the ASR gate hears it).
+    samples: np.ndarray | None
     quality: SegmentQuality
 
 

@@ -1,7 +1,8 @@
 """A request's result, made from its synthesis once every segment of it is done.
 
 The last step of the engine process's pipeline (worker.engine_process.pipeline): the segments' audio
-(joined and encoded later, by whoever reads it: the worker's Celery side), the timings of its phases,
+(joined and encoded later, by whoever reads it: the worker's Celery side; a streamed request's went out
+as it was drawn, and its result carries none), the timings of its phases,
 the quality gate's verdicts, and the GPU memory the step that finished it saw.
 """
 
@@ -20,8 +21,12 @@ from worker.results import SynthesisResult, timeline
 def finish(entry: Synthesis, *, model: dict, memory: dict) -> SynthesisResult:
     """A synthesis whose segments are all done, as its request's result (``model``: the model's
     description, ``memory``: :func:`memory_report`)."""
-    pieces = [segment.samples for segment in entry.segments]
-    segment_times = timeline(pieces, entry.silences, SAMPLE_RATE, [segment.caption for segment in entry.segments])
+    if entry.stream is None:
+        pieces = [segment.samples for segment in entry.segments]
+        sizes = [piece.size for piece in pieces]
+    else:  # its audio went out as it was drawn: the receiver has it
+        pieces, sizes = None, entry.stream.sizes()
+    segment_times = timeline(sizes, entry.silences, SAMPLE_RATE, [segment.caption for segment in entry.segments])
     flags = sorted({flag for s in entry.segments for flag in s.quality.flags})
     timings = {
         "text_s": entry.text_s,
@@ -35,7 +40,7 @@ def finish(entry: Synthesis, *, model: dict, memory: dict) -> SynthesisResult:
         format=entry.request.format,
         mime_type=MIME_TYPES[entry.request.format],
         sample_rate=SAMPLE_RATE,
-        duration_s=round((sum(piece.size for piece in pieces) + sum(entry.silences)) / SAMPLE_RATE, 3),
+        duration_s=round((sum(sizes) + sum(entry.silences)) / SAMPLE_RATE, 3),
         tokens=sum(s.output.tokens for s in entry.segments),
         segments=len(entry.segments),
         seed=entry.seed,

@@ -45,7 +45,7 @@ from worker.interpreter import freeze_start_up_heap, share_promptly
 from worker.model.loading import LoadedModel, load_model
 from worker.results import SynthesisResult
 from worker.vocoder.piece import Piece
-from worker.vocoder.stream import Decoded, Decoder, assess
+from worker.vocoder.stream import Decoded, Decoder, judge
 from worker.vocoder.vocoder import Vocoder
 
 logger = logging.getLogger(__name__)
@@ -202,7 +202,8 @@ class Synthesizer:
         """Prepare requests (split, normalise, refine) and queue their segments in the engine.
 
         A request given an ``on_audio`` callback streams: the callback gets its audio, in order, as
-        the engine draws it (see :mod:`worker.engine_process.streaming`); the result holds the same audio whole.
+        the engine draws it (see :mod:`worker.engine_process.streaming`), and its result describes that
+        audio without carrying it.
         """
         started = time.perf_counter()
         added: list[Synthesis | FarmError] = []
@@ -220,6 +221,7 @@ class Synthesizer:
                     silences=entry.silences,
                     frames_per_second=self.frames_per_second,
                     context_frames=self.stream_context_frames,
+                    keep_audio=self.listener is not None,  # for the ASR gate to hear
                 )
             added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, Synthesis)]
@@ -305,7 +307,7 @@ class Synthesizer:
                 if not piece.last:
                     continue
                 samples = entry.stream.samples(segment)
-                assessed = assess(segment, samples)
+                assessed = judge(segment, entry.stream.stats(segment))
             segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
             attempt = Attempt(segment.output, samples, assessed)
             if not assessed.ok and self._may_regenerate(entry, segment):

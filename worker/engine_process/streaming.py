@@ -7,7 +7,12 @@ has been drawn, so more frames no longer change their audio), those frames go to
 order they were cut and are delivered in the text's order: a later segment's audio waits for the
 segments before it, then follows the silence between them (the pause between segments, or an SSML
 break's). Joined, a request's delivered audio is the audio it would have had unstreamed: each piece
-decodes the frames its kept ones read. How many that is, the vocoder measures at load
+decodes the frames its kept ones read. So that audio is the request's result, and the stream keeps none
+of it once delivered: the receiver has it (worker.engine_client), and the quality gate judges each
+segment from its pieces as they go. Only where the ASR gate is to hear a segment is its audio kept
+until it is complete. Kept to the request's end, a level of 256 streams held ~250 MB of pieces in
+pinned host memory, which torch had to make anew the first time, and joined them on the engine's
+thread. How many that is, the vocoder measures at load
 (:meth:`~worker.vocoder.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
 frames, 1.1 s, at full scale), but what a frame's audio reads above float rounding is far less (7
 frames for the synthetic weights), and that is what the first chunk waits for.
@@ -33,6 +38,7 @@ import torch
 from worker.engine.engine import SYNC_EVERY
 from worker.engine.segment import Segment
 from worker.vocoder.piece import Piece
+from worker.vocoder.quality import SampleStats
 from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 FIRST_CHUNK_S = 0.25
@@ -56,6 +62,7 @@ class RequestStream:
         silences: list[int],
         frames_per_second: float,
         context_frames: int,
+        keep_audio: bool = False,
     ):
         self.segments = segments
         self.deliver = deliver
@@ -65,10 +72,13 @@ class RequestStream:
         self.largest_chunk_frames = largest_chunk_frames(frames_per_second)
         self._cut_to = [0] * len(segments)  # per segment: the frames whose audio has been cut off
         self._cuts = [0] * len(segments)
-        self._audio: list[list[np.ndarray]] = [[] for _ in segments]  # decoded pieces, in order
+        # Per segment: its decoded pieces not delivered yet (a segment before it is still drawn), what
+        # the quality gate reads of all its pieces, and with ``keep_audio`` all its pieces.
+        self._waiting: list[list[np.ndarray]] = [[] for _ in segments]
+        self._stats = [SampleStats() for _ in segments]
+        self._kept: list[list[np.ndarray]] | None = [[] for _ in segments] if keep_audio else None
         self._complete = [False] * len(segments)
         self._next_segment = 0  # the segment whose audio goes out now
-        self._delivered = 0  # of its pieces
         self._silence(0, silences[0])
 
     def cut(self, segment: Segment, drawn: int, hidden_states: Callable[[int, int], torch.Tensor]) -> list[Piece]:
@@ -104,27 +114,36 @@ class RequestStream:
     def take(self, piece: Piece, samples: np.ndarray) -> None:
         """A decoded piece: deliver every piece that is next in the text's order."""
         index = piece.segment.index
-        self._audio[index].append(samples)
+        self._stats[index].add(samples)
+        if self._kept is not None:
+            self._kept[index].append(samples)
+        self._waiting[index].append(samples)
         self._complete[index] = piece.last
         while self._next_segment < len(self.segments):
-            pieces = self._audio[self._next_segment]
-            for ready in pieces[self._delivered :]:
+            for ready in self._waiting[self._next_segment]:
                 if ready.size:
                     self.deliver(self._next_segment, ready)
-            self._delivered = len(pieces)
+            self._waiting[self._next_segment] = []
             if not self._complete[self._next_segment]:
                 return
             self._next_segment += 1
-            self._delivered = 0
             self._silence(min(self._next_segment, len(self.segments) - 1), self.silences[self._next_segment])
 
     def _silence(self, segment: int, samples: int) -> None:
         if samples:
             self.deliver(segment, np.zeros(samples, dtype=np.float32))
 
-    def samples(self, segment: Segment) -> np.ndarray:
-        """A complete segment's audio: its pieces joined."""
-        return np.concatenate(self._audio[segment.index])
+    def stats(self, segment: Segment) -> SampleStats:
+        """What the quality gate reads of a segment's audio so far (all of it, once its last piece is taken)."""
+        return self._stats[segment.index]
+
+    def samples(self, segment: Segment) -> np.ndarray | None:
+        """A complete segment's audio, its pieces joined, where the stream keeps its audio; else None."""
+        return None if self._kept is None else np.concatenate(self._kept[segment.index])
+
+    def sizes(self) -> list[int]:
+        """The samples of each segment's audio, silences apart."""
+        return [stats.size for stats in self._stats]
 
 
 def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:

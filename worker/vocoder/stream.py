@@ -102,4 +102,9 @@ class Decoder:
 
 def assess(segment: Segment, samples: np.ndarray) -> SegmentQuality:
     """The quality gate's view of a segment's whole audio."""
-    return quality.assess(samples, segment.output.tokens, segment.expected_tokens, segment.output.ended_by)
+    return judge(segment, quality.SampleStats.of(samples))
+
+
+def judge(segment: Segment, stats: quality.SampleStats) -> SegmentQuality:
+    """The quality gate's view of a segment whose audio adds up to ``stats``."""
+    return quality.judge(stats, segment.output.tokens, segment.expected_tokens, segment.output.ended_by)

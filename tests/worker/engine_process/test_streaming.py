@@ -17,6 +17,7 @@ from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
 from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream, aligned_start, row_start_piece_frames
 from worker.engine_process.voices import speaker_sample
+from worker.vocoder.quality import SampleStats
 from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 LONG_TEXT = (
@@ -52,19 +53,29 @@ def run(core, requests, on_audio):
     return outcomes
 
 
-def test_joined_chunks_are_the_stored_audio_and_the_unstreamed_audio(any_context_core, make_request):
+def assert_describes_the_audio_that_went_out(result, joined):
+    """A streamed result carries no audio (it went out as it was drawn), and describes what went out."""
+    assert result.pieces is None
+    assert result.duration_s == round(joined.size / result.sample_rate, 3)
+    assert result.timeline[-1]["end_s"] <= result.duration_s
+
+
+def test_joined_chunks_are_the_unstreamed_audio_and_the_result_describes_them(any_context_core, make_request):
     core = any_context_core
     request = SynthesisRequest(**{**make_request(LONG_TEXT, seed=7).__dict__, "request_id": "streamed"})
     chunks = []
     (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append(samples)])["streamed"]
     assert streamed.segments > 1
     joined = np.concatenate(chunks)
-    # The result holds exactly the audio that went out...
-    assert np.array_equal(joined, streamed.samples)
-    # ...which is the audio of the same request unstreamed, up to float rounding.
+    assert_describes_the_audio_that_went_out(streamed, joined)
+    # What went out is the audio of the same request unstreamed, up to float rounding, and judged alike.
     plain = core.synthesize([make_request(LONG_TEXT, seed=7)])[0]
     assert joined.shape == plain.samples.shape
     assert np.abs(joined - plain.samples).max() < 1e-4
+    assert streamed.timeline == plain.timeline
+    assert [segment["flags"] for segment in streamed.quality["segments"]] == [
+        segment["flags"] for segment in plain.quality["segments"]
+    ]
 
 
 def test_a_streamed_ssml_documents_chunks_hold_its_breaks_before_between_and_after_its_segments(core, make_request):
@@ -73,7 +84,7 @@ def test_a_streamed_ssml_documents_chunks_hold_its_breaks_before_between_and_aft
     chunks = []
     (streamed, _) = run(core, [request], [lambda segment, samples: chunks.append((segment, samples))])["streamed"]
     joined = np.concatenate([samples for _, samples in chunks])
-    assert np.array_equal(joined, streamed.samples)
+    assert_describes_the_audio_that_went_out(streamed, joined)
     assert chunks[0][0] == 0 and chunks[0][1].size == 0.3 * 24_000 and not chunks[0][1].any()
     assert chunks[-1][0] == 1 and chunks[-1][1].size == 0.5 * 24_000 and not chunks[-1][1].any()
     plain = core.synthesize([make_request(document, seed=7)])[0]
@@ -140,7 +151,11 @@ def test_a_streamed_and_a_plain_request_share_the_engine_and_each_gets_its_own_a
     plain = SynthesisRequest(**{**make_request("Only the result, please.", seed=2).__dict__, "request_id": "plain"})
     chunks = []
     outcomes = run(core, [streamed, plain], [lambda segment, samples: chunks.append(samples), None])
-    assert np.array_equal(np.concatenate(chunks), outcomes["streamed"][0].samples)
+    joined = np.concatenate(chunks)
+    assert_describes_the_audio_that_went_out(outcomes["streamed"][0], joined)
+    streamed_alone = core.synthesize([make_request(LONG_TEXT, seed=1)])[0]
+    assert joined.shape == streamed_alone.samples.shape
+    assert np.abs(joined - streamed_alone.samples).max() < 1e-4
     alone = core.synthesize([make_request("Only the result, please.", seed=2)])[0]
     assert outcomes["plain"][0].samples.shape == alone.samples.shape
     assert np.abs(outcomes["plain"][0].samples - alone.samples).max() < 1e-4
@@ -217,7 +232,26 @@ def test_a_later_segment_waits_for_the_ones_before_it_then_follows_the_silence_b
     ]
     assert [segment for segment, _ in delivered] == [segment for segment, _ in expected]
     assert all(np.array_equal(got, want) for (_, got), (_, want) in zip(delivered, expected, strict=True))
-    assert np.array_equal(stream.samples(segments[1]), np.concatenate([audio["c"], audio["d"]]))
+    # Delivered, the pieces are the receiver's: the stream keeps what the quality gate reads of them.
+    assert stream.samples(segments[1]) is None
+    assert stream.sizes() == [6, 6, 3]
+    assert stream.stats(segments[1]) == SampleStats.of(np.concatenate([audio["c"], audio["d"]]))
+
+
+def test_a_stream_the_asr_gate_hears_keeps_each_segments_audio_whole():
+    segments = segments_of(2)
+    stream = RequestStream(
+        segments,
+        deliver=lambda segment, samples: None,
+        silences=[0, 2, 0],
+        frames_per_second=50.0,
+        context_frames=4,
+        keep_audio=True,
+    )
+    first, second = np.full(3, 0.5, dtype=np.float32), np.full(4, -0.25, dtype=np.float32)
+    stream.take(PieceOf(segments[0], last=False), first)
+    stream.take(PieceOf(segments[0], last=True), second)
+    assert np.array_equal(stream.samples(segments[0]), np.concatenate([first, second]))
 
 
 def test_silence_before_the_first_segment_goes_out_at_once_and_that_after_the_last_once_it_is_done():

@@ -1,8 +1,9 @@
 """The quality gate flags what makes a segment suspect."""
 
 import numpy as np
+import pytest
 
-from worker.vocoder.quality import assess
+from worker.vocoder.quality import SampleStats, assess, judge
 
 SPEECH_LIKE = (0.2 * np.sin(np.arange(24_000) / 7)).astype(np.float32)
 
@@ -43,3 +44,22 @@ def test_a_few_clipped_samples_are_within_bounds_and_many_are_not():
     many[:1_000] = -1.0  # 4%
     assert assess(few, 50, 50, "eos").ok
     assert "clipping" in assess(many, 50, 50, "eos").flags
+
+
+@pytest.mark.parametrize(
+    "samples",
+    [
+        SPEECH_LIKE,
+        np.zeros(24_000, dtype=np.float32),
+        np.concatenate([SPEECH_LIKE, np.ones(500, dtype=np.float32)]),  # clipping in its last piece alone
+        np.concatenate([SPEECH_LIKE, np.full(24_000, 1e30, dtype=np.float32)]),
+        np.concatenate([SPEECH_LIKE[:100], [np.nan], SPEECH_LIKE]).astype(np.float32),
+    ],
+    ids=["speech", "silence", "clipping", "too loud to square", "nan"],
+)
+def test_a_segment_judged_piece_by_piece_gets_the_verdict_of_its_whole_audio(samples):
+    stats = SampleStats()
+    for piece in np.array_split(samples, [0, 1_000, 7_000, 7_000, 20_000]):  # with empty pieces among them
+        stats.add(piece)
+    assert stats.size == samples.size
+    assert judge(stats, 50, 50, "eos") == assess(samples, 50, 50, "eos")
