@@ -13,7 +13,9 @@ they run last through `chattts-farm web` (``web`` rows: POST /api/jobs with ``st
 first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
 delivered before it would have finished playing, playback starting at the first chunk), and the
 audio-s per wall-s of the level, and that as a share of the farm's unstreamed throughput (the last
-level's clients, not streamed, run last: a worker warm from the levels before); for the ``farm`` and
+level's clients, not streamed, run last: a worker warm from the levels before; with --plain-first they
+also run first, before the streamed levels, and that level's throughput too is given as a share of
+the last); for the ``farm`` and
 ``web`` rows also where the first chunks waited: until the engine started the job, until its first
 audio reached the worker's Celery process (both from each job's result), until Redis appended it to
 the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client.
@@ -446,6 +448,12 @@ def main() -> None:
     parser.add_argument(
         "--timeline", action="store_true", help="Print the engine's steps of each --engine level until all are heard."
     )
+    parser.add_argument(
+        "--plain-first",
+        action="store_true",
+        help="Also run the last level not streamed before the streamed levels: whether what a worker's first "
+        "level loses is streaming's or any first level's.",
+    )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
@@ -468,6 +476,14 @@ def main() -> None:
             run_farm_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
             engines = EngineThreads(celery)
             threads = []  # (path, clients, wall s, engine thread seconds)
+
+            def plain_level(path: str) -> float:
+                started = time.perf_counter()
+                throughput = run_plain(celery, levels[-1], arguments.seconds)
+                threads.append((path, levels[-1], time.perf_counter() - started, engines.since_last()))
+                return throughput
+
+            plain_first = plain_level("farm, not streamed, first") if arguments.plain_first else None
             for clients in levels:
                 rows.append(run_farm_level(celery, redis_url, clients, arguments.seconds))
                 threads.append(("farm", clients, rows[-1]["wall_s"], engines.since_last()))
@@ -480,9 +496,7 @@ def main() -> None:
                     for clients in levels:
                         rows.append(run_web_level(base, clients, arguments.seconds))
                         threads.append(("web", clients, rows[-1]["wall_s"], engines.since_last()))
-            started = time.perf_counter()
-            plain = run_plain(celery, levels[-1], arguments.seconds)
-            threads.append(("farm, not streamed", levels[-1], time.perf_counter() - started, engines.since_last()))
+            plain = plain_level("farm, not streamed")
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
         f"streaming through Redis + Celery (chattts_farm.streams.stream_audio), all of a level submitted at once\n"
@@ -499,6 +513,8 @@ def main() -> None:
             f"| {row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} "
             f"| {row['underruns']} ({row['streams_with_underruns']}) | {throughput:.1f} | {throughput / plain:.0%} |"
         )
+    if plain_first is not None:
+        print(f"| farm, not streamed, first | {levels[-1]} | | | | | | {plain_first:.1f} | {plain_first / plain:.0%} |")
     print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} | |")
     print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
     print(

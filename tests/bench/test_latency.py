@@ -10,19 +10,21 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "1,3", "--seconds", "1", "--workdir", str(tmp_path)),
         "--engine",
         "--web",
+        "--plain-first",
         data_dir=data_dir,
     )
     rows = markdown_table(finished.stdout.splitlines(), "| path |")
     paths = [(row["path"], row["clients"]) for row in rows]
     levels = [("engine", "1"), ("engine", "3"), ("farm", "1"), ("farm", "3"), ("web", "1"), ("web", "3")]
-    assert paths == [*levels, ("farm, not streamed", "3")]
+    assert paths == [*levels, ("farm, not streamed, first", "3"), ("farm, not streamed", "3")]
     for row in rows[: len(levels)]:
         assert row["failed"] == "0"
         assert 0 < float(row["first chunk p50 ms"]) <= float(row["p95 ms"]) <= float(row["p99 ms"])
     assert all(float(row["audio-s/s"]) > 0 for row in rows)
-    # Each streamed level's throughput is also given as a share of the farm's, not streamed.
+    # Each streamed level's throughput (and the unstreamed level run first) is also given as a share of
+    # the farm's, not streamed, run last.
     plain = float(rows[-1]["audio-s/s"])
-    for row in rows[: len(levels)]:
+    for row in rows[: len(levels) + 1]:
         share, streamed = float(row["of the farm not streamed"].rstrip("%")), float(row["audio-s/s"])
         # Both throughputs are printed to a tenth, the share to a whole percent.
         assert 100 * (streamed - 0.05) / (plain + 0.05) - 0.5 <= share <= 100 * (streamed + 0.05) / (plain - 0.05) + 0.5
@@ -48,7 +50,11 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         assert to_client[0] > -5 and (to_redis is None or to_redis[0] > -5)
     # Level by level, the engine's thread: in steps, of which waiting for the device (none on a CPU).
     threads = markdown_table(finished.stdout.splitlines(), "| path | clients | level wall s")
-    assert [(row["path"], row["clients"]) for row in threads] == [*levels[2:], ("farm, not streamed", "3")]
+    assert [(row["path"], row["clients"]) for row in threads] == [
+        ("farm, not streamed, first", "3"),
+        *levels[2:],
+        ("farm, not streamed", "3"),
+    ]
     for row in threads:
         in_steps, waiting, own = (
             float(row[name]) for name in ("in steps s", "waiting for the device s", "host's own work s")
