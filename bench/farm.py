@@ -93,6 +93,42 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_page_faults(pid: int) -> int:
+    """Minor page faults a process has taken so far, every thread (Linux: from /proc): each the kernel
+    mapping it a page of memory it touched for the first time since it was allocated."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return int(fields[7])
+
+
+class ProcessUsage:
+    """CPU seconds and minor page faults of each kind of a worker's processes (see :func:`worker_pids`),
+    interval by interval."""
+
+    def __init__(self, pids: dict[str, Callable[[], list[int]]]):
+        self.pids = pids
+        self._last = self._read()
+
+    def _read(self) -> dict[str, dict[int, tuple[float, int]]]:
+        return {
+            kind: {pid: (cpu_seconds(pid), minor_page_faults(pid)) for pid in kind_pids()}
+            for kind, kind_pids in self.pids.items()
+        }
+
+    def since_last(self) -> dict[str, tuple[float, int]]:
+        """Per kind: the CPU seconds and page faults its processes took since the last call (or the start;
+        a process started since counts whole)."""
+        now = self._read()
+        spent = {}
+        for kind, figures in now.items():
+            before = self._last.get(kind, {})
+            spent[kind] = (
+                sum(cpu - before.get(pid, (0.0, 0))[0] for pid, (cpu, _) in figures.items()),
+                sum(faults - before.get(pid, (0.0, 0))[1] for pid, (_, faults) in figures.items()),
+            )
+        self._last = now
+        return spent
+
+
 def worker_pids(client: Celery, queues: list[str], supervisor_pid: int) -> dict[str, Callable[[], list[int]]]:
     """The processes of the workers behind ``queues`` (gpu0, cpu0), by kind: their Celery processes
     (every child of their supervisor), their engine processes, and the encoder processes their Celery

@@ -20,7 +20,8 @@ the last); for the ``farm`` and
 audio reached the worker's Celery process (both from each job's result), until Redis appended it to
 the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client.
 Last, level by level, the workers' engine threads: seconds in steps, of which waiting for the device,
-and the rest, the host's own work (from the workers' health, read a second after each level)."""
+and the rest, the host's own work (from the workers' health, read a second after each level); and the
+CPU seconds and minor page faults of the workers' Celery processes and engine processes."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.farm import bench_redis, running_workers
+from bench.farm import ProcessUsage, bench_redis, running_workers, worker_pids
 from bench.workload import standard_requests
 from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import TASK_NAME, queue_of_worker
@@ -472,30 +473,35 @@ def main() -> None:
             "CHATTTS_FARM_SLOTS": str(arguments.slots),
             "CHATTTS_FARM_QUALITY_RETRIES": "0",
         }
-        with running_workers(celery, placement, settings, workdir / "latency-worker.log"):
+        with running_workers(celery, placement, settings, workdir / "latency-worker.log") as supervisor:
             run_farm_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
             engines = EngineThreads(celery)
-            threads = []  # (path, clients, wall s, engine thread seconds)
+            processes = ProcessUsage(worker_pids(celery, engines.queues, supervisor))
+            threads = []  # (path, clients, wall s, engine thread seconds, the processes' CPU s and page faults)
+
+            def measured(path: str, clients: int, wall: float) -> None:
+                threads.append((path, clients, wall, engines.since_last(), processes.since_last()))
 
             def plain_level(path: str) -> float:
                 started = time.perf_counter()
                 throughput = run_plain(celery, levels[-1], arguments.seconds)
-                threads.append((path, levels[-1], time.perf_counter() - started, engines.since_last()))
+                measured(path, levels[-1], time.perf_counter() - started)
                 return throughput
 
             plain_first = plain_level("farm, not streamed, first") if arguments.plain_first else None
             for clients in levels:
                 rows.append(run_farm_level(celery, redis_url, clients, arguments.seconds))
-                threads.append(("farm", clients, rows[-1]["wall_s"], engines.since_last()))
+                measured("farm", clients, rows[-1]["wall_s"])
             if arguments.web:
                 with running_web(redis_url, workdir) as base:
                     # Warm-up, as the farm's: a fresh web process's first requests open its database, its
                     # Redis pools and its Celery producer (its first chunk at one client came ~60 ms late).
                     run_web_level(base, 4, arguments.seconds)
                     engines.since_last()
+                    processes.since_last()
                     for clients in levels:
                         rows.append(run_web_level(base, clients, arguments.seconds))
-                        threads.append(("web", clients, rows[-1]["wall_s"], engines.since_last()))
+                        measured("web", clients, rows[-1]["wall_s"])
             plain = plain_level("farm, not streamed")
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
@@ -535,13 +541,22 @@ def main() -> None:
         "| pinned blocks made | making them s | device blocks made | allocator retries |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for path, clients, wall, spent in threads:
+    for path, clients, wall, spent, _ in threads:
         in_steps, waiting = spent["in_steps_s"], spent["waiting_for_device_s"]
         print(
             f"| {path} | {clients} | {wall:.2f} | {in_steps:.2f} | {waiting:.2f} | {in_steps - waiting:.2f} "
             f"| {spent['pinned_blocks_made']:.0f} | {spent['pinned_alloc_s']:.2f} "
             f"| {spent['device_blocks_made']:.0f} | {spent['device_alloc_retries']:.0f} |"
         )
+    print(
+        "\nthe workers' processes, level by level: CPU seconds and minor page faults (each a page of memory "
+        "touched for the first time since it was allocated; from /proc):\n"
+    )
+    print("| path | clients | Celery CPU s | Celery page faults | engine CPU s | engine page faults |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for path, clients, _, _, used in threads:
+        (celery_cpu, celery_faults), (engine_cpu, engine_faults) = used["celery"], used["engine"]
+        print(f"| {path} | {clients} | {celery_cpu:.2f} | {celery_faults} | {engine_cpu:.2f} | {engine_faults} |")
 
 
 if __name__ == "__main__":
