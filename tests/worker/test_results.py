@@ -34,31 +34,28 @@ def a_result() -> SynthesisResult:
     )
 
 
-def test_a_result_sent_as_a_message_is_rebuilt_with_the_same_samples_and_summary():
-    sent = a_result()
+def over_the_channel(sent: SynthesisResult) -> SynthesisResult:
+    """The result as the Celery side rebuilds it from the engine process's message."""
     ours, theirs_socket = Channel.pair()
     theirs = Channel.from_fd(theirs_socket.detach())
     try:
         ours.send("finished", result=sent.as_message())
-        rebuilt = SynthesisResult.from_message(theirs.receive()["result"])
+        return SynthesisResult.from_message(theirs.receive()["result"])
     finally:
         ours.close()
         theirs.close()
+
+
+def test_a_result_sent_as_a_message_is_rebuilt_with_the_same_samples_and_summary():
+    sent = a_result()
+    rebuilt = over_the_channel(sent)
     assert rebuilt.summary() == sent.summary()
     assert np.array_equal(rebuilt.samples, sent.samples)
 
 
 def test_a_streamed_result_crosses_without_audio_and_takes_what_was_streamed_as_its_own():
     plain = a_result()
-    sent = dataclasses.replace(plain, pieces=None)  # its audio went out in chunks as it was drawn
-    ours, theirs_socket = Channel.pair()
-    theirs = Channel.from_fd(theirs_socket.detach())
-    try:
-        ours.send("finished", result=sent.as_message())
-        rebuilt = SynthesisResult.from_message(theirs.receive()["result"])
-    finally:
-        ours.close()
-        theirs.close()
+    rebuilt = over_the_channel(dataclasses.replace(plain, pieces=None))  # its audio went out as it was drawn
     assert rebuilt.pieces is None and rebuilt.summary() == plain.summary()
     # The chunks as they came: the first segment, the pause, the second, in pieces of any size.
     whole = plain.samples
