@@ -7,15 +7,16 @@ has been drawn, so more frames no longer change their audio), those frames go to
 order they were cut and are delivered in the text's order: a later segment's audio waits for the
 segments before it, then follows the silence between them (the pause between segments, or an SSML
 break's). Joined, a request's delivered audio is the audio it would have had unstreamed: each piece
-decodes the frames its kept ones read. So that audio is the request's result, and the stream keeps none
-of it once delivered: the receiver has it (worker.engine_client), and the quality gate judges each
-segment from its pieces as they go. Only where the ASR gate is to hear a segment is its audio kept
-until it is complete. Kept to the request's end, a level of 256 streams held ~250 MB of pieces in
-pinned host memory, which torch had to make anew the first time, and joined them on the engine's
-thread. How many that is, the vocoder measures at load
+decodes the frames its kept ones read. How many that is, the vocoder measures at load
 (:meth:`~worker.vocoder.vocoder.Vocoder.measure_stream_context`): its receptive field bounds it (52
 frames, 1.1 s, at full scale), but what a frame's audio reads above float rounding is far less (7
 frames for the synthetic weights), and that is what the first chunk waits for.
+
+So the delivered audio is the request's result, and the stream keeps none of it once delivered: the
+receiver has it (worker.engine_client), and the quality gate judges each segment from its pieces as
+they go. Only where the ASR gate is to hear a segment is its audio kept until it is complete. Kept to
+the request's end, a level of 256 streams held ~250 MB of pieces in pinned host memory, which torch had
+to make anew the first time, and joined them on the engine's thread.
 
 The first piece of a segment is small, so the first sound comes early; each later one is twice the
 size of the one before, up to a bound, so that a long text is decoded in few, large passes. A piece
