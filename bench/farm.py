@@ -154,12 +154,10 @@ def children(pid: int) -> list[int]:
 def cpu_used(pids: dict[str, Callable[[], list[int]]]) -> Iterator[dict[str, float]]:
     """CPU seconds each kind of process used inside the block (a process started inside it counts
     whole), filled in as the block ends."""
-    before = {pid: cpu_seconds(pid) for kind_pids in pids.values() for pid in kind_pids()}
+    usage = ProcessUsage(pids)
     used: dict[str, float] = {}
     yield used
-    used.update(
-        {kind: sum(cpu_seconds(pid) - before.get(pid, 0.0) for pid in kind_pids()) for kind, kind_pids in pids.items()}
-    )
+    used.update({kind: cpu for kind, (cpu, _) in usage.since_last().items()})
 
 
 @contextmanager
