@@ -76,9 +76,13 @@ class Job:
     finished: threading.Event = field(default_factory=threading.Event)
     outcome: SynthesisResult | FarmError | None = None
     progress: dict = field(default_factory=lambda: {"progress": 0.0, "segment": 0, "segments": 0})
-    sent_samples: int = 0  # of a stream: what has gone out, which a new engine process does not send again
     streamed: list[np.ndarray] = field(default_factory=list)  # of a stream: what came, its result's audio
     engine_deaths: int = 0  # engine processes that died while they ran it
+
+    @property
+    def sent_samples(self) -> int:
+        """Of a stream: what has gone out, which a new engine process does not send again."""
+        return sum(chunk.size for chunk in self.streamed)
 
     def finish(self, outcome: SynthesisResult | FarmError) -> None:
         self.outcome = outcome
@@ -249,7 +253,6 @@ class EngineClient:
         samples = np.frombuffer(pcm, dtype=np.float32)
         if held.first_audio_at is None:
             held.first_audio_at = time.monotonic()
-        held.sent_samples += samples.size
         held.streamed.append(samples)
         held.on_audio(segment, samples)
 
