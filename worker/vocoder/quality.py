@@ -30,7 +30,6 @@ class SampleStats:
     size: int = 0
     energy: float = 0.0  # the sum of the squares (not finite: a NaN, an infinity, or squares too large)
     finite: bool = True
-    peak: float = 0.0  # the largest magnitude
     clipped: int = 0  # samples at CLIPPING_LEVEL or beyond, counted only in pieces that reach it
 
     def add(self, samples: np.ndarray) -> None:
@@ -46,9 +45,7 @@ class SampleStats:
         if not np.isfinite(energy) and not np.all(np.isfinite(samples)):
             self.finite = False
             return
-        peak = float(max(samples.max(), -samples.min()))
-        self.peak = max(self.peak, peak)
-        if peak >= CLIPPING_LEVEL:
+        if max(samples.max(), -samples.min()) >= CLIPPING_LEVEL:
             self.clipped += int(np.count_nonzero(np.abs(samples) >= CLIPPING_LEVEL))
 
     @classmethod
@@ -76,6 +73,6 @@ def judge(stats: SampleStats, tokens: int, expected: int, ended_by: str) -> Segm
         return quality
     if stats.size == 0 or np.sqrt(stats.energy / stats.size) < SILENCE_RMS:
         quality.flags.append("silence")
-    elif stats.peak >= CLIPPING_LEVEL and stats.clipped > CLIPPING_FRACTION * stats.size:
+    elif stats.clipped > CLIPPING_FRACTION * stats.size:
         quality.flags.append("clipping")
     return quality
