@@ -17,8 +17,12 @@ listener's time past the engine's last step counts in the wall.
 Whisper's weights cannot be had everywhere: ``--whisper-model synthetic-tiny`` (or ``synthetic-base``)
 is the real architecture with random weights, which costs what the real one costs per forward pass
 and hears garbage. Every segment is then heard wrong; quality retries are off (as in
-``bench.standard``), so it is reported, not generated again: the figures are the cost of listening,
-with every decode running to its limit (twice the text's tokens and ten more), the most it can cost.
+``bench.standard``), so it is reported, not generated again: the figures are the cost of listening.
+Random weights never end a clip themselves, so how many tokens each decodes is a rule's
+(``--whisper-length``, comma-separated, a run each): ``text`` (the default) ends each clip after its
+text's tokens, as real weights end a segment said right; ``limit`` runs every decode to its limit (twice
+the text's tokens and ten more), as real weights would only if every segment were heard as garbage
+that goes on: the most the gate can cost.
 
 ``--timeline`` prints, for each run, ``bench.engine_phases``' timeline of the engine's thread (its steps by
 the segments running when each began; within them, its decode step launches, its waits, the prefill's
@@ -36,7 +40,8 @@ once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
 Prints one Markdown table: the engine's audio-s/s with each choice and its ratio to the first
 choice's, and what the listener did in the timed run: the segments it heard (one a job: none is
-generated again), its batches, segments a batch, ms a batch, segments/s while busy, the share of
+generated again), its batches, segments a batch, Whisper's decoding steps a batch (each a pass over
+the batch's rows; a batch decodes until its longest clip ends), ms a batch, segments/s while busy, the share of
 the wall it was busy, and how much of the wall came after the engine and the vocoder had finished
 (the gate's tail, where it holds up the last requests; the rest of its cost is what it took from the
 engine beside it). Of the engine's thread's wall, it prints the seconds spent waiting for the GPU's
@@ -65,7 +70,7 @@ from bench.engine_phases import PhaseTimer, print_timeline, timeline  # noqa: E4
 from bench.standard import WARM_UP_JOBS, cell, progress, run_engine, seconds_range, synthesize_timed  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
-from worker.asr.backends import Backend, load_backend  # noqa: E402
+from worker.asr.backends import Backend, Whisper, load_backend  # noqa: E402
 from worker.asr.listener import MAX_BATCH, Listener, ListenerFigures  # noqa: E402
 from worker.engine import device_waits  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -74,6 +79,7 @@ from worker.model.loading import pick_device  # noqa: E402
 WORKLOAD_SEED = 0
 WARM_UP_SEED = 1
 CHOICES = ("off", "whisper", "offline")
+WHISPER_LENGTHS = ("text", "limit")
 
 
 @dataclasses.dataclass
@@ -84,6 +90,7 @@ class Run:
     audio_per_wall: float
     wall_s: float
     heard: ListenerFigures | None  # what the listener did in the timed run; None with the gate off
+    decoding_steps: int | None  # Whisper's decoding steps in the timed run; None for another recogniser
     past_engine_s: float  # the wall after the engine and the vocoder had nothing left: the listener's tail
     waiting_for_device_s: float  # of the wall, the engine's thread waiting for the GPU's work
     timeline: PhaseTimer | None  # with --timeline, the engine's thread's parts over the timed run
@@ -96,6 +103,13 @@ def asr_choices(text: str) -> list[str]:
     if not choices or unknown:
         raise argparse.ArgumentTypeError(f"{text!r}: want some of {', '.join(CHOICES)}, comma-separated")
     return choices
+
+
+def whisper_lengths(text: str) -> list[str]:
+    lengths = [length.strip() for length in text.split(",") if length.strip()]
+    if not lengths or any(length not in WHISPER_LENGTHS for length in lengths):
+        raise argparse.ArgumentTypeError(f"{text!r}: want some of {', '.join(WHISPER_LENGTHS)}, comma-separated")
+    return lengths
 
 
 def batch_sizes(text: str) -> list[int]:
@@ -162,6 +176,7 @@ def run(
     progress(f"ASR {label}: warming up")
     synthesize_timed(synthesizer, standard_requests(min(jobs, WARM_UP_JOBS), seed=WARM_UP_SEED, seconds=seconds))
     before = dataclasses.replace(listener.figures) if listener else None
+    steps_before = getattr(backend, "decoding_steps", None)
     progress(f"ASR {label}: the workload")
     tail = EngineTail(synthesizer)
     timer = timeline(synthesizer) if with_timeline else None
@@ -190,6 +205,7 @@ def run(
         result.audio_per_wall,
         result.wall_s,
         heard,
+        None if steps_before is None else backend.decoding_steps - steps_before,
         tail.seconds,
         waited,
         timer,
@@ -230,10 +246,10 @@ class EngineTail:
 def print_table(runs: list[Run]) -> None:
     print(
         f"| ASR | jobs | done | wall s | audio-s/s | vs {runs[0].asr} | segments heard | listener batches "
-        "| segments a batch | ms a batch | listener segments/s | listener busy | past the engine s "
-        "| engine waiting for the GPU s | engine's other s |"
+        "| segments a batch | decoding steps a batch | ms a batch | listener segments/s | listener busy "
+        "| past the engine s | engine waiting for the GPU s | engine's other s |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in runs:
         heard = r.heard
         batches = heard.batches if heard else 0
@@ -247,6 +263,7 @@ def print_table(runs: list[Run]) -> None:
             heard.attempts if heard else "-",
             batches if heard else "-",
             cell(heard.attempts / batches if batches else None, 1),
+            cell(r.decoding_steps / batches if batches and r.decoding_steps is not None else None, 1),
             cell(1000 * heard.busy_s / batches if batches else None, 1),
             cell(heard.attempts / heard.busy_s if heard and heard.busy_s else None, 1),
             cell(heard.busy_s / r.wall_s if heard else None, 3),
@@ -255,6 +272,28 @@ def print_table(runs: list[Run]) -> None:
             cell(r.wall_s - r.waiting_for_device_s, 2),
         )
         print("| " + " | ".join(str(c) for c in cells) + " |")
+
+
+def ways(arguments: argparse.Namespace, backends: dict[str, Backend | None]):
+    """(choice, its backend, the listener's largest batch, the run's label) of each run, in order; a
+    stand-in Whisper's backend is told where its decodes end just before its run."""
+    several = len(arguments.asr_batch) > 1
+    for asr in arguments.asr:
+        backend = backends[asr]
+        if backend is None:
+            yield asr, None, arguments.asr_batch[0], asr
+            continue
+        stand_in = isinstance(backend, Whisper) and backend.stand_in
+        for length in arguments.whisper_length if stand_in else [None]:
+            for max_batch in arguments.asr_batch:
+                if length is not None:
+                    backend.ends_with_text = length == "text"
+                parts = [asr]
+                if length == "limit":
+                    parts.append("every decode to its limit")
+                if several:
+                    parts.append(f"batches of {max_batch}")
+                yield asr, backend, max_batch, ", ".join(parts)
 
 
 def main() -> None:
@@ -272,6 +311,13 @@ def main() -> None:
         default="synthetic-tiny",
         help="ASR_WHISPER_MODEL for whisper: synthetic-tiny or synthetic-base (random weights), a name in "
         "Whisper's cache or a checkpoint's path.",
+    )
+    parser.add_argument(
+        "--whisper-length",
+        type=whisper_lengths,
+        default=["text"],
+        help="For random Whisper weights: where each decode ends, text (after the text's tokens) or limit "
+        "(at its limit); several, comma-separated, run each.",
     )
     parser.add_argument(
         "--asr-batch",
@@ -312,31 +358,34 @@ def main() -> None:
     }
     progress(f"loading {arguments.model}")
     synthesizer = Synthesizer.load(settings)
-    several = len(arguments.asr_batch) > 1
     runs = [
         run(
             synthesizer,
             asr,
-            backends[asr],
+            backend,
             max_batch,
             arguments.jobs,
             arguments.seconds,
-            label=f"{asr}, batches of {max_batch}" if several and backends[asr] else asr,
+            label=label,
             with_timeline=arguments.timeline,
             with_runtime_calls=arguments.runtime_calls,
         )
-        for asr in arguments.asr
-        for max_batch in (arguments.asr_batch if backends[asr] else arguments.asr_batch[:1])
+        for asr, backend, max_batch, label in ways(arguments, backends)
     ]
 
     info = synthesizer.model.info
+    whisper_weights = (
+        " (random weights: each decode ends after its text's tokens, unless its row says it ran to its limit)"
+        if isinstance(backends.get("whisper"), Whisper) and backends["whisper"].stand_in
+        else ""
+    )
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     seconds = arguments.seconds
     print(
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "
         f"torch {torch.__version__}; {arguments.jobs} jobs of {seconds[0]:g}-{seconds[1]:g} s of speech, "
-        f"{synthesizer.engine.runner.slots} slots; Whisper {arguments.whisper_model}, the listener's batches "
-        f"up to {', '.join(map(str, arguments.asr_batch))}; quality retries off\n"
+        f"{synthesizer.engine.runner.slots} slots; Whisper {arguments.whisper_model}{whisper_weights}, the "
+        f"listener's batches up to {', '.join(map(str, arguments.asr_batch))}; quality retries off\n"
     )
     print_table(runs)
     for r in runs:

@@ -11,16 +11,23 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
         "asr_cost",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--seconds", "1-2"),
         *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32", "--timeline"),
-        "--runtime-calls",
+        *("--whisper-length", "text,limit", "--runtime-calls"),
         data_dir=data_dir,
         timeout_s=400,
     )
-    off, one_by_one, together = markdown_table(finished.stdout.splitlines(), "| ASR |")
-    assert (off["ASR"], one_by_one["ASR"], together["ASR"]) == (
+    off, one_by_one, together, one_to_limit, together_to_limit = markdown_table(finished.stdout.splitlines(), "| ASR |")
+    assert [row["ASR"] for row in (off, one_by_one, together, one_to_limit, together_to_limit)] == [
         "off",
         "whisper, batches of 1",
         "whisper, batches of 32",
-    )
+        "whisper, every decode to its limit, batches of 1",
+        "whisper, every decode to its limit, batches of 32",
+    ]
+    # Random weights' decodes end after their texts' tokens (a step each, the prompt's pass drawing the first,
+    # one more drawing the end), or run on to their limit, twice as many and ten more.
+    text_steps = float(one_by_one["decoding steps a batch"])
+    assert text_steps > 2 and float(one_to_limit["decoding steps a batch"]) == 2 * (text_steps - 1) + 10
+    assert off["decoding steps a batch"] == "-"
     for row in (off, one_by_one, together):
         assert row["jobs"] == row["done"] == "2", row
         assert float(row["audio-s/s"]) > 0, row
@@ -43,12 +50,13 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     # Each run's timeline of the engine's thread, in the order run.
     lines = finished.stdout.splitlines()
     titles = [line for line in lines if line.startswith("the engine's thread, ASR")]
-    assert titles == [f"the engine's thread, ASR {row['ASR']}:" for row in (off, one_by_one, together)]
+    rows = (off, one_by_one, together, one_to_limit, together_to_limit)
+    assert titles == [f"the engine's thread, ASR {row['ASR']}:" for row in rows]
     for title in titles:
         steps = markdown_table([line.strip() for line in lines[lines.index(title) + 1 :]], "| running |")
         assert steps and sum(int(row["steps"]) for row in steps) > 0, steps
     # And the CUDA runtime's calls of each run, by thread: none on a CPU, only the table's header.
     titles = [line for line in lines if line.startswith("the CUDA runtime's calls over ASR")]
-    assert len(titles) == 3
+    assert len(titles) == 5
     for title in titles:
         assert markdown_table(lines[lines.index(title) + 1 :], "| thread | call |") == []

@@ -106,9 +106,16 @@ class Whisper:
 
     name = "whisper"
 
-    def __init__(self, model, device: torch.device, max_batch: int):
+    def __init__(self, model, device: torch.device, max_batch: int, *, stand_in: bool = False):
         """``model``: a ``whisper.model.Whisper`` (see :func:`load_whisper`), on ``device``; ``max_batch``:
-        the most clips of a language decoded at once (the listener's largest batch; more take several passes)."""
+        the most clips of a language decoded at once (the listener's largest batch; more take several passes).
+
+        ``stand_in``: the model has random weights (:func:`synthetic_whisper`), which hear nothing and never
+        end a clip of their own accord. So that it costs what real weights cost hearing a segment said
+        right, it ends each clip after as many tokens as the expected text takes (:func:`text_tokens`),
+        as the synthetic speech model's length rule ends each segment; with ``ends_with_text`` set
+        False (a benchmark's worst case) every clip runs on to its limit, as real weights would only if
+        they heard garbage in every segment."""
         import whisper
 
         from worker.asr.greedy import GreedyDecoder
@@ -117,9 +124,11 @@ class Whisper:
         self._model = model
         self._fp16 = device.type == "cuda"
         self._device = device
+        self.stand_in = stand_in
+        self.ends_with_text = stand_in
         # Beside the engine's stream, not behind it (nor it behind this one).
         self._stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self._greedy = GreedyDecoder(model, max_batch, self._stream)
+        self._greedy = GreedyDecoder(model, max_batch, self._stream, ends_by_length=stand_in)
         logger.info(
             "Whisper decodes up to %d clips at once in %.0f MiB of buffers",
             max_batch,
@@ -129,6 +138,11 @@ class Whisper:
 
     def hears(self, text: str) -> bool:
         return True
+
+    @property
+    def decoding_steps(self) -> int:
+        """The decoding steps run so far, for clips of up to 30 s: most of what listening costs."""
+        return self._greedy.steps_run
 
     def transcribe(self, samples: np.ndarray, sample_rate: int, expected_text: str) -> str:
         return self.transcribe_batch([samples], sample_rate, [expected_text])[0]
@@ -187,7 +201,8 @@ class Whisper:
     def _decode(self, language: str, mels: torch.Tensor, expected_texts: list[str]) -> list[str]:
         tokenizer = self._tokenizer(language)
         limits = [token_limit(tokenizer, text) for text in expected_texts]
-        rows = self._greedy.decode(mels, language, max(limits))
+        lengths = [text_tokens(tokenizer, text) for text in expected_texts] if self.ends_with_text else None
+        rows = self._greedy.decode(mels, language, max(limits), lengths)
         # A row decoded past its own limit (the batch ran to the longest's) is cut where it would have stopped alone.
         return [tokenizer.decode(tokens[:limit]).strip() for tokens, limit in zip(rows, limits, strict=True)]
 
@@ -214,7 +229,13 @@ def token_limit(tokenizer, expected_text: str) -> int:
     """The most tokens Whisper may decode for a segment of this text: twice the text's own, and ten
     more. Past that it is no longer hearing the text (a hallucinated loop, or random weights' garbage,
     which would run on to Whisper's own limit of 224 tokens a window)."""
-    return 2 * len(tokenizer.encode(normalise(expected_text))) + 10
+    return 2 * text_tokens(tokenizer, expected_text) + 10
+
+
+def text_tokens(tokenizer, expected_text: str) -> int:
+    """The tokens of a segment's text as :func:`~worker.asr.text.normalise` leaves it: about what Whisper
+    writes hearing it said right."""
+    return len(tokenizer.encode(normalise(expected_text)))
 
 
 def _language(text: str) -> str:
@@ -286,7 +307,7 @@ def load_backend(settings: Settings, *, synthetic: bool, device: torch.device, m
             logger.info("Whisper %s has random weights: the ASR check is off", settings.asr_whisper_model)
             return None
         logger.warning("Whisper %s has random weights: its verdicts are meaningless", settings.asr_whisper_model)
-        return Whisper(load_whisper(settings.asr_whisper_model, device), device, max_batch)
+        return Whisper(load_whisper(settings.asr_whisper_model, device), device, max_batch, stand_in=True)
     checkpoint = whisper_checkpoint(settings.asr_whisper_model)
     if not checkpoint.is_file():
         if choice == "auto":

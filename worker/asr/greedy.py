@@ -103,7 +103,9 @@ class GreedyDecoder:
     ``max_rows``: the most clips decoded at once, which the buffers hold; more are decoded that many at a
     time. ``stream``: the CUDA stream it decodes (and captures) on, by default one of its own. ``eager``:
     run the steps op by op on CUDA too (the graphs' reference in tests); the CPU always does. ``dtype``:
-    what it computes in, by default fp16 on CUDA (as whisper.decode) and fp32 on the CPU.
+    what it computes in, by default fp16 on CUDA (as whisper.decode) and fp32 on the CPU. ``ends_by_length``:
+    ``decode`` may tell it each clip's length, for a model that cannot hear where a clip's words end
+    (random weights, which never draw the end token of their own accord).
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class GreedyDecoder:
         *,
         eager: bool = False,
         dtype: torch.dtype | None = None,
+        ends_by_length: bool = False,
     ) -> None:
         device = model.device
         dims = model.dims
@@ -154,10 +157,13 @@ class GreedyDecoder:
         self._position = torch.zeros(1, dtype=torch.long, device=device)
         self._columns = torch.arange(self._context, device=device)
         self._all_ended = torch.zeros((), dtype=torch.bool, device=device)
+        # With ends_by_length, the column of each row's tokens at which it draws the end token.
+        self._end_columns = torch.zeros(max_rows, dtype=torch.long, device=device) if ends_by_length else None
 
         on_cuda = device.type == "cuda"
         self._stream = (stream if stream is not None else torch.cuda.Stream(device)) if on_cuda else None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.steps_run = 0  # decoding steps of every pass so far (the prompt's pass one of them): what it cost
         if on_cuda and not eager:
             self._capture()
 
@@ -167,9 +173,16 @@ class GreedyDecoder:
         buffers = (self._keys, self._values, self._cross_keys, self._cross_values, self._tokens)
         return sum(buffer.numel() * buffer.element_size() for buffer in buffers)
 
-    def decode(self, mels: torch.Tensor, language: str, sample_len: int) -> list[list[int]]:
+    def decode(
+        self, mels: torch.Tensor, language: str, sample_len: int, lengths: Sequence[int] | None = None
+    ) -> list[list[int]]:
         """Each clip's tokens from log-mel spectrograms (clips x mels x 3,000 frames, on the model's device),
-        up to their end token: at most ``sample_len``, as whisper.decode's ``DecodingResult.tokens``."""
+        up to their end token: at most ``sample_len``, as whisper.decode's ``DecodingResult.tokens``.
+
+        ``lengths`` (a decoder made ``ends_by_length`` only): each clip ends after that many tokens, if its
+        model has not ended it sooner. The tokens before are the model's own."""
+        if lengths is not None and self._end_columns is None:
+            raise ValueError("this decoder was not made to end clips by their lengths")
         prompt = transcribing_tokenizer(self._model, language).sot_sequence_including_notimestamps
         # whisper.decode stops there too: its tokens would outgrow the text context.
         samples = min(sample_len, self._context - len(prompt) + 1)
@@ -177,12 +190,24 @@ class GreedyDecoder:
             return [
                 tokens
                 for start in range(0, len(mels), self.max_rows)
-                for tokens in self._decode_pass(mels[start : start + self.max_rows], prompt, samples)
+                for tokens in self._decode_pass(
+                    mels[start : start + self.max_rows],
+                    prompt,
+                    samples,
+                    None if lengths is None else lengths[start : start + self.max_rows],
+                )
             ]
 
-    def _decode_pass(self, mels: torch.Tensor, prompt: Sequence[int], samples: int) -> list[list[int]]:
+    def _decode_pass(
+        self, mels: torch.Tensor, prompt: Sequence[int], samples: int, lengths: Sequence[int] | None
+    ) -> list[list[int]]:
         clips = len(mels)
         rows = bucket_for(self.row_buckets, clips)
+        if self._end_columns is not None:
+            # The first token drawn goes to column len(prompt); without lengths, no row reaches its end column.
+            never = self._context + 1
+            ends = [never] * rows if lengths is None else [len(prompt) + length for length in lengths]
+            self._end_columns[: len(ends)].copy_(torch.tensor(ends))
         self._encode(mels, rows)
         # A cache as fresh as whisper.decode's: the positions past the one decoded are masked, but an
         # infinity another batch left there would still make NaN (a zero weight times infinity).
@@ -202,6 +227,7 @@ class GreedyDecoder:
             else:
                 self._steps(rows, 1)
                 done += 1
+        self.steps_run += 1 + done
         drawn = self._tokens[:clips, len(prompt) : len(prompt) + samples].tolist()
         return [row[: row.index(self._end)] if self._end in row else row for row in drawn]
 
@@ -233,7 +259,7 @@ class GreedyDecoder:
         logits[:, self._blank] = float("-inf")
         logits.masked_fill_(self._suppressed, float("-inf"))
         first = self._tokens[:rows, length]
-        first.copy_(logits.argmax(dim=-1))
+        first.copy_(self._ended_by_length(logits.argmax(dim=-1), length, rows))
         first[clips:] = self._end
         self._all_ended.copy_((first == self._end).all())
         self._position.fill_(length)
@@ -261,9 +287,16 @@ class GreedyDecoder:
         logits.masked_fill_(self._suppressed, float("-inf"))
         # A row that has ended draws the end again, as in Whisper's GreedyDecoder.
         drawn = torch.where(previous[:, 0] == self._end, self._end, logits.argmax(dim=-1))
+        drawn = self._ended_by_length(drawn, position + 1, rows)
         self._tokens[:rows].index_copy_(1, position + 1, drawn[:, None])
         position += 1
         return drawn
+
+    def _ended_by_length(self, drawn: torch.Tensor, column: int | torch.Tensor, rows: int) -> torch.Tensor:
+        """The tokens drawn for ``column``, the end token where a row's length ends there or before."""
+        if self._end_columns is None:
+            return drawn
+        return torch.where(self._end_columns[:rows] <= column, self._end, drawn)
 
     def _logits(
         self, tokens: torch.Tensor, positional: torch.Tensor, rows: int, attend_to_self: SelfAttention

@@ -14,6 +14,7 @@ from worker.asr.backends import (
     load_backend,
     load_whisper,
     synthetic_whisper,
+    text_tokens,
     token_limit,
     whisper_checkpoint,
 )
@@ -112,9 +113,10 @@ def test_a_whisper_model_is_a_name_in_whispers_cache_or_a_checkpoints_path(tmp_p
     assert whisper_checkpoint("/models/tiny.en.pt").as_posix() == "/models/tiny.en.pt"
 
 
-def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_at_its_texts_limit(speak):
+def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_as_long_as_each_text(speak):
     """Random weights (synthetic-tiny, Whisper tiny's architecture: no weights can be had here) hear
-    garbage, which without a limit runs on to 224 tokens a clip."""
+    garbage and never end a clip themselves: the stand-in ends each where its text would end, as real
+    weights hearing it said right would."""
     settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
     whisper = load_backend(settings, synthetic=True, device=CPU, max_batch=MAX_BATCH)
     clips = [speak(SAID), speak(OTHER)]
@@ -125,8 +127,22 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_and_stops_
     ]
     tokenizer = get_tokenizer(True, language="en", task="transcribe")
     for text, said in zip(heard, [SAID, OTHER], strict=True):
-        # Decoding and encoding again need not give back the same tokens: within twice the limit.
-        assert 0 < len(tokenizer.encoding.encode(text, allowed_special="all")) <= 2 * token_limit(tokenizer, said)
+        # Decoding and encoding again need not give back the same tokens: within twice the text's.
+        assert 0 < len(tokenizer.encoding.encode(text, allowed_special="all")) <= 2 * text_tokens(tokenizer, said)
+
+
+def test_whisper_with_random_weights_runs_each_clip_to_its_texts_limit_when_told_not_to_end_it_with_the_text(speak):
+    """A benchmark's worst case: every segment heard as garbage that goes on."""
+    settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
+    whisper = load_backend(settings, synthetic=True, device=CPU, max_batch=MAX_BATCH)
+    samples, rate = speak(SAID)
+    ending = whisper.transcribe(samples, rate, SAID)
+    whisper.ends_with_text = False
+    running_on = whisper.transcribe(samples, rate, SAID)
+    tokenizer = get_tokenizer(True, language="en", task="transcribe")
+    assert running_on.startswith(ending)
+    assert len(running_on) > 1.5 * len(ending)
+    assert len(tokenizer.encoding.encode(running_on, allowed_special="all")) <= 2 * token_limit(tokenizer, SAID)
 
 
 def test_whisper_loads_frozen():

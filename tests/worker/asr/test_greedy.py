@@ -135,6 +135,28 @@ def test_a_row_that_ends_draws_nothing_more_and_a_batch_stops_when_every_row_has
     assert min(len(row) for row in tokens) < LIMIT
 
 
+def test_told_each_clips_length_a_decoder_ends_it_there_after_the_tokens_it_drew_without(model, mels, expected):
+    """For random weights, which never end a clip of their own accord (the benchmarks' stand-in): lengths
+    cut what the model draws, across two passes of two rows, and a length past the limit changes nothing."""
+    decoder = GreedyDecoder(model, max_rows=2, ends_by_length=True)
+    lengths = [3, 1, LIMIT + 5]
+    tokens = decoder.decode(mels, "en", LIMIT, lengths)
+    drawn = expected(model, "en", LIMIT)
+    assert tokens == [row[:length] for row, length in zip(drawn, lengths, strict=True)]
+    assert [len(row) for row in tokens] == [3, 1, LIMIT]
+
+
+def test_a_decoder_that_can_end_clips_by_length_draws_what_whisper_decode_draws_without_lengths(model, mels, expected):
+    decoder = GreedyDecoder(model, max_rows=4, ends_by_length=True)
+    decoder.decode(mels, "en", LIMIT, [1, 1, 1])
+    assert decoder.decode(mels, "en", LIMIT) == expected(model, "en", LIMIT)
+
+
+def test_only_a_decoder_made_to_end_clips_by_length_is_told_their_lengths(model, mels):
+    with pytest.raises(ValueError, match="lengths"):
+        GreedyDecoder(model, max_rows=4).decode(mels, "en", LIMIT, [1, 1, 1])
+
+
 def test_a_decode_stops_where_whisper_decode_does_when_the_tokens_would_outgrow_the_text_context(model, mels, expected):
     """As many tokens as fit in the text context after the four of the SOT sequence, and one."""
     short = short_context(model, 24)
@@ -176,7 +198,7 @@ def test_on_cuda_the_graphs_draw_the_tokens_the_steps_draw_op_by_op(model, sound
     """On a GPU only (skipped without CUDA): the decoder replaying its steps as CUDA graphs draws what the
     same steps draw op by op, on batches of three (a row of padding in a pass of four) and five (passes of
     four and one); limits of 21 tokens (not a whole number of graphs), rows ending early, and a text
-    context whose last steps do not fill a graph (they run op by op)."""
+    context whose last steps do not fill a graph (they run op by op); and clips ended by their lengths."""
     chosen = {
         "hearing": lambda: model,
         "ending early": lambda: end_made_likelier(model, GreedyDecoder(model, 4).decode(sounds, "en", LIMIT), 0.5),
@@ -187,9 +209,13 @@ def test_on_cuda_the_graphs_draw_the_tokens_the_steps_draw_op_by_op(model, sound
     # tokens of a clip, three whole graphs, and parted at the 25th (2026-12-03, twice, in two of the three
     # variants each time, not the same two): most likely random weights' logits all but tied there, where
     # two kernels that round apart pick either. A real difference in what the steps compute shows in fp32 too.
-    graphed = GreedyDecoder(on_gpu, max_rows=4, dtype=torch.float32)
-    eager = GreedyDecoder(on_gpu, max_rows=4, eager=True, dtype=torch.float32)
+    graphed = GreedyDecoder(on_gpu, max_rows=4, dtype=torch.float32, ends_by_length=True)
+    eager = GreedyDecoder(on_gpu, max_rows=4, eager=True, dtype=torch.float32, ends_by_length=True)
     for batch in (sounds.cuda(), torch.cat([sounds, sounds[:2]]).cuda()):
         for language in ("en", "zh"):
             for sample_len in (21, 100):
                 assert graphed.decode(batch, language, sample_len) == eager.decode(batch, language, sample_len)
+        lengths = [2, 30, 11, 9, 17][: len(batch)]
+        ended = graphed.decode(batch, "en", 100, lengths)
+        assert ended == eager.decode(batch, "en", 100, lengths)
+        assert all(len(row) <= length for row, length in zip(ended, lengths, strict=True))
