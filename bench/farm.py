@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+import redis
 from celery import Celery
 
 from chattts_farm.celery_client import create_celery
@@ -158,6 +159,15 @@ def cpu_used(pids: dict[str, Callable[[], list[int]]]) -> Iterator[dict[str, flo
     used: dict[str, float] = {}
     yield used
     used.update({kind: cpu for kind, (cpu, _) in usage.since_last().items()})
+
+
+def redis_server_pid(redis_url: str) -> int:
+    """The process id of the redis-server behind ``redis_url`` (it must be on this host to be read from /proc)."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        return int(client.info("server")["process_id"])
+    finally:
+        client.close()
 
 
 @contextmanager

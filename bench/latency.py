@@ -21,7 +21,8 @@ audio reached the worker's Celery process (both from each job's result), until R
 the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client.
 Last, level by level, the workers' engine threads: seconds in steps, of which waiting for the device,
 and the rest, the host's own work (from the workers' health, read a second after each level); and the
-CPU seconds and minor page faults of the workers' Celery processes and engine processes."""
+CPU seconds and minor page faults of the workers' Celery processes and engine processes, and of
+Redis (which grows its memory for a first level's streams and results as the processes do theirs)."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
-from bench.farm import ProcessUsage, bench_redis, running_workers, worker_pids
+from bench.farm import ProcessUsage, bench_redis, redis_server_pid, running_workers, worker_pids
 from bench.workload import standard_requests
 from chattts_farm.celery_client import create_celery
 from chattts_farm.contract import TASK_NAME, queue_of_worker
@@ -476,7 +477,8 @@ def main() -> None:
         with running_workers(celery, placement, settings, workdir / "latency-worker.log") as supervisor:
             run_farm_level(celery, redis_url, 4, arguments.seconds)  # warm-up: first graphs, first connections
             engines = EngineThreads(celery)
-            processes = ProcessUsage(worker_pids(celery, engines.queues, supervisor))
+            redis_pid = redis_server_pid(redis_url)
+            processes = ProcessUsage({**worker_pids(celery, engines.queues, supervisor), "redis": lambda: [redis_pid]})
             threads = []  # (path, clients, wall s, engine thread seconds, the processes' CPU s and page faults)
 
             def measured(path: str, clients: int, wall: float) -> None:
@@ -549,14 +551,15 @@ def main() -> None:
             f"| {spent['device_blocks_made']:.0f} | {spent['device_alloc_retries']:.0f} |"
         )
     print(
-        "\nthe workers' processes, level by level: CPU seconds and minor page faults (each a page of memory "
-        "touched for the first time since it was allocated; from /proc):\n"
+        "\nthe workers' processes and Redis, level by level: CPU seconds and minor page faults (each a page of "
+        "memory touched for the first time since it was allocated; from /proc):\n"
     )
-    print("| path | clients | Celery CPU s | Celery page faults | engine CPU s | engine page faults |")
-    print("|---|---:|---:|---:|---:|---:|")
+    kinds = {"celery": "Celery", "engine": "engine", "redis": "Redis"}
+    print("| path | clients | " + " | ".join(f"{name} CPU s | {name} page faults" for name in kinds.values()) + " |")
+    print("|---|---:|" + "---:|---:|" * len(kinds))
     for path, clients, _, _, used in threads:
-        (celery_cpu, celery_faults), (engine_cpu, engine_faults) = used["celery"], used["engine"]
-        print(f"| {path} | {clients} | {celery_cpu:.2f} | {celery_faults} | {engine_cpu:.2f} | {engine_faults} |")
+        cells = " | ".join(f"{used[kind][0]:.2f} | {used[kind][1]}" for kind in kinds)
+        print(f"| {path} | {clients} | {cells} |")
 
 
 if __name__ == "__main__":
