@@ -1,5 +1,6 @@
 """The channel between a worker's Celery side and its engine process: plain messages on a real socket pair."""
 
+import os
 import threading
 
 import numpy as np
@@ -75,6 +76,47 @@ def test_messages_from_many_threads_arrive_whole_and_in_each_threads_order(ends)
     # Each message's frames follow it, whatever the other threads send meanwhile.
     for message in received:
         assert message["pcm"] == np.full(message["n"] * 100, message["sender"], dtype=np.float32).tobytes()
+
+
+def test_messages_sent_together_arrive_as_if_sent_one_by_one(ends):
+    ours, theirs = ends
+    messages = [
+        ("audio", {"job": f"job-{n}", "segment": n, "pcm": float32_bytes(np.full(n * 3_000, n, dtype=np.float32))})
+        for n in range(6)  # frames of 0 bytes to 60 kB, either side of multiprocessing's 16 kB split
+    ] + [("finished", {"job": "job-5", "result": {"pieces": [float32_bytes(np.ones(7, dtype=np.float32))]}})]
+    ours.send_all(messages)
+    ours.send("status", n=1)
+    for kind, fields in messages[:-1]:
+        assert theirs.receive() == {"kind": kind, **fields, "pcm": bytes(fields["pcm"].data)}
+    assert theirs.receive() == {
+        "kind": "finished",
+        "job": "job-5",
+        "result": {"pieces": [np.ones(7, np.float32).tobytes()]},
+    }
+    assert theirs.receive() == {"kind": "status", "n": 1}
+
+
+def test_a_write_that_takes_only_part_is_gone_on_with_from_where_it_stopped(ends, monkeypatch):
+    # A socket may take part of a write (a signal, a full buffer): here every write takes at most 1,000 bytes.
+    ours, theirs = ends
+    write = os.writev
+    monkeypatch.setattr(os, "writev", lambda fd, buffers: write(fd, [bytes(buffers[0][:1000])]))
+    rows = [np.full(700 * n, n, dtype=np.float32) for n in range(5)]
+    ours.send_all([("audio", {"n": n, "pcm": float32_bytes(row)}) for n, row in enumerate(rows)])
+    received = [theirs.receive() for _ in rows]
+    assert [message["pcm"] for message in received] == [row.tobytes() for row in rows]
+
+
+def test_more_than_the_socket_holds_goes_out_whole_as_the_reader_takes_it(ends):
+    ours, theirs = ends
+    rows = [np.full(2**20 + n, n, dtype=np.float32) for n in range(12)]  # 48 MB, socket buffers of 8 MB
+    messages = [("audio", {"n": n, "pcm": float32_bytes(row)}) for n, row in enumerate(rows)]
+    sender = threading.Thread(target=ours.send_all, args=(messages,))
+    sender.start()
+    received = [theirs.receive() for _ in rows]
+    sender.join()
+    assert [message["n"] for message in received] == list(range(12))
+    assert all(message["pcm"] == row.tobytes() for message, row in zip(received, rows, strict=True))
 
 
 def test_a_value_that_is_no_plain_value_is_refused_at_the_sender(ends):

@@ -4,8 +4,9 @@ Started and watched by the worker's Celery side (see worker.engine_client) as
 ``python -m worker.engine_process.main <fd> <name> <log level>``, where ``fd`` is its end of the channel (see
 worker.channel). It loads and warms up the model, says ``ready``, then serves: every ``submit`` goes
 to the batcher, whose thread drives the GPU; this process's main thread only reads the channel, and
-one sender thread writes to it, so the engine's thread never waits on a socket. When the Celery side
-goes (its end of the channel closes: a worker stopped or killed), this process ends at once.
+one sender thread writes to it (all that waits, in one system call a channel), so the engine's thread
+never waits on a socket. When the Celery side goes (its end of the channel closes: a worker stopped or
+killed), this process ends at once.
 
 Where a GPU has more than one Celery process (``CHATTTS_FARM_CELERY_PROCESSES``: one interpreter's lock
 carries only so many jobs a second), the first starts this process and the others connect to the
@@ -29,6 +30,7 @@ import setproctitle
 
 from chattts_farm.contract import FarmError, SynthesisRequest, parse_voice
 from chattts_farm.settings import Settings
+from worker.batches import take_all
 from worker.channel import Channel, error_fields, float32_bytes, listen
 from worker.engine_process.batcher import Batcher, JobHandle
 from worker.engine_process.pipeline import PROGRESS_INTERVAL_S, Synthesizer
@@ -186,14 +188,17 @@ class EngineServer:
 
     def _send_outbox(self) -> None:
         while True:
-            channel, kind, fields = self._outbox.get()
-            try:
-                channel.send(kind, **fields)
-            except OSError:
-                if channel is self.channel:
-                    logger.info("the worker's end of the channel has closed: the engine process ends")
-                    os._exit(0)
-                # another Celery process that has gone: its reader thread drops its jobs
+            by_channel: dict[Channel, list[tuple[str, dict]]] = {}
+            for channel, kind, fields in take_all(self._outbox):
+                by_channel.setdefault(channel, []).append((kind, fields))
+            for channel, messages in by_channel.items():
+                try:
+                    channel.send_all(messages)
+                except OSError:
+                    if channel is self.channel:
+                        logger.info("the worker's end of the channel has closed: the engine process ends")
+                        os._exit(0)
+                    # another Celery process that has gone: its reader thread drops its jobs
 
 
 def gpu_report(device) -> dict | None:
