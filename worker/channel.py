@@ -43,6 +43,8 @@ from chattts_farm.contract import FarmError, SynthesisFailed
 # Each side buffers this much before a send waits for the other to read: a second of a busy engine's
 # audio chunks, so its thread rarely waits on the worker's.
 SOCKET_BUFFER_BYTES = 8 * 2**20
+# One writev takes at most this many buffers (IOV_MAX).
+_MOST_BUFFERS_A_WRITE = os.sysconf("SC_IOV_MAX")
 
 
 # The msgpack extension type that stands for a blob in a message: its data is the blob's index.
@@ -114,7 +116,7 @@ class Channel:
     def send_all(self, messages: list[tuple[str, dict[str, Any]]]) -> None:
         """Send (kind, fields) messages in order, in as few system calls as the socket takes; OSError
         (BrokenPipeError, ...) once the other side has gone."""
-        frames: list[bytes | memoryview] = []
+        buffers: list[bytes | memoryview] = []  # each frame after its length
         for kind, fields in messages:
             blobs: list[memoryview] = []
 
@@ -125,11 +127,8 @@ class Channel:
                 return _plain(value)
 
             packed = msgpack.packb({"kind": kind, **fields}, default=lift, use_bin_type=True)
-            frames.append(len(blobs).to_bytes(4, "big") + packed)
-            frames.extend(blobs)
-        buffers: list[bytes | memoryview] = []
-        for frame in frames:
-            buffers += (_frame_header(len(frame)), frame)
+            for frame in (len(blobs).to_bytes(4, "big") + packed, *blobs):
+                buffers += (_frame_header(len(frame)), frame)
         with self._send_lock:
             _write_all(self._connection.fileno(), buffers)
 
@@ -182,10 +181,6 @@ def _write_all(fd: int, buffers: list[bytes | memoryview]) -> None:
             else:
                 waiting[first] = waiting[first][written:]
                 written = 0
-
-
-# writev takes at most this many buffers (Linux's IOV_MAX).
-_MOST_BUFFERS_A_WRITE = os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024
 
 
 def _size_buffers(end: socket.socket) -> None:
