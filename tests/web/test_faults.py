@@ -65,6 +65,8 @@ def assert_every_job_done_exactly_once(web: Web, workers: Workers, job_ids: list
         assert audio.status_code == 200, audio.text
         samples, _rate = decode(audio.content)
         assert len(samples) > 0
+    # Celery stores a job's result before it logs the job's success.
+    wait_until(lambda: all(f"[{job_id}] succeeded" in workers.log() for job_id in job_ids), 10, "every success logged")
     log = workers.log()
     for job_id in job_ids:
         assert len(re.findall(rf"chattts\.synthesize\[{job_id}\] succeeded", log)) == 1, job_id

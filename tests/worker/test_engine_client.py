@@ -72,8 +72,7 @@ def test_an_engine_killed_with_12_jobs_in_flight_is_started_again_and_every_job_
     wait_until(lambda: all(job.state == PROGRESS_STATE for job in jobs), 60, "every job to run")
     os.kill(before["engine_pid"], signal.SIGKILL)
 
-    outputs = [job.get(timeout=300) for job in [streaming, *jobs]]
-    assert [output["job_id"] for output in outputs] == [streaming.id] + [job.id for job in jobs]
+    outputs = all_succeed_once(worker, [streaming, *jobs])
     # The same worker process served them all, through its second engine process.
     after = health(worker)
     assert after["pid"] == before["pid"] and after["engine_restarts"] == 1
@@ -81,9 +80,6 @@ def test_an_engine_killed_with_12_jobs_in_flight_is_started_again_and_every_job_
     assert worker.log().count(warmed_up) == 2
     lost = f"the engine process {before['engine_pid']} of cpu0 ended (exit code -9) with {JOBS} job(s) unfinished"
     assert lost in worker.log()
-    wait_until(lambda: all(f"[{job.id}] succeeded" in worker.log() for job in jobs), 10, "every success logged")
-    for job in [streaming, *jobs]:
-        assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", worker.log())) == 1
     # The stream went on where it was, in the same run, and its stored audio is what was heard (the
     # worker put it together from the chunks of both engine processes).
     chunks.extend(heard)
@@ -145,8 +141,9 @@ def engine_processes(workers) -> list[psutil.Process]:
 
 
 def all_succeed_once(workers, jobs) -> list[dict]:
-    outputs = [job.get(timeout=240) for job in jobs]
+    outputs = [job.get(timeout=300) for job in jobs]
     assert [output["job_id"] for output in outputs] == [job.id for job in jobs]
+    # Celery stores a job's result before it logs the job's success: a job may be got and not yet logged.
     wait_until(lambda: all(f"[{job.id}] succeeded" in workers.log() for job in jobs), 10, "every success logged")
     for job in jobs:
         assert len(re.findall(rf"chattts\.synthesize\[{job.id}\] succeeded", workers.log())) == 1
