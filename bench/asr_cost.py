@@ -35,6 +35,10 @@ and how long each took on the host. The engine's thread spends longer on the
 host beside the listener without the listener holding the interpreter's lock (docs/performance.md);
 this says whether its calls into the driver are what got slower. (On a CPU there are none.)
 
+``--py-spy DIR`` samples this process with py-spy over each run's workload (native stacks, into DIR) and
+prints where each thread was (bench.py_spy): whether the engine's thread's extra host time beside the
+listener is its own Python, the driver's, or waiting for the interpreter's lock.
+
 ``--asr-batch`` (comma-separated) runs each recogniser once per most segments its listener hears at
 once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
@@ -56,9 +60,12 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import os
 import platform
+import re
 import threading
 import time
+from pathlib import Path
 
 from worker.cuda import configure_allocator
 
@@ -66,6 +73,7 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
+from bench import py_spy  # noqa: E402
 from bench.engine_phases import PhaseTimer, print_timeline, timeline  # noqa: E402
 from bench.standard import WARM_UP_JOBS, cell, progress, run_engine, seconds_range, synthesize_timed  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
@@ -95,6 +103,7 @@ class Run:
     waiting_for_device_s: float  # of the wall, the engine's thread waiting for the GPU's work
     timeline: PhaseTimer | None  # with --timeline, the engine's thread's parts over the timed run
     runtime_calls: RuntimeCalls | None  # with --runtime-calls, the CUDA runtime's calls over the timed run
+    samples: list[Path]  # with --py-spy, py-spy's samples of this process over the timed run
 
 
 def asr_choices(text: str) -> list[str]:
@@ -170,6 +179,7 @@ def run(
     label: str,
     with_timeline: bool,
     with_runtime_calls: bool,
+    py_spy_dir: Path | None = None,
 ) -> Run:
     listener = Listener(backend, synthesizer.settings.asr_max_error_rate, max_batch) if backend else None
     synthesizer.listener = listener
@@ -182,8 +192,13 @@ def run(
     timer = timeline(synthesizer) if with_timeline else None
     runtime_calls = RuntimeCalls() if with_runtime_calls else None
     waited_before = device_waits.waited_s()
+    slug = re.sub(r"\W+", "-", label)
+    sampled = py_spy.recording([os.getpid()], py_spy_dir, f"asr-{slug}") if py_spy_dir else contextlib.nullcontext([])
     try:
-        with runtime_calls.recording(synthesizer.model.device) if runtime_calls else contextlib.nullcontext():
+        with (
+            runtime_calls.recording(synthesizer.model.device) if runtime_calls else contextlib.nullcontext(),
+            sampled as samples,
+        ):
             result = run_engine(
                 synthesizer, f"ASR {label}", standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds)
             )
@@ -210,6 +225,7 @@ def run(
         waited,
         timer,
         runtime_calls,
+        samples,
     )
 
 
@@ -333,6 +349,13 @@ def main() -> None:
         action="store_true",
         help="Print the CUDA runtime's calls of each run's workload, by thread (torch.profiler).",
     )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="Sample this process with py-spy (native stacks) over each run's workload, into DIR, and print "
+        "where each thread was (bench.py_spy); the sampling slows the runs.",
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -369,6 +392,7 @@ def main() -> None:
             label=label,
             with_timeline=arguments.timeline,
             with_runtime_calls=arguments.runtime_calls,
+            py_spy_dir=arguments.py_spy,
         )
         for asr, backend, max_batch, label in ways(arguments, backends)
     ]
@@ -394,6 +418,9 @@ def main() -> None:
             print_timeline(r.timeline)
         if r.runtime_calls is not None:
             r.runtime_calls.print(f"the CUDA runtime's calls over ASR {r.asr}'s workload, by thread")
+        for path in r.samples:
+            print(f"\nwhere this process's threads were over ASR {r.asr}'s workload (py-spy):\n")
+            print(py_spy.summary(path))
 
 
 if __name__ == "__main__":

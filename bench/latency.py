@@ -22,11 +22,15 @@ the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from t
 Last, level by level, the workers' engine threads: seconds in steps, of which waiting for the device,
 and the rest, the host's own work (from the workers' health, read a second after each level); and the
 CPU seconds and minor page faults of the workers' Celery processes and engine processes, and of
-Redis (which grows its memory for a first level's streams and results as the processes do theirs)."""
+Redis (which grows its memory for a first level's streams and results as the processes do theirs).
+With --py-spy DIR, py-spy samples the engine processes over each level (native stacks, into DIR) and
+it prints where each of their threads was: running Python, in native code, in the CUDA driver, waiting
+for the interpreter's lock (bench.py_spy)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import multiprocessing
 import os
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from bench import py_spy
 from bench.farm import ProcessUsage, bench_redis, redis_server_pid, running_workers, worker_pids
 from bench.workload import standard_requests
 from chattts_farm.celery_client import create_celery
@@ -456,6 +461,13 @@ def main() -> None:
         help="Also run the last level not streamed before the streamed levels: whether what a worker's first "
         "level loses is streaming's or any first level's.",
     )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="Sample the workers' engine processes with py-spy (native stacks) over each level, into DIR, and "
+        "print where each of their threads was (bench.py_spy); the sampling slows the levels.",
+    )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
@@ -480,19 +492,32 @@ def main() -> None:
             redis_pid = redis_server_pid(redis_url)
             processes = ProcessUsage({**worker_pids(celery, engines.queues, supervisor), "redis": lambda: [redis_pid]})
             threads = []  # (path, clients, wall s, engine thread seconds, the processes' CPU s and page faults)
+            samples = []  # with --py-spy: (path, clients, the engine processes' samples)
 
             def measured(path: str, clients: int, wall: float) -> None:
                 threads.append((path, clients, wall, engines.since_last(), processes.since_last()))
 
+            @contextlib.contextmanager
+            def sampled(path: str, clients: int):
+                if arguments.py_spy is None:
+                    yield
+                    return
+                label = f"{len(samples) + 1:02d}-{path.replace(', ', '-').replace(' ', '-')}-{clients}"
+                with py_spy.recording(processes.pids["engine"](), arguments.py_spy, label) as files:
+                    yield
+                samples.append((path, clients, files))
+
             def plain_level(path: str) -> float:
                 started = time.perf_counter()
-                throughput = run_plain(celery, levels[-1], arguments.seconds)
+                with sampled(path, levels[-1]):
+                    throughput = run_plain(celery, levels[-1], arguments.seconds)
                 measured(path, levels[-1], time.perf_counter() - started)
                 return throughput
 
             plain_first = plain_level("farm, not streamed, first") if arguments.plain_first else None
             for clients in levels:
-                rows.append(run_farm_level(celery, redis_url, clients, arguments.seconds))
+                with sampled("farm", clients):
+                    rows.append(run_farm_level(celery, redis_url, clients, arguments.seconds))
                 measured("farm", clients, rows[-1]["wall_s"])
             if arguments.web:
                 with running_web(redis_url, workdir) as base:
@@ -502,7 +527,8 @@ def main() -> None:
                     engines.since_last()
                     processes.since_last()
                     for clients in levels:
-                        rows.append(run_web_level(base, clients, arguments.seconds))
+                        with sampled("web", clients):
+                            rows.append(run_web_level(base, clients, arguments.seconds))
                         measured("web", clients, rows[-1]["wall_s"])
             plain = plain_level("farm, not streamed")
     print(
@@ -560,6 +586,10 @@ def main() -> None:
     for path, clients, _, _, used in threads:
         cells = " | ".join(f"{used[kind][0]:.2f} | {used[kind][1]}" for kind in kinds)
         print(f"| {path} | {clients} | {cells} |")
+    for path, clients, files in samples:
+        for file in files:
+            print(f"\nwhere an engine process's threads were, {path}, {clients} clients (py-spy):\n")
+            print(py_spy.summary(file))
 
 
 if __name__ == "__main__":

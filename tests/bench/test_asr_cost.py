@@ -5,13 +5,13 @@ from tests.support import markdown_table, run_bench
 
 
 def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_and_what_the_listener_did(
-    tiny_assets, data_dir
+    tiny_assets, data_dir, tmp_path
 ):
     finished = run_bench(
         "asr_cost",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "2", "--seconds", "1-2"),
         *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--asr-batch", "1,32", "--timeline"),
-        *("--whisper-length", "text,limit", "--runtime-calls"),
+        *("--whisper-length", "text,limit", "--runtime-calls", "--py-spy", str(tmp_path)),
         data_dir=data_dir,
         timeout_s=400,
     )
@@ -60,3 +60,11 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     assert len(titles) == 5
     for title in titles:
         assert markdown_table(lines[lines.index(title) + 1 :], "| thread | call |") == []
+    # With --py-spy, where the process's threads were over each run: the engine's (the main thread) in
+    # every run, the listener's beside it where the gate was on.
+    titles = [line for line in lines if line.startswith("where this process's threads were")]
+    assert titles == [f"where this process's threads were over ASR {row['ASR']}'s workload (py-spy):" for row in rows]
+    for title, row in zip(titles, rows, strict=True):
+        threads = {thread["thread"]: thread for thread in markdown_table(lines[lines.index(title) :], "| thread |")}
+        assert int(threads["MainThread"]["samples"]) > 0, threads
+        assert ("asr" in threads) == (row["ASR"] != "off"), threads

@@ -11,6 +11,7 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
         "--engine",
         "--web",
         "--plain-first",
+        *("--py-spy", str(tmp_path / "py-spy")),
         data_dir=data_dir,
     )
     rows = markdown_table(finished.stdout.splitlines(), "| path |")
@@ -71,3 +72,13 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
     for row in processes:
         assert float(row["Celery CPU s"]) > 0 and float(row["engine CPU s"]) > 0 and float(row["Redis CPU s"]) >= 0
         assert all(row[f"{kind} page faults"].isdigit() for kind in ("Celery", "engine", "Redis")), row
+    # With --py-spy, where the engine process's threads were over each level the workers ran: its engine's
+    # thread (the batcher's) sampled busy in every one.
+    lines = finished.stdout.splitlines()
+    titles = [line for line in lines if line.startswith("where an engine process's threads were")]
+    assert titles == [
+        f"where an engine process's threads were, {row['path']}, {row['clients']} clients (py-spy):" for row in threads
+    ]
+    for title in titles:
+        rows = {row["thread"]: row for row in markdown_table(lines[lines.index(title) :], "| thread |")}
+        assert int(rows["batcher"]["samples"]) > 0 and rows["batcher"]["running Python"].endswith("%"), rows
