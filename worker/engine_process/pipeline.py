@@ -274,17 +274,11 @@ class Synthesizer:
     def _cut_streams(self) -> list[Piece]:
         """The next pieces of the running segments of streaming requests."""
         pieces = []
-        for segment in self.engine.running_segments:
-            entry = self.in_flight.get(segment.owner)
-            if entry is None or entry.stream is None:
-                continue
-            pieces.extend(
-                entry.stream.cut(
-                    segment,
-                    self.engine.tokens_drawn(segment),
-                    lambda start, stop, segment=segment: self.engine.hidden_states(segment, start, stop),
-                )
-            )
+        engine, in_flight = self.engine, self.in_flight
+        for segment in engine.running_segments:
+            entry = in_flight.get(segment.owner)
+            if entry is not None and entry.stream is not None:
+                pieces.extend(entry.stream.cut(segment, engine.tokens_drawn(segment), engine.hidden_states))
         return pieces
 
     def _take_decoded(self, decoded: Decoded) -> list[tuple[Synthesis, SynthesisResult]]:

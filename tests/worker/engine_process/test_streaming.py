@@ -294,7 +294,7 @@ def test_the_pieces_from_a_rows_start_have_the_lengths_the_vocoder_is_told_to_ca
         unaligned = [
             piece.hiddens.shape[0]
             for drawn in range(1, 2000, SYNC_EVERY)
-            for piece in stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1))
+            for piece in stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1))
             if piece.hiddens.shape[0] % WINDOW_STEP_FRAMES
         ]
         assert unaligned and unaligned == row_start_piece_frames(frames_per_second, context)
@@ -305,7 +305,7 @@ def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_
 
     def first_cut(stream: RequestStream) -> int:
         for drawn in range(1, 400, SYNC_EVERY):  # the host learns of a prefill's token, then a round's
-            if stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1)):
+            if stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1)):
                 return drawn
 
     # Full scale: 46.875 frames a second, 7 of context. 0.25 s (12 frames) would be cut with 25 drawn.
@@ -326,7 +326,7 @@ def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_u
     assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
     cuts = []
     for drawn in range(1, 400, 8):  # the engine looks every 8 steps
-        for piece in stream.cut(segment, drawn, lambda start, stop: torch.zeros(stop - start, 1)):
+        for piece in stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1)):
             assert piece.keep_to <= drawn - 5  # the newest 5 frames may still change
             # Context on either side (more on the left where the row has it, to a multiple of the vocoder's
             # window step), so a piece's length is set by its size alone.
