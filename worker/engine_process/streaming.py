@@ -18,24 +18,36 @@ they go. Only where the ASR gate is to hear a segment is its audio kept until it
 the request's end, a level of 256 streams held ~250 MB of pieces in pinned host memory, which torch had
 to make anew the first time, and joined them on the engine's thread.
 
-The first piece of a segment is small, so the first sound comes early; each later one is twice the
-size of the one before, up to a bound, so that a long text is decoded in few, large passes. A piece
-takes more context on its left where the row has it, so that its length is a multiple of the
+A stream's first piece is small, so the first sound comes early. After it, a piece is cut only when
+the audio it adds is about to be wanted: once the stream's lead (the audio cut so far, in the text's
+order, less what has played since its first piece went out, played as it arrives) falls below
+LOW_WATER_S, the current segment's stable frames are cut, all of them. While the engine draws v times
+faster than the audio plays, each piece is then about v times the one before (0.25 s, 1.5 s, 9 s at
+6x), where pieces of a size set by their place in the row (doubling up to 2 s) cut a 10-s segment
+into 8 whatever the engine's speed; each piece is one more the engine's thread cuts, launches and
+sends, the worker's Celery side and Redis carry. A segment after the one playing is cut at its end,
+when the engine hands it over whole, or once it is the one playing. Where the engine draws no faster
+than the audio plays, pieces stay small and go out as soon as they are stable.
+
+A piece takes more context on its left where the row has it, so that its length is a multiple of the
 vocoder's window step: pieces then replay the vocoder's CUDA graphs with the rows' windows, where a
 piece of any other length runs op by op on the engine's thread (on an H200 with 256 streams, py-spy
-found that thread busier launching such pieces than launching the decode steps). A segment's first
-pieces start at the row's start and cannot be aligned; their lengths are the same for every stream
-(:func:`row_start_piece_frames`), and the vocoder captures graphs for them too.
+found that thread busier launching such pieces than launching the decode steps). A piece from a
+row's start cannot take more context: it ends where its length is a multiple of the window step, but
+for the stream's first piece, whose length is the same for every stream
+(:func:`row_start_piece_frames`), and the vocoder captures graphs for it too.
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from worker.audio import SAMPLE_RATE
 from worker.engine.engine import SYNC_EVERY
 from worker.engine.segment import Segment
 from worker.vocoder.piece import Piece
@@ -45,7 +57,11 @@ from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 FIRST_CHUNK_S = 0.25
 # A first chunk cut short to end with an engine round is never shorter than this.
 SHORTEST_FIRST_CHUNK_S = 0.15
-LARGEST_CHUNK_S = 2.0
+# A piece is cut once the stream's lead falls below this: enough for a piece cut now to reach a client
+# (the next round, the vocoder, the channel, the worker's Celery side, Redis: the first chunk's hops
+# after the engine took ~50-150 ms at 256 streams on an H100) before the audio before it has played.
+# Chosen, not measured.
+LOW_WATER_S = 0.5
 
 # deliver(segment index, samples): the next float32 samples of a request's audio, in order, and the
 # segment of its text they belong to (the silence before a segment belongs to it, that after the last to the last)
@@ -64,20 +80,20 @@ class RequestStream:
         frames_per_second: float,
         context_frames: int,
         keep_audio: bool = False,
+        clock: Callable[[], float] = time.monotonic,
     ):
         self.segments = segments
         self.deliver = deliver
         self.silences = silences  # before each segment, and after the last (see worker.results.joined)
+        self.frames_per_second = frames_per_second
         self.context_frames = context_frames
         self.first_chunk_frames = first_chunk_frames(frames_per_second, context_frames)
-        self.largest_chunk_frames = largest_chunk_frames(frames_per_second)
+        self.clock = clock
         self._cut_to = [0] * len(segments)  # per segment: the frames whose audio has been cut off
-        self._cuts = [0] * len(segments)
-        # Per segment: the frames drawn that its next piece waits for. The pipeline asks every running
-        # segment after every engine round, on the engine's thread, and most have nothing to cut: 512 of
-        # them took 0.36 ms a round working out each one's next piece, 0.11 ms with this (development
-        # machine, the pipeline's loop over stand-ins for the engine's segments).
-        self._next_cut_at = [self._next_piece(index)[2] for index in range(len(segments))]
+        # When the stream's first audio went out (by ``clock``): it plays from then on.
+        self._playing_since: float | None = None
+        # The samples of the segments before the one playing and of the silences before it.
+        self._samples_before = silences[0]
         # Per segment: its decoded pieces not delivered yet (a segment before it is still drawn), what
         # the quality gate reads of all its pieces, and with ``keep_audio`` all its pieces.
         self._waiting: list[list[np.ndarray]] = [[] for _ in segments]
@@ -90,29 +106,39 @@ class RequestStream:
     def cut(
         self, segment: Segment, drawn: int, hidden_states: Callable[[Segment, int, int], torch.Tensor]
     ) -> list[Piece]:
-        """The next pieces of a running segment that has drawn ``drawn`` frames: as many as its stable
-        frames fill. A piece's size is set by its place in the row, so the pieces of many streams have
-        few lengths between them and share the vocoder's batches.
+        """The next piece of a running segment that has drawn ``drawn`` frames, if one is wanted now (see
+        the module's doc): the stream's first piece once its frames are stable, then the playing segment's
+        stable frames once the stream's lead is low.
 
         ``hidden_states(segment, start, stop)`` copies the segment's hidden states of frames [start, stop).
         """
         index = segment.index
-        pieces = []
-        while drawn >= self._next_cut_at[index]:
-            start, keep_to, stop = self._next_piece(index)
-            keep_from = self._cut_to[index]
-            pieces.append(
-                Piece(segment, hidden_states(segment, start, stop), start, keep_from, keep_to, last=False, assess=False)
-            )
-            self._cut_to[index] = keep_to
-            self._cuts[index] += 1
-            self._next_cut_at[index] = self._next_piece(index)[2]
-        return pieces
+        if index != self._next_segment:  # its audio waits for the segments before it
+            return []
+        stable = drawn - self.context_frames
+        keep_from = self._cut_to[index]
+        if self._playing_since is None:  # nothing has gone out: only the stream's first piece is wanted
+            if index or keep_from or stable < self.first_chunk_frames:
+                return []
+            keep_to = self.first_chunk_frames
+        elif stable - keep_from < self.first_chunk_frames or self.lead_s() >= LOW_WATER_S:
+            return []
+        elif keep_from:
+            keep_to = stable
+        else:  # from the row's start: to where the piece's length is a multiple of the window step
+            keep_to = (stable + self.context_frames) // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES - self.context_frames
+            if keep_to < self.first_chunk_frames:
+                keep_to = self.first_chunk_frames  # a length the vocoder captured graphs for
+        stop = keep_to + self.context_frames
+        start = aligned_start(keep_from - self.context_frames, stop)
+        self._cut_to[index] = keep_to
+        hiddens = hidden_states(segment, start, stop)
+        return [Piece(segment, hiddens, start, keep_from, keep_to, last=False, assess=False)]
 
-    def _next_piece(self, index: int) -> tuple[int, int, int]:
-        """(start, keep_to, stop) of a segment's next piece: it can be cut once ``stop`` frames are drawn."""
-        first, largest, context = self.first_chunk_frames, self.largest_chunk_frames, self.context_frames
-        return next_piece(self._cut_to[index], self._cuts[index], first, largest, context)
+    def lead_s(self) -> float:
+        """Seconds of the stream's audio cut and not yet played (as played from its first piece on)."""
+        cut = self._samples_before / SAMPLE_RATE + self._cut_to[self._next_segment] / self.frames_per_second
+        return cut - (self.clock() - self._playing_since)
 
     def last_piece(self, segment: Segment) -> Piece:
         """What is left of a segment the engine finished: the frames not yet cut, to its end."""
@@ -133,9 +159,12 @@ class RequestStream:
             for ready in self._waiting[self._next_segment]:
                 if ready.size:
                     self.deliver(self._next_segment, ready)
+                    if self._playing_since is None:
+                        self._playing_since = self.clock()
             self._waiting[self._next_segment] = []
             if not self._complete[self._next_segment]:
                 return
+            self._samples_before += self._stats[self._next_segment].size + self.silences[self._next_segment + 1]
             self._next_segment += 1
             self._silence(min(self._next_segment, len(self.segments) - 1), self.silences[self._next_segment])
 
@@ -168,34 +197,13 @@ def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:
     return within_a_round if within_a_round >= SHORTEST_FIRST_CHUNK_S * frames_per_second else most
 
 
-def largest_chunk_frames(frames_per_second: float) -> int:
-    """The most frames one piece keeps: LARGEST_CHUNK_S of audio."""
-    return math.ceil(LARGEST_CHUNK_S * frames_per_second)
-
-
-def next_piece(cut_to: int, cuts: int, first_chunk: int, largest_chunk: int, context: int) -> tuple[int, int, int]:
-    """(start, keep_to, stop) of a segment's next piece once its first ``cut_to`` frames went out in ``cuts``
-    pieces: each kept chunk twice the one before, from ``first_chunk`` frames up to ``largest_chunk``, with
-    ``context`` frames on its right and at least as many on its left (see :func:`aligned_start`)."""
-    keep_to = cut_to + min(first_chunk << cuts, largest_chunk)
-    stop = keep_to + context
-    return aligned_start(cut_to - context, stop), keep_to, stop
-
-
 def row_start_piece_frames(frames_per_second: float, context_frames: int) -> list[int]:
-    """The lengths of a segment's pieces that start at its row's start and so cannot take more context to
-    reach a multiple of the window step (its first one or two): the same for every stream, so that the
-    vocoder captures graphs for them too, and a burst of streams' first pieces does not run op by op on
-    the thread that launches the decode steps."""
-    first, largest = first_chunk_frames(frames_per_second, context_frames), largest_chunk_frames(frames_per_second)
-    lengths, cut_to, cuts = [], 0, 0
-    while True:
-        start, keep_to, stop = next_piece(cut_to, cuts, first, largest, context_frames)
-        if start > 0:
-            return lengths
-        if stop % WINDOW_STEP_FRAMES:
-            lengths.append(stop)
-        cut_to, cuts = keep_to, cuts + 1
+    """The lengths of pieces that start at a row's start and are no multiple of the window step: a
+    stream's first piece (:meth:`RequestStream.cut` ends the others at such a multiple), the same for every
+    stream, so that the vocoder captures graphs for it too, and a burst of streams' first pieces does not
+    run op by op on the thread that launches the decode steps."""
+    length = first_chunk_frames(frames_per_second, context_frames) + context_frames
+    return [length] if length % WINDOW_STEP_FRAMES else []
 
 
 def aligned_start(start: int, stop: int) -> int:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from chattts_farm.contract import CLIP_SAMPLE_RATE, SynthesisRequest
+from worker.audio import SAMPLE_RATE
 from worker.engine.blocks import blocks_for
 from worker.engine.engine import SYNC_EVERY
 from worker.engine.runner import ModelRunner
@@ -278,26 +279,30 @@ def test_a_piece_starts_further_left_to_a_multiple_of_the_window_step_where_the_
     assert aligned_start(3, step + 5) == 0  # the row's start: too few frames to its left for two steps
 
 
-def test_the_pieces_from_a_rows_start_have_the_lengths_the_vocoder_is_told_to_capture():
-    # Full scale: a first piece of 10 frames and its 7 of context, then 20 more; the third takes more
-    # context on its left to a multiple of the window step.
-    assert row_start_piece_frames(46.875, 7) == [17, 37]
-    segment = segments_of(1)[0]
-    for frames_per_second, context in ((46.875, 7), (40.0, 5), (93.75, 20)):
-        stream = RequestStream(
-            [segment],
-            deliver=lambda *_: None,
-            silences=[0, 0],
-            frames_per_second=frames_per_second,
-            context_frames=context,
-        )
-        unaligned = [
-            piece.hiddens.shape[0]
-            for drawn in range(1, 2000, SYNC_EVERY)
-            for piece in stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1))
-            if piece.hiddens.shape[0] % WINDOW_STEP_FRAMES
-        ]
-        assert unaligned and unaligned == row_start_piece_frames(frames_per_second, context)
+def test_a_later_segment_is_cut_once_it_plays_its_first_piece_to_a_multiple_of_the_window_step():
+    first, later = segments_of(2)
+    clock = {"now": 0.0}
+    stream = RequestStream(
+        [first, later],
+        deliver=lambda *_: None,
+        silences=[0, 0, 0],
+        frames_per_second=40.0,
+        context_frames=5,
+        clock=lambda: clock["now"],
+    )
+    (piece,) = stream.cut(first, 40, zeros)
+    stream.take(piece, np.ones(piece.keep_to * 600, dtype=np.float32))
+    # While the first segment plays, the later one is not cut, however much of it is drawn.
+    assert stream.cut(later, 200, zeros) == []
+    stream.take(PieceOf(first, last=True), np.ones(6000, dtype=np.float32))
+    clock["now"] = 10.0  # long since played: the later segment is wanted now
+    (piece,) = stream.cut(later, 60, zeros)
+    # From its row's start, so no more context on its left: it keeps frames to where its length is a
+    # multiple of the window step, and the frames after go in its next piece.
+    assert (piece.start, piece.keep_from) == (0, 0)
+    assert piece.hiddens.shape[0] == piece.keep_to + 5 == WINDOW_STEP_FRAMES
+    # A stream's first piece is the one row-start length that is not a multiple: the vocoder captures it.
+    assert row_start_piece_frames(46.875, 7) == [17]
 
 
 def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_that_is_too_short():
@@ -305,7 +310,7 @@ def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_
 
     def first_cut(stream: RequestStream) -> int:
         for drawn in range(1, 400, SYNC_EVERY):  # the host learns of a prefill's token, then a round's
-            if stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1)):
+            if stream.cut(segment, drawn, zeros):
                 return drawn
 
     # Full scale: 46.875 frames a second, 7 of context. 0.25 s (12 frames) would be cut with 25 drawn.
@@ -318,23 +323,54 @@ def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_
     assert short.first_chunk_frames == math.ceil(FIRST_CHUNK_S * 40.0) == 10
 
 
-def test_pieces_are_cut_once_their_frames_are_stable_first_small_then_doubling_up_to_a_bound():
+def zeros(_, start: int, stop: int) -> torch.Tensor:
+    return torch.zeros(stop - start, 1)
+
+
+def stream_at_speed(speed: float, frames: int = 400) -> tuple[list[int], int]:
+    """One segment of ``frames`` frames (40 a second, 5 of context) drawn ``speed`` times faster than it
+    plays, a round of 8 frames at a time, each piece taken (its audio out) as it is cut, its last piece
+    at the end: the frames each piece kept, and how often its audio ran out, played from its first."""
+    clock, delivered = {"now": 0.0}, []
     segment = segments_of(1)[0]
     stream = RequestStream(
-        [segment], deliver=lambda segment, samples: None, silences=[0, 0], frames_per_second=40.0, context_frames=5
+        [segment],
+        deliver=lambda _, samples: delivered.append((clock["now"], samples.size / SAMPLE_RATE)),
+        silences=[0, 0],
+        frames_per_second=40.0,
+        context_frames=5,
+        clock=lambda: clock["now"],
     )
-    assert (stream.first_chunk_frames, stream.largest_chunk_frames) == (10, 80)
-    cuts = []
-    for drawn in range(1, 400, 8):  # the engine looks every 8 steps
-        for piece in stream.cut(segment, drawn, lambda _, start, stop: torch.zeros(stop - start, 1)):
+    kept = []
+    for drawn in range(1, frames, SYNC_EVERY):
+        for piece in stream.cut(segment, drawn, zeros):
             assert piece.keep_to <= drawn - 5  # the newest 5 frames may still change
-            # Context on either side (more on the left where the row has it, to a multiple of the vocoder's
-            # window step), so a piece's length is set by its size alone.
+            # Context on either side (more on the left where the row has it, to a multiple of the
+            # vocoder's window step).
             assert piece.start <= max(0, piece.keep_from - 5)
             assert piece.hiddens.shape[0] == piece.keep_to + 5 - piece.start
             assert piece.start == 0 or piece.hiddens.shape[0] % WINDOW_STEP_FRAMES == 0
-            assert piece.start == 0 or piece.keep_from - piece.start < 5 + WINDOW_STEP_FRAMES
-            cuts.append((piece.keep_from, piece.keep_to))
-    assert [stop - start for start, stop in cuts] == [10, 20, 40, 80, 80, 80]  # 310 of the 388 stable frames
-    assert all(earlier[1] == later[0] for earlier, later in zip(cuts, cuts[1:], strict=False))
-    assert cuts[0][0] == 0
+            assert piece.keep_from == sum(kept)
+            kept.append(piece.keep_to - piece.keep_from)
+            stream.take(piece, np.ones(kept[-1] * SAMPLE_RATE // 40, dtype=np.float32))
+        clock["now"] += SYNC_EVERY / 40.0 / speed
+    kept.append(frames - sum(kept))
+    stream.take(PieceOf(segment, last=True), np.ones(kept[-1] * SAMPLE_RATE // 40, dtype=np.float32))
+    played_until, ran_out = delivered[0][0], 0
+    for at, seconds in delivered:
+        ran_out += at > played_until
+        played_until = max(played_until, at) + seconds
+    return kept, ran_out
+
+
+def test_after_the_first_piece_a_stream_is_cut_as_its_lead_runs_low_the_faster_the_engine_the_fewer_pieces():
+    pieces = {speed: stream_at_speed(speed) for speed in (1.5, 2.5, 6.0)}
+    for kept, ran_out in pieces.values():
+        assert kept[0] == 10  # 0.25 s first
+        assert ran_out == 0
+    # A 10-s segment: pieces of a size set by their place in the row (10, 20, 40, then 80 frames) took
+    # 8 whatever the speed.
+    assert [len(kept) for kept, _ in pieces.values()] == [11, 7, 5]
+    # Each piece once the lead runs low takes every stable frame: at 6x, the later ones are several
+    # seconds each.
+    assert max(pieces[6.0][0]) >= 200
