@@ -58,6 +58,11 @@ class JobHandle:
             self.on_finished(self)
 
     @property
+    def sent_samples(self) -> int:
+        """The samples of its audio that have gone out, on any run."""
+        return self._sent
+
+    @property
     def deliver(self) -> Deliver | None:
         """What the synthesizer streams this job's audio to."""
         return None if self.on_audio is None else self._deliver
@@ -168,7 +173,11 @@ class Batcher:
         if logger.isEnabledFor(logging.DEBUG):
             logger.debug("adding %d job(s): %s", len(live), ", ".join(handle.request.request_id for handle in live))
         added = self._call(
-            lambda: self.synthesizer.add([handle.request for handle in live], [handle.deliver for handle in live]),
+            lambda: self.synthesizer.add(
+                [handle.request for handle in live],
+                [handle.deliver for handle in live],
+                [handle.sent_samples for handle in live],
+            ),
             arriving=live,
         )
         if added is None:
@@ -247,6 +256,7 @@ class Batcher:
                 [handle.request for handle in live],
                 cancelled=lambda: self._stopped_among(live),
                 on_audio=[handle.deliver for handle in live],
+                already_sent=[handle.sent_samples for handle in live],
             )
         except Exception as error:  # noqa: BLE001 - split below
             self.synthesizer.abandon()

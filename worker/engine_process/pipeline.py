@@ -150,9 +150,10 @@ class Synthesizer:
         on_progress: ProgressCallback | None = None,
         cancelled: CancelledCheck | None = None,
         on_audio: Sequence[Deliver | None] | None = None,
+        already_sent: Sequence[int] | None = None,
     ) -> list[SynthesisResult | FarmError]:
         """Synthesise all requests together; each gets a result or its own error, in order (streaming
-        to its ``on_audio`` callback, as ``add`` does).
+        to its ``on_audio`` callback, as ``add`` does, ``already_sent`` as there).
 
         The requests are added a prefill pass's worth (``max_segments_per_pass``) at a time, one batch a
         step, so that the engine starts on the first while the host prepares the rest (preparing 1,536
@@ -163,6 +164,7 @@ class Synthesizer:
         reset_memory_stats(self.model.device)
         outcomes: list[SynthesisResult | FarmError | None] = [None] * len(requests)
         deliveries = list(on_audio) if on_audio is not None else [None] * len(requests)
+        sent = list(already_sent) if already_sent is not None else [0] * len(requests)
         index_of: dict[int, int] = {}  # request number -> its index in ``requests``
         added_up_to = 0
         last_report = 0.0
@@ -175,7 +177,11 @@ class Synthesizer:
                     if index in stopping:
                         outcomes[index] = _cancelled(requests[index])
                 batch = [index for index in batch if index not in stopping]
-                added = self.add([requests[i] for i in batch], [deliveries[i] for i in batch]) if batch else []
+                added = (
+                    self.add([requests[i] for i in batch], [deliveries[i] for i in batch], [sent[i] for i in batch])
+                    if batch
+                    else []
+                )
                 for index, entry in zip(batch, added, strict=True):
                     if isinstance(entry, Synthesis):
                         index_of[entry.number] = index
@@ -197,17 +203,22 @@ class Synthesizer:
         return outcomes
 
     def add(
-        self, requests: Sequence[SynthesisRequest], on_audio: Sequence[Deliver | None] | None = None
+        self,
+        requests: Sequence[SynthesisRequest],
+        on_audio: Sequence[Deliver | None] | None = None,
+        already_sent: Sequence[int] | None = None,
     ) -> list[Synthesis | FarmError]:
         """Prepare requests (split, normalise, refine) and queue their segments in the engine.
 
         A request given an ``on_audio`` callback streams: the callback gets its audio, in order, as
         the engine draws it (see :mod:`worker.engine_process.streaming`), and its result describes that
-        audio without carrying it.
+        audio without carrying it. ``already_sent``: for each request, the samples of its audio that went
+        out on an earlier run (one whose engine process died): its stream counts them as played.
         """
         started = time.perf_counter()
         added: list[Synthesis | FarmError] = []
-        for request, deliver in zip(requests, on_audio or [None] * len(requests), strict=True):
+        sent = already_sent or [0] * len(requests)
+        for request, deliver, sent_samples in zip(requests, on_audio or [None] * len(requests), sent, strict=True):
             try:
                 entry = self.preparer.prepare(next(self._numbers), request)
             except InvalidRequest as error:
@@ -222,6 +233,7 @@ class Synthesizer:
                     frames_per_second=self.frames_per_second,
                     context_frames=self.stream_context_frames,
                     keep_audio=self.listener is not None,  # for the ASR gate to hear
+                    already_sent=sent_samples,
                 )
             added.append(entry)
         prepared = [entry for entry in added if isinstance(entry, Synthesis)]

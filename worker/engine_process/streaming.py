@@ -80,6 +80,7 @@ class RequestStream:
         frames_per_second: float,
         context_frames: int,
         keep_audio: bool = False,
+        already_sent: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.segments = segments
@@ -90,10 +91,13 @@ class RequestStream:
         self.first_chunk_frames = first_chunk_frames(frames_per_second, context_frames)
         self.clock = clock
         self._cut_to = [0] * len(segments)  # per segment: the frames whose audio has been cut off
-        # When the stream's first audio went out (by ``clock``): it plays from then on.
-        self._playing_since: float | None = None
-        # The samples of the segments before the one playing and of the silences before it.
-        self._samples_before = silences[0]
+        # When the stream's first audio went out (by ``clock``): it plays from then on. A stream run again
+        # after its engine process died has a receiver waiting from the start.
+        self._playing_since: float | None = clock() if already_sent else None
+        # The samples of the segments before the one playing and of the silences before it, less those
+        # that went out on an earlier run: a receiver that lost its stream's engine process has played
+        # them, and waits for what follows.
+        self._samples_before = silences[0] - already_sent
         # Per segment: its decoded pieces not delivered yet (a segment before it is still drawn), what
         # the quality gate reads of all its pieces, and with ``keep_audio`` all its pieces.
         self._waiting: list[list[np.ndarray]] = [[] for _ in segments]
@@ -121,7 +125,7 @@ class RequestStream:
             if index or keep_from or stable < self.first_chunk_frames:
                 return []
             keep_to = self.first_chunk_frames
-        elif stable - keep_from < self.first_chunk_frames or self.lead_s() >= LOW_WATER_S:
+        elif not self._wanted_now(keep_from, stable):
             return []
         elif keep_from:
             keep_to = stable
@@ -135,10 +139,23 @@ class RequestStream:
         hiddens = hidden_states(segment, start, stop)
         return [Piece(segment, hiddens, start, keep_from, keep_to, last=False, assess=False)]
 
+    def _wanted_now(self, keep_from: int, stable: int) -> bool:
+        """Whether the playing segment's stable frames after ``keep_from`` are to go out now: enough of
+        them for a piece, some past what went out on an earlier run, and the stream's lead low."""
+        return (
+            stable - keep_from >= self.first_chunk_frames
+            and self._ends_at_s(stable) > 0
+            and self.lead_s() < LOW_WATER_S
+        )
+
     def lead_s(self) -> float:
         """Seconds of the stream's audio cut and not yet played (as played from its first piece on)."""
-        cut = self._samples_before / SAMPLE_RATE + self._cut_to[self._next_segment] / self.frames_per_second
-        return cut - (self.clock() - self._playing_since)
+        return self._ends_at_s(self._cut_to[self._next_segment]) - (self.clock() - self._playing_since)
+
+    def _ends_at_s(self, frames: int) -> float:
+        """Where the playing segment's first ``frames`` frames end in the stream's audio, in seconds after
+        what went out on an earlier run."""
+        return self._samples_before / SAMPLE_RATE + frames / self.frames_per_second
 
     def last_piece(self, segment: Segment) -> Piece:
         """What is left of a segment the engine finished: the frames not yet cut, to its end."""

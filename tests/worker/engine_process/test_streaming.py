@@ -374,3 +374,27 @@ def test_after_the_first_piece_a_stream_is_cut_as_its_lead_runs_low_the_faster_t
     # Each piece once the lead runs low takes every stable frame: at 6x, the later ones are several
     # seconds each.
     assert max(pieces[6.0][0]) >= 200
+
+
+def test_a_stream_run_again_after_its_engine_died_cuts_nothing_that_went_out_and_what_follows_at_once():
+    segment = segments_of(1)[0]
+    clock = {"now": 0.0}
+    sent = 2 * SAMPLE_RATE  # 2 s went out on the run that died: its receiver is waiting for the rest
+    stream = RequestStream(
+        [segment],
+        deliver=lambda *_: None,
+        silences=[0, 0],
+        frames_per_second=40.0,
+        context_frames=5,
+        already_sent=sent,
+        clock=lambda: clock["now"],
+    )
+    cut = []
+    for drawn in range(1, 120, SYNC_EVERY):
+        cut.extend((drawn, piece.keep_from, piece.keep_to) for piece in stream.cut(segment, drawn, zeros))
+        clock["now"] += 0.01  # a fast engine: 8 frames (0.2 s) a round in 0.01 s
+    # Nothing while every stable frame is within the 2 s (80 frames) that went out; then pieces go out
+    # round by round until the lead is back, the first from the row's start to a multiple of the window step.
+    first_drawn, keep_from, keep_to = cut[0]
+    assert first_drawn - 5 > 80 and keep_from == 0 and (keep_to + 5) % WINDOW_STEP_FRAMES == 0
+    assert cut[1][0] == first_drawn + SYNC_EVERY and cut[1][2] > 80
