@@ -330,9 +330,7 @@ def test_a_call_of_more_requests_than_a_pass_adds_them_a_pass_at_a_time_and_answ
     core = Synthesizer(synthesizer.model, dataclasses.replace(tiny_settings, max_segments_per_pass=2))
     sizes = []
     add = core.add
-    monkeypatch.setattr(
-        core, "add", lambda requests, on_audio=None: sizes.append(len(requests)) or add(requests, on_audio)
-    )
+    monkeypatch.setattr(core, "add", lambda requests, *rest: sizes.append(len(requests)) or add(requests, *rest))
     requests = [make_request(f"Request number {number}.", seed=number) for number in range(5)]
     # The last one is cancelled before its turn to be added: it is never prepared.
     outcomes = core.synthesize(requests, cancelled=lambda: {4})
