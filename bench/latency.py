@@ -9,14 +9,13 @@ stream with ``chattts_farm.streams.stream_audio`` on a thread of its own (the th
 few reader processes), as a plain Celery + Redis caller does (``farm`` rows). With --engine the same
 levels first run through the synthesizer in this process (``engine`` rows: no transport); with --web
 they run last through `chattts-farm web` (``web`` rows: POST /api/jobs with ``stream``, then GET
-/api/jobs/<id>/stream, read as the farm's are). Per level it prints
-first-chunk latency from submit (p50 / p95 / p99), underruns (a chunk arriving after the audio
-delivered before it would have finished playing, playback starting at the first chunk), and the
-audio-s per wall-s of the level, and that as a share of the farm's unstreamed throughput (the last
-level's clients, not streamed, run last: a worker warm from the levels before; with --plain-first they
-also run first, before the streamed levels, and that level's throughput too is given as a share of
-the last); for the ``farm`` and
-``web`` rows also where the first chunks waited: until the engine started the job, until its first
+/api/jobs/<id>/stream, read as the farm's are). Per level it prints first-chunk latency from submit
+(p50 / p95 / p99), underruns (a chunk arriving after the audio delivered before it would have finished
+playing, playback starting at the first chunk), the chunks a stream came in, and the audio-s per wall-s
+of the level, and that as a share of the farm's unstreamed throughput (the last level's clients, not
+streamed, run last: a worker warm from the levels before; with --plain-first they also run first,
+before the streamed levels, and that level's throughput too is given as a share of the last); for the
+``farm`` and ``web`` rows also where the first chunks waited: until the engine started the job, until its first
 audio reached the worker's Celery process (both from each job's result), until Redis appended it to
 the job's stream (``farm`` rows: from the entry's id, Redis's clock), and from there to the client.
 Last, level by level, the workers' engine threads: seconds in steps, of which waiting for the device,
@@ -348,6 +347,9 @@ def level_row(path: str, clients: int, listeners: list[Listener], wall: float) -
         "p99_ms": percentile(firsts, 99) * 1000,
         "underruns": sum(listener.underruns for listener in listeners),
         "streams_with_underruns": sum(listener.underruns > 0 for listener in listeners),
+        # What each piece of a stream costs (the engine's cut, launch and send, the worker's and Redis's
+        # entries) is paid this many times a stream.
+        "chunks_a_stream": sum(len(listener.arrivals) for listener in listeners) / max(1, len(listeners)),
         "audio_s": sum(listener.audio_s for listener in listeners),
         "wall_s": wall,
         # Each hop's p50 and p95 on its own (the p95s need not be one job's, nor add up to the row's); None
@@ -536,20 +538,23 @@ def main() -> None:
         f"streaming through Redis + Celery (chattts_farm.streams.stream_audio), all of a level submitted at once\n"
     )
     print(
-        "| path | clients | failed | first chunk p50 ms | p95 ms | p99 ms | underruns (streams) | audio-s/s "
-        "| of the farm not streamed |"
+        "| path | clients | failed | first chunk p50 ms | p95 ms | p99 ms | underruns (streams) | chunks a stream "
+        "| audio-s/s | of the farm not streamed |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         throughput = row["audio_s"] / row["wall_s"]
         print(
             f"| {row['path']} | {row['clients']} | {row['failed']} "
             f"| {row['p50_ms']:.0f} | {row['p95_ms']:.0f} | {row['p99_ms']:.0f} "
-            f"| {row['underruns']} ({row['streams_with_underruns']}) | {throughput:.1f} | {throughput / plain:.0%} |"
+            f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['chunks_a_stream']:.1f} "
+            f"| {throughput:.1f} | {throughput / plain:.0%} |"
         )
+    no_streams = " |" * 6  # an unstreamed level has no chunks to time or count
     if plain_first is not None:
-        print(f"| farm, not streamed, first | {levels[-1]} | | | | | | {plain_first:.1f} | {plain_first / plain:.0%} |")
-    print(f"| farm, not streamed | {levels[-1]} | | | | | | {plain:.1f} | |")
+        share = plain_first / plain
+        print(f"| farm, not streamed, first | {levels[-1]} |{no_streams} {plain_first:.1f} | {share:.0%} |")
+    print(f"| farm, not streamed | {levels[-1]} |{no_streams} {plain:.1f} | |")
     print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
     print(
         "| path | clients | submit -> engine starts the job | -> the engine process sends its first audio "

@@ -20,6 +20,7 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
     assert paths == [*levels, ("farm, not streamed, first", "3"), ("farm, not streamed", "3")]
     for row in rows[: len(levels)]:
         assert row["failed"] == "0"
+        assert float(row["chunks a stream"]) >= 1
         assert 0 < float(row["first chunk p50 ms"]) <= float(row["p95 ms"]) <= float(row["p99 ms"])
     assert all(float(row["audio-s/s"]) > 0 for row in rows)
     # Each streamed level's throughput (and the unstreamed level run first) is also given as a share of
