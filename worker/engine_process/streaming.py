@@ -58,9 +58,9 @@ FIRST_CHUNK_S = 0.25
 # A first chunk cut short to end with an engine round is never shorter than this.
 SHORTEST_FIRST_CHUNK_S = 0.15
 # A piece is cut once the stream's lead falls below this: enough for a piece cut now to reach a client
-# (the next round, the vocoder, the channel, the worker's Celery side, Redis: the first chunk's hops
-# after the engine took ~50-150 ms at 256 streams on an H100) before the audio before it has played.
-# Chosen, not measured.
+# (the next round, the vocoder, the channel, the worker's Celery side, Redis) before the audio before it
+# has played. At 256 streams on an H100 a first chunk took 181-238 ms at p95 from submit to client, its
+# wait for the engine included. Chosen, not measured.
 LOW_WATER_S = 0.5
 
 # deliver(segment index, samples): the next float32 samples of a request's audio, in order, and the
