@@ -203,12 +203,13 @@ class RequestStream:
 
 
 def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:
-    """The frames of a segment's first piece: up to FIRST_CHUNK_S of audio, as many as a round of the
-    engine leaves stable. The host learns of a segment's frames a round at a time (its prefill's, then
-    SYNC_EVERY decode steps a round), and a piece is cut once its frames and their context are drawn: at
-    full scale 0.25 s is 12 frames, which with 7 of context need 19 drawn, known after 25; 10 frames are
-    cut a round earlier, after 17 (a round of 64 streams took 17-19 ms on an H200). Where that would
-    leave less than SHORTEST_FIRST_CHUNK_S, the first piece is FIRST_CHUNK_S."""
+    """The frames of a stream's first piece, and the fewest any later one keeps but a segment's last:
+    up to FIRST_CHUNK_S of audio, as many as a round of the engine leaves stable. The host learns of a
+    segment's frames a round at a time (its prefill's, then SYNC_EVERY decode steps a round), and a piece
+    is cut once its frames and their context are drawn: at full scale 0.25 s is 12 frames, which with 7
+    of context need 19 drawn, known after 25; 10 frames are cut a round earlier, after 17 (a round of 64
+    streams took 17-19 ms on an H200). Where that would leave less than SHORTEST_FIRST_CHUNK_S, the first
+    piece is FIRST_CHUNK_S."""
     most = math.ceil(FIRST_CHUNK_S * frames_per_second)
     within_a_round = 1 + SYNC_EVERY * ((most + context_frames - 1) // SYNC_EVERY) - context_frames
     return within_a_round if within_a_round >= SHORTEST_FIRST_CHUNK_S * frames_per_second else most
