@@ -48,10 +48,19 @@ AT_WORK = (RUNNING_PYTHON, NATIVE, CUDA_DRIVER)
 _PYTHON_FRAME = re.compile(r"\((?:[^()]*\.pyx?|<[^()]*>):\d+\)$")
 _LIBRARY = re.compile(r"\(([^()]*\.so[.\d]*)\)$")
 _THREAD = re.compile(r"^thread \((?:0x)?[0-9a-f]+\)(?::\s*(?P<name>.*))?$")
-# Taking the interpreter's lock back: after a call that let go of it (a torch call, a blocking read), or
-# between two bytecodes when another thread asked for it, where py-spy shows libc's condition wait right
-# below the Python frame (take_gil waits on it for the switch interval at a time).
-_GIL_SYMBOLS = ("take_gil", "PyEval_RestoreThread", "PyEval_AcquireThread", "PyGILState_Ensure")
+# Taking the interpreter's lock back: after a call that let go of it (a torch call, a numpy reduction, a
+# blocking read), or between two bytecodes when another thread asked for it. take_gil waits on a timed
+# condition (the switch interval at a time), and an interpreter without its symbols shows only that wait,
+# below whatever let go of the lock: "THPVariable_clone;gil_scoped_release::~gil_scoped_release;
+# pthread_cond_timedwait" (an H100 host's torch 2.11, 2026-12-06). CPython's own locks wait on semaphores,
+# so a timed condition wait is the interpreter's lock.
+_GIL_SYMBOLS = (
+    "take_gil",
+    "PyEval_RestoreThread",
+    "PyEval_AcquireThread",
+    "PyGILState_Ensure",
+    "pthread_cond_timedwait",
+)
 # A Python lock's or queue's wait (threading, queue.SimpleQueue), with the interpreter's lock let go.
 _PYTHON_LOCK_SYMBOLS = ("PyThread_acquire_lock",)
 _WAIT_SYMBOLS = ("pthread_cond", "pthread_mutex", "sem_wait", "sem_timedwait", "sem_clockwait", "futex", "lll_lock")

@@ -31,6 +31,19 @@ PYTHON = "Thread.run (threading.py:982);EngineServer._step (worker/engine_proces
             "pthread_cond_timedwait (libc.so.6)",
             py_spy.GIL_WAIT,
         ),
+        # ... in an interpreter whose take_gil py-spy cannot name: only its timed wait shows, below torch's or
+        # numpy's call that let go of the lock (an H100 host's recording).
+        (
+            "torch::autograd::THPVariable_clone (libtorch_python.so);"
+            "pybind11::gil_scoped_release::~gil_scoped_release (libtorch_python.so);"
+            "pthread_cond_timedwait (libc.so.6);0x7fccf6698e51 (libc.so.6)",
+            py_spy.GIL_WAIT,
+        ),
+        (
+            "PyUFunc_GenericReduction (_multiarray_umath.cpython-312-x86_64-linux-gnu.so);"
+            "pthread_cond_timedwait (libc.so.6);0x7fccf6698e51 (libc.so.6)",
+            py_spy.GIL_WAIT,
+        ),
         # A queue's get, and a lock of a library's own.
         (
             "_queue_SimpleQueue_get (_queuemodule.c.h:177);PyThread_acquire_lock_timed (libpython3.11.so.1.0);"
