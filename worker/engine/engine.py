@@ -127,8 +127,8 @@ class Engine:
         return list(self.scheduler.running.values())
 
     def hidden_states(self, segment: Segment, start: int, stop: int) -> torch.Tensor:
-        """A copy of a running segment's hidden states of steps [start, stop) (drawn ones: see tokens_drawn),
-        made beside the steps launched since (see :meth:`copying_outputs`)."""
+        """A copy of a running segment's hidden states of steps [start, stop) (drawn ones: see tokens_drawn);
+        called within :meth:`copying_outputs`, it is made beside the steps launched since."""
         return self.runner.copy_hiddens(segment.slot, start, stop)
 
     def copying_outputs(self):

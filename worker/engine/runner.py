@@ -488,9 +488,9 @@ class ModelRunner:
             return self.hiddens[slot, :length].clone(), self.codes[slot, :length].long()
 
     def copy_hiddens(self, slot: int, start: int, stop: int) -> torch.Tensor:
-        """A copy of a slot's hidden states of steps [start, stop), drawn by the last snapshot read."""
-        with self.copying_outputs():
-            return self.hiddens[slot, start:stop].clone()
+        """A copy of a slot's hidden states of steps [start, stop), drawn by the last snapshot read, on the
+        current stream: the caller enters :meth:`copying_outputs` once for all the copies of a round."""
+        return self.hiddens[slot, start:stop].clone()
 
     def _after_output_copies(self) -> None:
         """Make the steps' stream wait for the output copies launched so far before it writes a slot

@@ -275,11 +275,15 @@ class Synthesizer:
                 failed.append((entry, segment.error))
             else:
                 pieces.append(entry.stream.last_piece(segment) if entry.stream else Piece.whole(segment))
-        if any(entry.stream for entry in self.in_flight.values()):
-            pieces.extend(self._cut_streams())
-        if pieces:
-            # Their hidden states were copied beside the decode steps launched since they were drawn.
-            with self.engine.copying_outputs():
+        streaming = any(entry.stream for entry in self.in_flight.values())
+        if not (pieces or streaming):
+            return failed
+        # Their hidden states are copied, and decoded, beside the decode steps launched since they were drawn;
+        # the stream is entered once a round, not once a piece (~2,000 pieces a level of 256 streams).
+        with self.engine.copying_outputs():
+            if streaming:
+                pieces.extend(self._cut_streams())
+            if pieces:
                 self.decoder.submit(pieces)
         return failed
 
