@@ -200,9 +200,10 @@ class Whisper:
 
     def _decode(self, language: str, mels: torch.Tensor, expected_texts: list[str]) -> list[str]:
         tokenizer = self._tokenizer(language)
-        limits = [token_limit(tokenizer, text) for text in expected_texts]
-        lengths = [text_tokens(tokenizer, text) for text in expected_texts] if self.ends_with_text else None
-        rows = self._greedy.decode(mels, language, max(limits), lengths)
+        # Each text tokenised once: on the listener's thread, whose Python takes the interpreter from the engine's.
+        tokens = [text_tokens(tokenizer, text) for text in expected_texts]
+        limits = [token_limit_of(count) for count in tokens]
+        rows = self._greedy.decode(mels, language, max(limits), tokens if self.ends_with_text else None)
         # A row decoded past its own limit (the batch ran to the longest's) is cut where it would have stopped alone.
         return [tokenizer.decode(tokens[:limit]).strip() for tokens, limit in zip(rows, limits, strict=True)]
 
@@ -226,10 +227,15 @@ class Whisper:
 
 
 def token_limit(tokenizer, expected_text: str) -> int:
-    """The most tokens Whisper may decode for a segment of this text: twice the text's own, and ten
-    more. Past that it is no longer hearing the text (a hallucinated loop, or random weights' garbage,
-    which would run on to Whisper's own limit of 224 tokens a window)."""
-    return 2 * text_tokens(tokenizer, expected_text) + 10
+    """The most tokens Whisper may decode for a segment of this text (:func:`token_limit_of` its tokens)."""
+    return token_limit_of(text_tokens(tokenizer, expected_text))
+
+
+def token_limit_of(text_tokens: int) -> int:
+    """The most tokens Whisper may decode for a text of ``text_tokens``: twice as many, and ten more.
+    Past that it is no longer hearing the text (a hallucinated loop, or random weights' garbage, which
+    would run on to Whisper's own limit of 224 tokens a window)."""
+    return 2 * text_tokens + 10
 
 
 def text_tokens(tokenizer, expected_text: str) -> int:
