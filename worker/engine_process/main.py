@@ -224,7 +224,7 @@ def gpu_report(device) -> dict | None:
 
 def memory_growth(device) -> MemoryGrowth:
     """What torch's pinned host memory cache and the device's CUDA allocator have made so far (nothing
-    on a CPU)."""
+    on a CPU, nor before CUDA is initialised: torch's statistics are empty until then)."""
     import torch
 
     if device.type != "cuda":

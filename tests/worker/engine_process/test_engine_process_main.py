@@ -18,12 +18,14 @@ def test_on_a_cpu_no_memory_block_is_made():
     assert memory_growth(torch.device("cpu")) == MemoryGrowth()
 
 
-# A process of its own holds no cached pinned block that the new one could reuse. The block is of the
-# size of a streamed piece's rows: an H100's torch 2.11 counted none for one of 805 MB (2026-12-05).
+# A process of its own holds no cached pinned block that the new one could reuse. CUDA is initialised
+# first, as the engine process's model has it: until then torch's statistics are empty dictionaries, and
+# a pinned allocation does not initialise it (this test counted no block on an H100 without it).
 PINNED_BLOCK_IN_A_FRESH_PROCESS = """
 import json, sys, torch
 from worker.engine_process.main import memory_growth
 device = torch.device("cuda")
+torch.cuda.init()
 before = memory_growth(device)
 held = torch.empty(2**20 + 12_345, dtype=torch.uint8, pin_memory=True)
 after = memory_growth(device)
@@ -47,6 +49,7 @@ def test_on_a_gpu_a_pinned_block_of_a_new_size_is_counted_with_the_time_it_took(
 def test_on_a_gpu_a_device_block_the_allocator_could_not_reuse_is_counted():
     # Larger than anything the test process holds: no cached block fits it.
     device = torch.device("cuda")
+    torch.cuda.init()  # as above: no statistics before
     before = memory_growth(device)
     held = torch.empty(3 * 2**28 + 12_345, dtype=torch.uint8, device=device)
     after = memory_growth(device)
