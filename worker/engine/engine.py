@@ -255,8 +255,9 @@ class Engine:
             if slot < snapshot.rows and finished[slot] and self._joined[slot][1] < snapshot.clock
         ]
         left = []
-        for slot, segment in zip(retired, self._retire(retired), strict=True):
-            hiddens, codes = self.runner.output(slot, lengths[slot])
+        segments = self._retire(retired)
+        outputs = self.runner.outputs(retired, [lengths[slot] for slot in retired])
+        for slot, segment, (hiddens, codes) in zip(retired, segments, outputs, strict=True):
             segment.output = SegmentOutput(
                 hiddens=hiddens,
                 codes=codes,

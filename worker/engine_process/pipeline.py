@@ -318,7 +318,9 @@ class Synthesizer:
                     continue
                 samples = entry.stream.samples(segment)
                 assessed = judge(segment, entry.stream.stats(segment))
-            segment.output.hiddens = segment.output.hiddens[:0]  # the hidden states are no longer needed
+            # The hidden states are no longer needed: an empty tensor of their own, not a view that would keep
+            # their memory (and that of the segments retired with them, gathered in one block) alive.
+            segment.output.hiddens = segment.output.hiddens.new_empty((0, *segment.output.hiddens.shape[1:]))
             attempt = Attempt(segment.output, samples, assessed)
             if not assessed.ok and self._may_regenerate(entry, segment):
                 self._regenerate(entry, segment)
