@@ -231,11 +231,11 @@ def token_limit(tokenizer, expected_text: str) -> int:
     return token_limit_of(text_tokens(tokenizer, expected_text))
 
 
-def token_limit_of(text_tokens: int) -> int:
-    """The most tokens Whisper may decode for a text of ``text_tokens``: twice as many, and ten more.
+def token_limit_of(tokens: int) -> int:
+    """The most tokens Whisper may decode for a text of ``tokens`` tokens: twice as many, and ten more.
     Past that it is no longer hearing the text (a hallucinated loop, or random weights' garbage, which
     would run on to Whisper's own limit of 224 tokens a window)."""
-    return 2 * text_tokens + 10
+    return 2 * tokens + 10
 
 
 def text_tokens(tokenizer, expected_text: str) -> int:
