@@ -161,6 +161,17 @@ def test_a_request_added_while_others_run_joins_them_at_the_next_step(tiny_setti
     np.testing.assert_allclose(samples_of(outcomes[late.number]), samples_of(alone), atol=2e-3)
 
 
+def test_a_decoded_segment_lets_go_of_its_hidden_states_and_of_those_retired_with_it(synthesizer, make_request):
+    # Segments retired in one step share one copy of their outputs: a segment that still pointed into it
+    # once decoded would hold every segment's hidden states of that step until its own request ended.
+    entry = synthesizer.add([make_request("One sentence to say. And a second one after it. " * 3, seed=4)])[0]
+    while synthesizer.in_flight:
+        synthesizer.step()
+    assert len(entry.segments) > 1
+    for segment in entry.segments:
+        assert segment.output.hiddens.shape[0] == 0 and segment.output.hiddens.untyped_storage().nbytes() == 0
+
+
 def test_long_text_becomes_one_complete_audio_without_a_cut_off(synthesizer, make_request):
     sentence = "The farm reads long documents aloud without cutting them off. "
     text = (sentence * 40)[:2000]
