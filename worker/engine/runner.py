@@ -486,7 +486,9 @@ class ModelRunner:
         """Copies of finished slots' hidden states and codes, each of its length (the slots may be reused
         at once), gathered in one copy each for all of them: every torch call from the engine's thread
         lets go of the interpreter's lock, and beside the ASR gate's thread, taking it back after a copy
-        and a cast a slot was ~11% of the engine's thread (py-spy, bench.asr_cost, H100, 2026-12-06)."""
+        and a cast a slot was ~11% of the engine's thread (py-spy, bench.asr_cost, H100, 2026-12-06).
+        Each output is a view into those copies, so what keeps one alive keeps all of them: the pipeline
+        lets go of a segment's hidden states once they are decoded."""
         if not slots:
             return []
         longest = max(lengths)
