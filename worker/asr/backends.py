@@ -240,8 +240,9 @@ def token_limit_of(tokens: int) -> int:
 
 def text_tokens(tokenizer, expected_text: str) -> int:
     """The tokens of a segment's text as :func:`~worker.asr.text.normalise` leaves it: about what Whisper
-    writes hearing it said right."""
-    return len(tokenizer.encode(normalise(expected_text)))
+    writes hearing it said right. Normalised, it holds no special token ("<|endoftext|>" loses its
+    punctuation), so it is encoded without tiktoken's search for them, four fifths of ``encode``'s time."""
+    return len(tokenizer.encoding.encode_ordinary(normalise(expected_text)))
 
 
 def _language(text: str) -> str:

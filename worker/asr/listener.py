@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 
 from worker.asr.backends import Backend
-from worker.asr.text import error_rate, normalise
+from worker.asr.text import error_rate, normalise, says_something
 from worker.audio import SAMPLE_RATE
 from worker.engine.segment import AsrCheck, Attempt, Segment
 
@@ -63,7 +63,7 @@ class Listener:
 
     def hears(self, text: str) -> bool:
         """Whether a segment of this text can be checked: something to say, in a language the backend knows."""
-        return bool(normalise(text)) and self.backend.hears(text)
+        return says_something(text) and self.backend.hears(text)
 
     def submit(self, segment: Segment, attempt: Attempt) -> None:
         self.pending += 1

@@ -2,7 +2,7 @@
 
 import pytest
 
-from worker.asr.text import error_rate, normalise
+from worker.asr.text import error_rate, normalise, says_something
 
 
 @pytest.mark.parametrize(
@@ -18,6 +18,31 @@ from worker.asr.text import error_rate, normalise
 )
 def test_case_punctuation_tags_full_width_forms_and_numbers_are_normalised(text, normalised):
     assert normalise(text) == normalised
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Hello",
+        "[uv_break] [laugh]",
+        "... !!! ???",
+        "_ __ '",
+        "'tis",
+        "42",
+        "[laugh] 7 [lbreak]",
+        "\u2121",  # a telephone sign: NFKC makes it TEL
+        "x\u00b2",
+        "\u00b2",  # a superscript two: NFKC makes it a digit
+        "。，！",
+        "你好。",
+        "\U0001f600 \U0001f600",
+        "ＡＢＣ",
+        "[[x]]",
+        "",
+    ],
+)
+def test_whether_a_text_says_something_is_whether_normalising_leaves_anything(text):
+    assert says_something(text) == bool(normalise(text))
 
 
 def test_english_is_compared_by_words():

@@ -131,6 +131,13 @@ def test_whisper_with_random_weights_hears_a_batch_as_each_clip_alone_as_long_as
         assert 0 < len(tokenizer.encoding.encode(text, allowed_special="all")) <= 2 * text_tokens(tokenizer, said)
 
 
+@pytest.mark.parametrize("language", ["en", "zh"])
+@pytest.mark.parametrize("text", [SAID, "Say <|endoftext|> and <|notimestamps|>, 3 times!", "你好，我有12个苹果。"])
+def test_a_texts_tokens_are_those_whispers_tokenizer_encodes_from_it_normalised(language, text):
+    tokenizer = get_tokenizer(True, language=language, task="transcribe")
+    assert text_tokens(tokenizer, text) == len(tokenizer.encode(normalise(text)))
+
+
 def test_whisper_with_random_weights_runs_each_clip_to_its_texts_limit_when_told_not_to_end_it_with_the_text(speak):
     """A benchmark's worst case: every segment heard as garbage that goes on."""
     settings = Settings.from_env({"CHATTTS_FARM_ASR": "whisper", "CHATTTS_FARM_ASR_WHISPER_MODEL": "synthetic-tiny"})
