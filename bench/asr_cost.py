@@ -63,6 +63,7 @@ import logging
 import os
 import platform
 import re
+import sys
 import threading
 import time
 from pathlib import Path
@@ -82,6 +83,7 @@ from worker.asr.backends import Backend, Whisper, load_backend  # noqa: E402
 from worker.asr.listener import MAX_BATCH, Listener, ListenerFigures  # noqa: E402
 from worker.engine import device_waits  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
+from worker.interpreter import SWITCH_INTERVAL_S  # noqa: E402
 from worker.model.loading import pick_device  # noqa: E402
 
 WORKLOAD_SEED = 0
@@ -119,6 +121,16 @@ def whisper_lengths(text: str) -> list[str]:
     if not lengths or any(length not in WHISPER_LENGTHS for length in lengths):
         raise argparse.ArgumentTypeError(f"{text!r}: want some of {', '.join(WHISPER_LENGTHS)}, comma-separated")
     return lengths
+
+
+def switch_intervals(text: str) -> list[float]:
+    try:
+        intervals = [float(interval) for interval in text.split(",") if interval.strip()]
+    except ValueError:
+        intervals = []
+    if not intervals or min(intervals) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: want milliseconds above 0, comma-separated")
+    return intervals
 
 
 def batch_sizes(text: str) -> list[int]:
@@ -261,13 +273,18 @@ class EngineTail:
 
 def print_table(runs: list[Run]) -> None:
     print(
-        f"| ASR | jobs | done | wall s | audio-s/s | vs {runs[0].asr} | segments heard | listener batches "
+        "| ASR | jobs | done | wall s | audio-s/s | vs the last run off | segments heard | listener batches "
         "| segments a batch | decoding steps a batch | ms a batch | listener segments/s | listener busy "
         "| past the engine s | engine waiting for the GPU s | engine's other s |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    # Each run against the last run with the gate off before it (or the first run): runs of one setting
+    # are compared with each other, and a repeated off,whisper pair with its own off.
+    baseline = runs[0]
     for r in runs:
         heard = r.heard
+        if heard is None:
+            baseline = r
         batches = heard.batches if heard else 0
         cells = (
             r.asr,
@@ -275,7 +292,7 @@ def print_table(runs: list[Run]) -> None:
             r.done,
             cell(r.wall_s, 2),
             cell(r.audio_per_wall, 1),
-            cell(r.audio_per_wall / runs[0].audio_per_wall, 3),
+            cell(r.audio_per_wall / baseline.audio_per_wall, 3),
             heard.attempts if heard else "-",
             batches if heard else "-",
             cell(heard.attempts / batches if batches else None, 1),
@@ -342,6 +359,13 @@ def main() -> None:
         help="Most segments the listener hears at once; several, comma-separated, run each.",
     )
     parser.add_argument(
+        "--switch-interval-ms",
+        type=switch_intervals,
+        default=[SWITCH_INTERVAL_S * 1000],
+        help="How long a thread that waits for the interpreter's lock waits before asking for it (sys."
+        "setswitchinterval; the farm's own by default); several, comma-separated, run every choice with each.",
+    )
+    parser.add_argument(
         "--timeline", action="store_true", help="Print the engine thread's timeline of each run (bench.engine_phases)."
     )
     parser.add_argument(
@@ -381,21 +405,25 @@ def main() -> None:
     }
     progress(f"loading {arguments.model}")
     synthesizer = Synthesizer.load(settings)
-    runs = [
-        run(
-            synthesizer,
-            asr,
-            backend,
-            max_batch,
-            arguments.jobs,
-            arguments.seconds,
-            label=label,
-            with_timeline=arguments.timeline,
-            with_runtime_calls=arguments.runtime_calls,
-            py_spy_dir=arguments.py_spy,
+    runs = []
+    for interval_ms in arguments.switch_interval_ms:
+        # After Synthesizer.load, which sets the farm's own.
+        sys.setswitchinterval(interval_ms / 1000)
+        runs.extend(
+            run(
+                synthesizer,
+                asr,
+                backend,
+                max_batch,
+                arguments.jobs,
+                arguments.seconds,
+                label=label if len(arguments.switch_interval_ms) == 1 else f"{label}, switch {interval_ms:g} ms",
+                with_timeline=arguments.timeline,
+                with_runtime_calls=arguments.runtime_calls,
+                py_spy_dir=arguments.py_spy,
+            )
+            for asr, backend, max_batch, label in ways(arguments, backends)
         )
-        for asr, backend, max_batch, label in ways(arguments, backends)
-    ]
 
     info = synthesizer.model.info
     whisper_weights = (
