@@ -31,7 +31,7 @@ def is_chinese(text: str) -> bool:
 
 
 # Remembered: the listener normalises a segment's text for Whisper's token limit and again for the verdict,
-# on its thread beside the engine's, whose interpreter lock that Python holds (~0.1 ms a sentence).
+# on its thread beside the engine's, which waits while that Python holds the interpreter's lock.
 @functools.lru_cache(maxsize=4096)
 def normalise(text: str) -> str:
     """Lower case, without punctuation or control tags, full-width forms made plain (NFKC), numbers
@@ -40,8 +40,15 @@ def normalise(text: str) -> str:
     if is_chinese(text):
         text = cn2an.transform(text, "an2cn")
     else:
-        text = _NUMBER.sub(lambda number: f" {num2words(number.group())} ", text)
+        text = _NUMBER.sub(lambda number: f" {_in_words(number.group())} ", text)
     return " ".join(_PUNCTUATION.sub(" ", text.casefold()).split())
+
+
+# Remembered too: num2words takes ~0.1 ms a number (most of normalising a sentence with numbers in it),
+# and the same few numbers come back in text after text.
+@functools.lru_cache(maxsize=4096)
+def _in_words(number: str) -> str:
+    return num2words(number)
 
 
 def says_something(text: str) -> bool:
