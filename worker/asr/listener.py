@@ -90,24 +90,25 @@ class Listener:
             except queue.Empty:
                 pass
             started = time.perf_counter()
-            checks = self._check(batch)
+            try:
+                checks = self._check(batch)
+            except Exception:  # noqa: BLE001 - a recogniser's (or a verdict's) failure leaves the segments unchecked;
+                # it never fails a job, nor stops this thread, whose attempts would then wait for ever.
+                logger.exception(
+                    "ASR failed on a batch of %d, segments %s",
+                    len(batch),
+                    ", ".join(f"{segment.index} of request {segment.request.request_id}" for segment, _ in batch),
+                )
+                checks = [None] * len(batch)
             self.figures.busy_s += time.perf_counter() - started
             self.figures.batches += 1
             self.figures.attempts += len(batch)
             for (segment, attempt), check in zip(batch, checks, strict=True):
                 self._heard.put(Heard(segment, attempt, check))
 
-    def _check(self, batch: list[tuple[Segment, Attempt]]) -> list[AsrCheck | None]:
+    def _check(self, batch: list[tuple[Segment, Attempt]]) -> list[AsrCheck]:
         texts = [segment.text for segment, _ in batch]
-        try:
-            heard = self.backend.transcribe_batch([attempt.samples for _, attempt in batch], SAMPLE_RATE, texts)
-        except Exception:  # noqa: BLE001 - a recogniser's failure leaves the segments unchecked, never fails a job
-            logger.exception(
-                "ASR failed on a batch of %d, segments %s",
-                len(batch),
-                ", ".join(f"{segment.index} of request {segment.request.request_id}" for segment, _ in batch),
-            )
-            return [None] * len(batch)
+        heard = self.backend.transcribe_batch([attempt.samples for _, attempt in batch], SAMPLE_RATE, texts)
         checks = []
         for said, heard_text in zip(texts, heard, strict=True):
             rate = error_rate(normalise(said), normalise(heard_text))

@@ -80,6 +80,26 @@ def test_a_recogniser_that_fails_leaves_the_attempt_unchecked():
     assert heard_by(Hearing(RuntimeError("out of memory"))) is None
 
 
+def test_a_batch_whose_verdict_fails_is_left_unchecked_and_the_listener_goes_on_hearing():
+    class MiscountingOnce(Hearing):
+        """Gives its first batch one heard text too many, as no recogniser should."""
+
+        def transcribe_batch(self, clips, sample_rate, expected_texts):
+            heard = super().transcribe_batch(clips, sample_rate, expected_texts)
+            if not hasattr(self, "miscounted"):
+                self.miscounted = True
+                return [*heard, "one more"]
+            return heard
+
+    listener = Listener(MiscountingOnce("hello there, my two friends"), 0.5)
+    listener.submit(Segment(), an_attempt())
+    [unchecked] = listener.collect(wait_s=30)
+    assert unchecked.check is None
+    listener.submit(Segment(), an_attempt())
+    [checked] = listener.collect(wait_s=30)
+    assert checked.check.passed and listener.pending == 0
+
+
 def test_only_a_text_with_something_to_say_is_heard():
     listener = Listener(Hearing(""), 0.5)
     assert listener.hears(TEXT) and not listener.hears("[laugh] [uv_break]")
