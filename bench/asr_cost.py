@@ -66,6 +66,7 @@ import re
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from worker.cuda import configure_allocator
@@ -123,24 +124,22 @@ def whisper_lengths(text: str) -> list[str]:
     return lengths
 
 
-def switch_intervals(text: str) -> list[float]:
+def comma_separated_numbers(text: str, number: type, acceptable: Callable[[float], bool], want: str) -> list:
     try:
-        intervals = [float(interval) for interval in text.split(",") if interval.strip()]
+        numbers = [number(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        intervals = []
-    if not intervals or min(intervals) <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: want milliseconds above 0, comma-separated")
-    return intervals
+        numbers = []
+    if not numbers or not all(map(acceptable, numbers)):
+        raise argparse.ArgumentTypeError(f"{text!r}: want {want}, comma-separated")
+    return numbers
+
+
+def switch_intervals(text: str) -> list[float]:
+    return comma_separated_numbers(text, float, lambda interval: interval > 0, "milliseconds above 0")
 
 
 def batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(size) for size in text.split(",") if size.strip()]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: want whole numbers of 1 or more, comma-separated")
-    return sizes
+    return comma_separated_numbers(text, int, lambda size: size >= 1, "whole numbers of 1 or more")
 
 
 class RuntimeCalls:
