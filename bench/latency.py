@@ -24,7 +24,14 @@ CPU seconds and minor page faults of the workers' Celery processes and engine pr
 Redis (which grows its memory for a first level's streams and results as the processes do theirs).
 With --py-spy DIR, py-spy samples the engine processes over each level (native stacks, into DIR) and
 it prints where each of their threads was: running Python, in native code, in the CUDA driver, waiting
-for the interpreter's lock (bench.py_spy)."""
+for the interpreter's lock (bench.py_spy).
+
+With --in-turn N, after the other levels, N rounds at the last level's clients of an unstreamed level
+and then a streamed one (the closing unstreamed level ends the last round): each streamed level is set
+against the mean of the unstreamed levels on either side of it, and the median share over the rounds
+is printed. One level is one wave of jobs (1.5-2 s at 256 clients on an H200, where one tree's
+unstreamed level gave 1,461 and 1,978 audio-s/s in one run): alone it cannot judge a share within a
+few points."""
 
 from __future__ import annotations
 
@@ -33,6 +40,7 @@ import contextlib
 import functools
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import threading
@@ -433,6 +441,33 @@ def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[
     return rows
 
 
+def print_rounds(rounds: list[tuple[float, dict]], closing_plain: float) -> None:
+    """The --in-turn rounds: each streamed level against the mean of the unstreamed levels before and after
+    it (the next round's, or the closing one), and the median of those shares."""
+    print(
+        "\nstreamed and not, in turn (each streamed level against the mean of the unstreamed levels on either "
+        "side of it):\n"
+    )
+    print(
+        "| round | not streamed audio-s/s | streamed audio-s/s | first chunk p95 ms | underruns (streams) "
+        "| failed | streamed / unstreamed beside it |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    afters = [unstreamed for unstreamed, _ in rounds[1:]] + [closing_plain]
+    shares = []
+    for number, ((before, row), after) in enumerate(zip(rounds, afters, strict=True), start=1):
+        streamed = row["audio_s"] / row["wall_s"]
+        shares.append(streamed / ((before + after) / 2))
+        print(
+            f"| {number} | {before:.1f} | {streamed:.1f} | {row['p95_ms']:.0f} "
+            f"| {row['underruns']} ({row['streams_with_underruns']}) | {row['failed']} | {shares[-1]:.1%} |"
+        )
+    print(
+        f"\nstreamed / unstreamed over {len(shares)} rounds: median {statistics.median(shares):.1%}, "
+        f"least {min(shares):.1%}, most {max(shares):.1%}"
+    )
+
+
 def percentile(values: list[float], rank: float) -> float:
     if not values:
         return float("nan")
@@ -469,6 +504,14 @@ def main() -> None:
         metavar="DIR",
         help="Sample the workers' engine processes with py-spy (native stacks) over each level, into DIR, and "
         "print where each of their threads was (bench.py_spy); the sampling slows the levels.",
+    )
+    parser.add_argument(
+        "--in-turn",
+        type=int,
+        default=0,
+        metavar="N",
+        help="After the other levels, N rounds of the last level not streamed and then streamed; each streamed "
+        "level against the unstreamed ones on either side of it, and the median share.",
     )
     parser.add_argument("--redis-server", help="The redis-server to start (default: the one on PATH).")
     parser.add_argument("--workdir", default="var/bench")
@@ -532,6 +575,13 @@ def main() -> None:
                         with sampled("web", clients):
                             rows.append(run_web_level(base, clients, arguments.seconds))
                         measured("web", clients, rows[-1]["wall_s"])
+            rounds = []  # (the unstreamed level's audio-s/s, then the streamed level's row)
+            for _ in range(arguments.in_turn):
+                unstreamed = plain_level("farm, not streamed, in turn")
+                with sampled("farm, in turn", levels[-1]):
+                    streamed = run_farm_level(celery, redis_url, levels[-1], arguments.seconds)
+                measured("farm, in turn", levels[-1], streamed["wall_s"])
+                rounds.append((unstreamed, streamed))
             plain = plain_level("farm, not streamed")
     print(
         f"\nmodel {arguments.model}, worker {' '.join(placement)}, {arguments.seconds:g} s of speech a job, "
@@ -555,6 +605,8 @@ def main() -> None:
         share = plain_first / plain
         print(f"| farm, not streamed, first | {levels[-1]} |{no_streams} {plain_first:.1f} | {share:.0%} |")
     print(f"| farm, not streamed | {levels[-1]} |{no_streams} {plain:.1f} | |")
+    if rounds:
+        print_rounds(rounds, plain)
     print("\nwhere the first chunks waited, p50 / p95 ms of each hop (from the jobs' results):\n")
     print(
         "| path | clients | submit -> engine starts the job | -> the engine process sends its first audio "

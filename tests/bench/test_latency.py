@@ -83,3 +83,39 @@ def test_every_level_streams_every_job_and_reports_its_first_chunk(tiny_assets, 
     for title in titles:
         rows = {row["thread"]: row for row in markdown_table(lines[lines.index(title) :], "| thread |")}
         assert int(rows["batcher"]["samples"]) > 0 and rows["batcher"]["running Python"].endswith("%"), rows
+
+
+def test_in_turn_each_streamed_level_is_set_against_the_unstreamed_levels_on_either_side(
+    tiny_assets, data_dir, tmp_path
+):
+    finished = run_bench(
+        "latency",
+        *("--model", "synthetic-tiny", "--cpu", "1", "--clients", "2", "--seconds", "1", "--workdir", str(tmp_path)),
+        *("--in-turn", "2"),
+        data_dir=data_dir,
+    )
+    lines = finished.stdout.splitlines()
+    # The levels ran in turn after the streamed one, the closing unstreamed level last.
+    threads = markdown_table(lines, "| path | clients | level wall s")
+    assert [row["path"] for row in threads] == [
+        "farm",
+        *["farm, not streamed, in turn", "farm, in turn"] * 2,
+        "farm, not streamed",
+    ]
+    closing = float(markdown_table(lines, "| path |")[-1]["audio-s/s"])
+    rounds = markdown_table(lines, "| round |")
+    assert [row["round"] for row in rounds] == ["1", "2"]
+    afters = [float(rounds[1]["not streamed audio-s/s"]), closing]
+    shares = []
+    for row, after in zip(rounds, afters, strict=True):
+        assert row["failed"] == "0" and float(row["first chunk p95 ms"]) > 0
+        before, streamed = float(row["not streamed audio-s/s"]), float(row["streamed audio-s/s"])
+        share = float(row["streamed / unstreamed beside it"].rstrip("%"))
+        # Throughputs printed to a tenth, shares to a tenth of a percent.
+        expected = 100 * streamed / ((before + after) / 2)
+        assert abs(share - expected) <= 0.05 + expected * 0.1 / min(before, after, streamed)
+        shares.append(share)
+    summary = next(line for line in lines if line.startswith("streamed / unstreamed over 2 rounds"))
+    median, least, most = (float(part.split()[-1].rstrip("%")) for part in summary.split(": ")[1].split(", "))
+    assert (least, most) == (min(shares), max(shares))
+    assert abs(median - sum(shares) / 2) <= 0.05
