@@ -33,7 +33,10 @@ listener beside it lengthens.
 the CUDA runtime's calls (graph launches, copies, event records and waits, ...) by thread: how many
 and how long each took on the host. The engine's thread spends longer on the
 host beside the listener without the listener holding the interpreter's lock (docs/performance.md);
-this says whether its calls into the driver are what got slower. (On a CPU there are none.)
+this says whether its calls into the driver are what got slower. Beside them it prints the GPU's work
+(kernels, copies, sets) by stream: how much, how long, its busiest kernels, and how long any stream
+was busy: whether the gate's cost is the GPU time the listener's kernels take from the engine's, or the
+host's. (On a CPU there are none.)
 
 ``--py-spy DIR`` samples this process with py-spy over each run's workload (native stacks, into DIR) and
 prints where each thread was (bench.py_spy): whether the engine's thread's extra host time beside the
@@ -142,15 +145,37 @@ def batch_sizes(text: str) -> list[int]:
     return comma_separated_numbers(text, int, lambda size: size >= 1, "whole numbers of 1 or more")
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceWork:
+    """A kernel, copy or set the GPU ran, as the profiler traced it (microseconds on its clock)."""
+
+    stream: int  # the profiler's id of the stream it ran on
+    name: str
+    start_us: float
+    end_us: float
+
+
+def busy_s(work: list[DeviceWork]) -> float:
+    """How long any of ``work`` was running: where two streams ran at once, that time counts once."""
+    busy, end = 0.0, float("-inf")
+    for item in sorted(work, key=lambda item: item.start_us):
+        if item.end_us > end:
+            busy += item.end_us - max(item.start_us, end)
+            end = item.end_us
+    return busy / 1e6
+
+
 class RuntimeCalls:
     """The CUDA runtime's calls made over a stretch of work, by thread and call: how many, and how long
-    each took on the host (torch.profiler's CUDA activity). Threads go by the ids the profiler gives
-    them; the recording thread's own ids are printed beside them, to tell the engine's from the others."""
+    each took on the host; and the GPU's work over it, by stream (torch.profiler's CUDA activity).
+    Threads go by the ids the profiler gives them; the recording thread's own ids are printed beside
+    them, to tell the engine's from the others."""
 
     def __init__(self):
         self.engine_thread = (threading.get_native_id(), threading.get_ident())
         self.calls: collections.Counter[tuple[int, str]] = collections.Counter()
         self.micros: collections.Counter[tuple[int, str]] = collections.Counter()
+        self.device_work: list[DeviceWork] = []
 
     @contextlib.contextmanager
     def recording(self, device: torch.device):
@@ -165,6 +190,9 @@ class RuntimeCalls:
             if event.device_type == torch.autograd.DeviceType.CPU and event.name.startswith("cu"):
                 self.calls[event.thread, event.name] += 1
                 self.micros[event.thread, event.name] += event.cpu_time_total
+            elif event.device_type == torch.autograd.DeviceType.CUDA:
+                span = event.time_range
+                self.device_work.append(DeviceWork(event.device_resource_id, event.name, span.start, span.end))
 
     def print(self, title: str, most: int = 8) -> None:
         native, ident = self.engine_thread
@@ -178,6 +206,21 @@ class RuntimeCalls:
             for name, micros in calls.most_common(most):
                 count = self.calls[thread, name]
                 print(f"| {thread} | {name} | {count} | {micros / 1000:.1f} | {micros / count:.1f} |")
+
+    def print_device_work(self, title: str, wall_s: float, most: int = 3) -> None:
+        """The GPU's work by stream, the busiest first, and how long any stream was busy."""
+        print(f"\n{title}: any stream busy {busy_s(self.device_work):.2f} s of the {wall_s:.2f} s wall")
+        print("| stream | kernels, copies, sets | busy s | its busiest: name (s) |")
+        print("|---|---:|---:|---|")
+        by_stream: dict[int, list[DeviceWork]] = collections.defaultdict(list)
+        for item in self.device_work:
+            by_stream[item.stream].append(item)
+        for stream, work in sorted(by_stream.items(), key=lambda item: -busy_s(item[1])):
+            seconds: collections.Counter[str] = collections.Counter()
+            for item in work:
+                seconds[item.name] += (item.end_us - item.start_us) / 1e6
+            busiest = "; ".join(f"{name[:60]} ({spent:.3f})" for name, spent in seconds.most_common(most))
+            print(f"| {stream} | {len(work)} | {busy_s(work):.3f} | {busiest} |")
 
 
 def run(
@@ -445,6 +488,7 @@ def main() -> None:
             print_timeline(r.timeline)
         if r.runtime_calls is not None:
             r.runtime_calls.print(f"the CUDA runtime's calls over ASR {r.asr}'s workload, by thread")
+            r.runtime_calls.print_device_work(f"the GPU's work over ASR {r.asr}'s workload, by stream", r.wall_s)
         for path in r.samples:
             print(f"\nwhere this process's threads were over ASR {r.asr}'s workload (py-spy):\n")
             print(py_spy.summary(path))

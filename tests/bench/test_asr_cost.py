@@ -62,6 +62,11 @@ def test_the_engines_throughput_with_the_gate_off_and_on_at_each_listener_batch_
     assert len(titles) == 5
     for title in titles:
         assert markdown_table(lines[lines.index(title) + 1 :], "| thread | call |") == []
+    # Nor any work of the GPU's: nothing busy, no stream.
+    titles = [line for line in lines if line.startswith("the GPU's work over ASR")]
+    assert [title.split(": ")[1].split(" s of")[0] for title in titles] == ["any stream busy 0.00"] * 5
+    for title in titles:
+        assert markdown_table(lines[lines.index(title) + 1 :], "| stream |") == []
     # With --py-spy, where the process's threads were over each run: the engine's (the main thread) in
     # every run, the listener's beside it where the gate was on.
     titles = [line for line in lines if line.startswith("where this process's threads were")]
@@ -95,3 +100,17 @@ def test_each_switch_interval_runs_every_choice_and_each_run_is_set_against_the_
         # From the table's rounded throughputs: a tiny run's are a few audio-s/s, to one decimal.
         expected = float(whisper["audio-s/s"]) / float(off["audio-s/s"])
         assert float(whisper["vs the last run off"]) == pytest.approx(expected, rel=0.05), (whisper, off)
+
+
+def test_the_gpus_busy_time_counts_once_what_two_streams_ran_at_once():
+    from bench.asr_cost import DeviceWork, busy_s
+
+    work = [
+        DeviceWork(7, "engine's step", 0.0, 400.0),
+        DeviceWork(9, "listener's encoder", 100.0, 300.0),  # inside the step's span
+        DeviceWork(9, "listener's decoder", 350.0, 600.0),  # overlapping its end
+        DeviceWork(7, "vocoder", 1_000.0, 1_100.0),  # after a gap
+    ]
+    assert busy_s(work) == pytest.approx(700e-6)
+    assert busy_s(list(reversed(work))) == pytest.approx(700e-6)
+    assert busy_s([]) == 0
