@@ -215,12 +215,13 @@ class RuntimeCalls:
         by_stream: dict[int, list[DeviceWork]] = collections.defaultdict(list)
         for item in self.device_work:
             by_stream[item.stream].append(item)
-        for stream, work in sorted(by_stream.items(), key=lambda item: -busy_s(item[1])):
+        busy = {stream: busy_s(work) for stream, work in by_stream.items()}
+        for stream, work in sorted(by_stream.items(), key=lambda item: -busy[item[0]]):
             seconds: collections.Counter[str] = collections.Counter()
             for item in work:
                 seconds[item.name] += (item.end_us - item.start_us) / 1e6
             busiest = "; ".join(f"{name[:60]} ({spent:.3f})" for name, spent in seconds.most_common(most))
-            print(f"| {stream} | {len(work)} | {busy_s(work):.3f} | {busiest} |")
+            print(f"| {stream} | {len(work)} | {busy[stream]:.3f} | {busiest} |")
 
 
 def run(

@@ -110,21 +110,21 @@ def post_signed(url: str, body: bytes, policy: CallbackPolicy, timeout_s: float)
         cut = threading.Event()
         cut_off = threading.Timer(timeout_s, _cut, args=(connection, cut))
         cut_off.start()
-        late = f"no whole answer within {timeout_s:g} s"
+        failure = None
         try:
             connection.request("POST", target, body=body, headers=headers)
             answer = connection.getresponse()
             answer.read(ANSWER_READ_BYTES)
-        except (OSError, http.client.HTTPException) as failure:
+        except (OSError, http.client.HTTPException) as error:
             # Cut while reading, the socket may also read as reset (the receiver wrote to it after the cut).
-            if cut.is_set():
-                raise TimeoutError(late) from failure
-            raise
+            if not cut.is_set():
+                raise
+            failure = error
         finally:
             cut_off.cancel()
         # A cut connection reads as the answer's end: what came before it is no whole answer.
         if cut.is_set():
-            raise TimeoutError(late)
+            raise TimeoutError(f"no whole answer within {timeout_s:g} s") from failure
         return answer.status
 
 
