@@ -118,4 +118,6 @@ def test_in_turn_each_streamed_level_is_set_against_the_unstreamed_levels_on_eit
     summary = next(line for line in lines if line.startswith("streamed / unstreamed over 2 rounds"))
     median, least, most = (float(part.split()[-1].rstrip("%")) for part in summary.split(": ")[1].split(", "))
     assert (least, most) == (min(shares), max(shares))
-    assert abs(median - sum(shares) / 2) <= 0.05
+    # The median of two is their mean: the printed median and each printed share are rounded to a tenth of a
+    # percent, so the median and the mean of the printed shares differ by at most two such roundings.
+    assert abs(median - sum(shares) / 2) <= 0.1 + 1e-9
