@@ -11,13 +11,15 @@ interpreter's lock that the engine's thread needs too.
 Here the weights are cast once, every buffer is allocated at construction, and a step reads nothing but
 the device: the position it decodes is a tensor, its self-attention masked to the positions up to it. So
 on CUDA one graph of STEPS_PER_GRAPH steps per bucket of rows serves every position, and the host replays
-it and reads one flag a replay (whether every row has ended). The encoder and the SOT sequence's pass run
-op by op, once a batch. On the CPU the same steps run op by op, in fp32 (what CI tests).
+it and reads one flag a replay (whether every row has ended). The SOT sequence's pass runs op by op, once a
+batch; on CUDA the encoder runs compiled (its own weights cast once), once a batch. On the CPU the encoder
+and the steps run op by op, in fp32 (what CI tests).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,16 +27,22 @@ import torch
 import torch.nn.functional as F
 from whisper.tokenizer import Tokenizer, get_tokenizer
 
-from worker.engine.runner import bucket_for, row_buckets
+from worker.engine.runner import bucket_for, compiled_exactly, row_buckets
 
 # Steps one CUDA graph runs, between two looks at whether every row has ended (each look waits for the
 # device): a batch runs at most this many steps less one past its last row's end. Not tuned by measurement.
 STEPS_PER_GRAPH = 8
 
 # Past this many rows a pass's rows go up in steps of it. Every step's cross-attention reads each row's
-# 1,500 audio positions in every layer: padded to the next power of two, the listener's batch of 68 (H200,
-# docs/quality-gate.md) read 128 rows of them, where steps of 16 read 80.
-ROW_STEP = 16
+# 1,500 audio positions in every layer, at the memory's bandwidth (a third of a batch's GPU time on an H100,
+# docs/performance.md): padded to the next power of two, the listener's batch of 68 read 128 rows of them,
+# steps of 16 read 80, steps of 8 read 72.
+ROW_STEP = 8
+
+# The logits' projection has as many columns as the vocabulary (51,865 for every Whisper), an odd count
+# whose rows of fp16 no aligned GEMM kernel takes: on an H100 cuBLAS ran a pre-Hopper kernel at 70 us a step.
+# Padded with zero rows to a multiple of this, an aligned one runs; the padding's logits are never looked at.
+VOCAB_ALIGNMENT = 64
 
 # What attends to the self-attention's keys and values (and keeps them): (layer, query, key, value) -> output.
 SelfAttention = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -132,7 +140,9 @@ class GreedyDecoder:
         # Embedded in fp32 and then cast, as Whisper embeds; the logits' projection in the decoder's dtype.
         self._token_embedding = decoder.token_embedding.weight.detach()
         self._positional_embedding = decoder.positional_embedding.detach()
-        self._unembedding = decoder.token_embedding.weight.detach().to(self._dtype)
+        self._vocabulary = dims.n_vocab
+        aligned = -(-dims.n_vocab // VOCAB_ALIGNMENT) * VOCAB_ALIGNMENT
+        self._unembedding = F.pad(self._token_embedding.to(self._dtype), (0, 0, 0, aligned - dims.n_vocab))
         self._blocks = [_Block.cast(block, self._dtype) for block in decoder.blocks]
         self._final_norm = decoder.ln
 
@@ -164,7 +174,10 @@ class GreedyDecoder:
         self._stream = (stream if stream is not None else torch.cuda.Stream(device)) if on_cuda else None
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.steps_run = 0  # decoding steps of every pass so far (the prompt's pass one of them): what it cost
+        self._encoder: Callable[[torch.Tensor], torch.Tensor] = self._encode_op_by_op
         if on_cuda and not eager:
+            with torch.no_grad(), torch.cuda.stream(self._stream):
+                self._encoder = CompiledEncoder(model, self._dtype)
             self._capture()
 
     @property
@@ -232,16 +245,19 @@ class GreedyDecoder:
         return [row[: row.index(self._end)] if self._end in row else row for row in drawn]
 
     def _encode(self, mels: torch.Tensor, rows: int) -> None:
-        """The clips' audio features (Whisper's encoder, as whisper.decode runs it) and, from them, each
-        layer's cross-attention keys and values, once a pass."""
+        """The clips' audio features (Whisper's encoder: compiled on CUDA, else as whisper.decode runs it)
+        and, from them, each layer's cross-attention keys and values, once a pass."""
         clips = len(mels)
-        features = self._model.encoder(mels.to(self._dtype))
+        features = self._encoder(mels)
         for layer, block in enumerate(self._blocks):
             self._cross_keys[layer, :clips] = block.cross_attention.key(features)
             self._cross_values[layer, :clips] = block.cross_attention.value(features)
         # Padding rows attend to zeros, not to what the memory held (NaN, or denormals that slow a CPU down).
         self._cross_keys[:, clips:rows].zero_()
         self._cross_values[:, clips:rows].zero_()
+
+    def _encode_op_by_op(self, mels: torch.Tensor) -> torch.Tensor:
+        return self._model.encoder(mels.to(self._dtype))
 
     def _prompt(self, prompt: Sequence[int], clips: int, rows: int) -> None:
         """The SOT sequence's pass, op by op: its keys and values into the cache, each row's first token
@@ -317,7 +333,7 @@ class GreedyDecoder:
             )
             x = x + cross.out(attended)
             x = x + block.mlp_out(F.gelu(block.mlp_in(block.mlp_norm(x))))
-        return (self._final_norm(x) @ self._unembedding.T).float()[:, -1]
+        return (self._final_norm(x) @ self._unembedding.T)[..., : self._vocabulary].float()[:, -1]
 
     def _attend(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **masking) -> torch.Tensor:
         """Whisper's attention (its scaled_dot_product_attention path) of (rows, positions, width) tensors."""
@@ -354,6 +370,38 @@ class GreedyDecoder:
         self._stream.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(self._stream):
             yield
+
+
+class CompiledEncoder:
+    """Whisper's audio encoder compiled, what the decoder runs on CUDA: on an H100 a batch of 68 clips took
+    8.6 ms so, against 16.9 op by op (its layer norms, in fp32 as Whisper's, its GELUs and residual
+    additions fused). Its convolutions' and linear layers' weights are cast to ``dtype`` once, in a copy of
+    its own (Whisper's modules cast them every call; the model's stay as they are).
+
+    One compiled graph serves every count of clips: the count is symbolic from the first call, made here
+    (before the engine sizes its cache from the memory left), and at least two (torch.compile makes a
+    count of one a constant; a lone clip is encoded beside silence)."""
+
+    def __init__(self, model, dtype: torch.dtype) -> None:
+        self._dtype = dtype
+        encoder = copy.deepcopy(model.encoder)
+        for module in encoder.modules():
+            if isinstance(module, torch.nn.Linear | torch.nn.Conv1d):
+                module.to(dtype)
+        self._encoder = compiled_exactly(encoder)
+        dims = model.dims
+        with torch.no_grad():
+            self(torch.zeros(1, dims.n_mels, 2 * dims.n_audio_ctx, device=model.device))
+
+    def __call__(self, mels: torch.Tensor) -> torch.Tensor:
+        """The clips' audio features (clips x audio positions x width, in ``dtype``) from their log-mel
+        spectrograms (clips x mels x 3,000 frames)."""
+        clips = len(mels)
+        batch = mels.to(self._dtype)
+        if clips == 1:
+            batch = torch.cat([batch, torch.zeros_like(batch)])
+        torch._dynamo.mark_dynamic(batch, 0)
+        return self._encoder(batch)[:clips]
 
 
 def transcribing_tokenizer(model, language: str) -> Tokenizer:

@@ -14,7 +14,7 @@ from whisper.decoding import DecodingTask, SuppressBlank
 from whisper.tokenizer import get_tokenizer
 
 from worker.asr.backends import at_16k, synthetic_whisper
-from worker.asr.greedy import GreedyDecoder, blank_tokens, suppressed_tokens
+from worker.asr.greedy import CompiledEncoder, GreedyDecoder, blank_tokens, suppressed_tokens
 
 SAID = "the weather today is cold and rainy with strong winds from the north"
 OTHER = "my grandmother bakes bread on sunday mornings"
@@ -180,10 +180,22 @@ def test_the_tokens_suppressed_always_and_at_the_first_token_are_whisper_decodes
     assert torch.isinf(logits[0]).nonzero().flatten().tolist() == sorted(blank_tokens(tokenizer))
 
 
-def test_a_pass_runs_the_next_power_of_two_of_rows_up_to_16_then_the_next_multiple_of_16_at_most_the_most(model):
-    assert GreedyDecoder(model, max_rows=100).row_buckets == [1, 2, 4, 8, 16, 32, 48, 64, 80, 96, 100]
+def test_a_pass_runs_the_next_power_of_two_of_rows_up_to_8_then_the_next_multiple_of_8_at_most_the_most(model):
+    assert GreedyDecoder(model, max_rows=60).row_buckets == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 60]
     assert GreedyDecoder(model, max_rows=3).row_buckets == [1, 2, 3]
     assert GreedyDecoder(model, max_rows=1).row_buckets == [1]
+
+
+def test_the_compiled_encoder_gives_whisper_s_features_for_any_count_of_clips_from_one_compilation(model, mels):
+    """What the decoder encodes with on CUDA, compiled here for the CPU: Whisper's features of one clip, two
+    and three, from the one graph compiled when it was made (a compilation in a farm's workload would stall
+    its listener for seconds)."""
+    encoder = CompiledEncoder(model, torch.float32)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with torch.no_grad():
+        for clips in (1, 2, 3):
+            torch.testing.assert_close(encoder(mels[:clips]), model.encoder(mels[:clips]), rtol=1e-4, atol=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
 def test_the_sounds_the_gpu_test_decodes_are_heard_apart_and_as_whisper_decode_hears_them(model, sounds):
