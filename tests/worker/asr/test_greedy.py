@@ -186,7 +186,7 @@ def test_a_pass_runs_the_next_power_of_two_of_rows_up_to_8_then_the_next_multipl
     assert GreedyDecoder(model, max_rows=1).row_buckets == [1]
 
 
-def test_the_compiled_encoder_gives_whisper_s_features_for_any_count_of_clips_from_one_compilation(model, mels):
+def test_the_compiled_encoder_gives_whisper_s_features_for_any_count_of_clips_from_one_compilation(model, sounds):
     """What the decoder encodes with on CUDA, compiled here for the CPU: Whisper's features of one clip, two
     and three, from the one graph compiled when it was made (a compilation in a farm's workload would stall
     its listener for seconds)."""
@@ -194,7 +194,7 @@ def test_the_compiled_encoder_gives_whisper_s_features_for_any_count_of_clips_fr
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     with torch.no_grad():
         for clips in (1, 2, 3):
-            torch.testing.assert_close(encoder(mels[:clips]), model.encoder(mels[:clips]), rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(encoder(sounds[:clips]), model.encoder(sounds[:clips]), rtol=1e-4, atol=1e-4)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
 
 
