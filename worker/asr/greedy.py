@@ -176,7 +176,7 @@ class GreedyDecoder:
         self.steps_run = 0  # decoding steps of every pass so far (the prompt's pass one of them): what it cost
         self._encoder: Callable[[torch.Tensor], torch.Tensor] = self._encode_op_by_op
         if on_cuda and not eager:
-            with torch.no_grad(), torch.cuda.stream(self._stream):
+            with torch.cuda.stream(self._stream):  # CompiledEncoder compiles without gradients itself
                 self._encoder = CompiledEncoder(model, self._dtype)
             self._capture()
 
