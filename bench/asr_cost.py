@@ -42,6 +42,10 @@ host's. (On a CPU there are none.)
 prints where each thread was (bench.py_spy): whether the engine's thread's extra host time beside the
 listener is its own Python, the driver's, or waiting for the interpreter's lock.
 
+``--rounds N`` runs every choice N times in turn, then the gate off once more, and prints each gated run
+against the mean of the runs with the gate off on either side of it, and the median over the rounds: one
+pair of runs moves by a percent or two from call to call, which is the size of what the gate is judged by.
+
 ``--asr-batch`` (comma-separated) runs each recogniser once per most segments its listener hears at
 once: ``--asr-batch 32,128`` says what a larger batch buys, in the same call.
 
@@ -66,6 +70,7 @@ import logging
 import os
 import platform
 import re
+import statistics
 import sys
 import threading
 import time
@@ -143,6 +148,12 @@ def switch_intervals(text: str) -> list[float]:
 
 def batch_sizes(text: str) -> list[int]:
     return comma_separated_numbers(text, int, lambda size: size >= 1, "whole numbers of 1 or more")
+
+
+def rounds(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: want a whole number of 1 or more")
+    return int(text)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -350,26 +361,58 @@ def print_table(runs: list[Run]) -> None:
         print("| " + " | ".join(str(c) for c in cells) + " |")
 
 
-def ways(arguments: argparse.Namespace, backends: dict[str, Backend | None]):
-    """(choice, its backend, the listener's largest batch, the run's label) of each run, in order; a
-    stand-in Whisper's backend is told where its decodes end just before its run."""
-    several = len(arguments.asr_batch) > 1
-    for asr in arguments.asr:
-        backend = backends[asr]
-        if backend is None:
-            yield asr, None, arguments.asr_batch[0], asr
+def shares_beside_the_gate_off(runs: list[Run]) -> dict[str, list[float]]:
+    """Each gated run's throughput against the mean of the runs with the gate off on either side of it (the
+    one before alone where none came after), by label, in the order run: a machine's drift over a call
+    (its clocks, its heat, what it compiled) falls on both sides alike."""
+    shares: dict[str, list[float]] = collections.defaultdict(list)
+    offs = [index for index, r in enumerate(runs) if r.heard is None]
+    for index, r in enumerate(runs):
+        before = [i for i in offs if i < index]
+        if r.heard is None or not before:
             continue
-        stand_in = isinstance(backend, Whisper) and backend.stand_in
-        for length in arguments.whisper_length if stand_in else [None]:
-            for max_batch in arguments.asr_batch:
-                if length is not None:
-                    backend.ends_with_text = length == "text"
-                parts = [asr]
-                if length == "limit":
-                    parts.append("every decode to its limit")
-                if several:
-                    parts.append(f"batches of {max_batch}")
-                yield asr, backend, max_batch, ", ".join(parts)
+        beside = [runs[before[-1]]] + [runs[i] for i in offs if i > index][:1]
+        shares[r.asr].append(r.audio_per_wall / statistics.mean(off.audio_per_wall for off in beside))
+    return shares
+
+
+def print_rounds(runs: list[Run]) -> None:
+    print("\nthe gate against the gate off beside it, over the rounds (each run against the mean of the runs off")
+    print("on either side of it):\n")
+    print("| ASR | rounds | each round | median | least | most |")
+    print("|---|---:|---|---:|---:|---:|")
+    for label, shares in shares_beside_the_gate_off(runs).items():
+        each = ", ".join(f"{share:.3f}" for share in shares)
+        print(
+            f"| {label} | {len(shares)} | {each} | {statistics.median(shares):.3f} | {min(shares):.3f} "
+            f"| {max(shares):.3f} |"
+        )
+
+
+def ways(arguments: argparse.Namespace, backends: dict[str, Backend | None]):
+    """(choice, its backend, the listener's largest batch, the run's label) of each run, in order: every
+    round's, then with several rounds the gate off once more; a stand-in Whisper's backend is told where
+    its decodes end just before its run (so this is read as it runs)."""
+    several = len(arguments.asr_batch) > 1
+    for _ in range(arguments.rounds):
+        for asr in arguments.asr:
+            backend = backends[asr]
+            if backend is None:
+                yield asr, None, arguments.asr_batch[0], asr
+                continue
+            stand_in = isinstance(backend, Whisper) and backend.stand_in
+            for length in arguments.whisper_length if stand_in else [None]:
+                for max_batch in arguments.asr_batch:
+                    if length is not None:
+                        backend.ends_with_text = length == "text"
+                    parts = [asr]
+                    if length == "limit":
+                        parts.append("every decode to its limit")
+                    if several:
+                        parts.append(f"batches of {max_batch}")
+                    yield asr, backend, max_batch, ", ".join(parts)
+    if arguments.rounds > 1 and "off" in arguments.asr:
+        yield "off", None, arguments.asr_batch[0], "off"  # what the last round's gated runs are set against
 
 
 def main() -> None:
@@ -407,6 +450,13 @@ def main() -> None:
         default=[SWITCH_INTERVAL_S * 1000],
         help="How long a thread that waits for the interpreter's lock waits before asking for it (sys."
         "setswitchinterval; the farm's own by default); several, comma-separated, run every choice with each.",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=rounds,
+        default=1,
+        help="Run every choice this many times in turn, then the gate off once more, and print each gated "
+        "run against the runs off on either side of it, and their median.",
     )
     parser.add_argument(
         "--timeline", action="store_true", help="Print the engine thread's timeline of each run (bench.engine_phases)."
@@ -483,6 +533,8 @@ def main() -> None:
         f"listener's batches up to {', '.join(map(str, arguments.asr_batch))}; quality retries off\n"
     )
     print_table(runs)
+    if arguments.rounds > 1:
+        print_rounds(runs)
     for r in runs:
         if r.timeline is not None:
             print(f"\nthe engine's thread, ASR {r.asr}:")

@@ -102,6 +102,50 @@ def test_each_switch_interval_runs_every_choice_and_each_run_is_set_against_the_
         assert float(whisper["vs the last run off"]) == pytest.approx(expected, rel=0.05), (whisper, off)
 
 
+def test_rounds_run_every_choice_in_turn_and_set_each_gated_run_against_the_runs_off_on_either_side(
+    tiny_assets, data_dir
+):
+    finished = run_bench(
+        "asr_cost",
+        *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "1", "--seconds", "1-1"),
+        *("--asr", "off,whisper", "--whisper-model", "synthetic-tiny", "--rounds", "2"),
+        data_dir=data_dir,
+        timeout_s=300,
+    )
+    lines = finished.stdout.splitlines()
+    rows = markdown_table(lines, "| ASR |")
+    assert [row["ASR"] for row in rows] == ["off", "whisper", "off", "whisper", "off"]
+    throughputs = [float(row["audio-s/s"]) for row in rows]
+    # From the table's rounded throughputs: a tiny run's are a few audio-s/s, to one decimal.
+    expected = [
+        throughputs[1] / ((throughputs[0] + throughputs[2]) / 2),
+        throughputs[3] / ((throughputs[2] + throughputs[4]) / 2),
+    ]
+    (summary,) = markdown_table(lines, "| ASR | rounds |")
+    assert summary["ASR"] == "whisper" and summary["rounds"] == "2"
+    each = [float(share) for share in summary["each round"].split(", ")]
+    assert each == pytest.approx(expected, rel=0.05)
+    assert float(summary["least"]) == min(each) and float(summary["most"]) == max(each)
+    assert float(summary["median"]) == pytest.approx(sum(each) / 2, abs=0.001)
+
+
+def test_a_gated_run_with_no_run_off_after_it_is_set_against_the_one_before():
+    from bench.asr_cost import Run, shares_beside_the_gate_off
+    from worker.asr.listener import ListenerFigures
+
+    def ran(asr: str, audio_per_wall: float) -> Run:
+        heard = None if asr == "off" else ListenerFigures(1, 1, 0.1)
+        return Run(asr, 1, 1, audio_per_wall, 1.0, heard, None, 0.0, 0.0, None, None, [])
+
+    runs = [ran("off", 100.0), ran("whisper", 90.0), ran("off", 80.0), ran("offline", 60.0), ran("whisper", 72.0)]
+    assert shares_beside_the_gate_off(runs) == {
+        "whisper": [pytest.approx(1.0), pytest.approx(0.9)],
+        "offline": [pytest.approx(0.75)],
+    }
+    # A gated run before any run off has nothing to be set against.
+    assert shares_beside_the_gate_off([ran("whisper", 90.0), ran("off", 100.0)]) == {}
+
+
 def test_the_gpus_busy_time_counts_once_what_two_streams_ran_at_once():
     from bench.asr_cost import DeviceWork, busy_s
 
