@@ -28,6 +28,12 @@ counted).
 products on the CUDA cores or the tensor cores) and prints the three fastest of each per cache dtype:
 how ``worker.engine.attention._LAUNCH`` was chosen.
 
+``--join-rows`` (any device; e.g. ``--join-rows 512,1024 --joining 64``) starts that many segments, times
+``--join-rounds`` engine steps of them, then ``--joining`` more prompts join: the step they join at runs their
+prefill before its decode steps, and the running rows wait for it. The table sets that step against the
+steps after it, which run the same rows without a prefill: the spike a join puts into the running rows'
+steps (issue 21). Every step is timed from an idle device to an idle device.
+
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
 prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
 and prints their kernels, their GPU time, and the costliest.
@@ -38,9 +44,11 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import dataclasses
 import inspect
 import itertools
 import logging
+import statistics
 import time
 from collections.abc import Callable, Iterator
 
@@ -58,7 +66,7 @@ from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine import attention  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
-from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, row_sampling  # noqa: E402
+from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompt, row_sampling  # noqa: E402
 from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.model.loading import LoadedModel, load_model  # noqa: E402
@@ -66,7 +74,8 @@ from worker.model.loading import LoadedModel, load_model  # noqa: E402
 TEXT = "The farm reads this sentence aloud, again and again, to time one step of its GPT."
 
 
-def segments_for(model: LoadedModel, rows: int, steps: int) -> list[Segment]:
+def segments_for(model: LoadedModel, rows: int, steps: int, first: int = 0) -> list[Segment]:
+    """``rows`` segments of ``steps`` tokens each (EOS blocked), owners and seeds from ``first`` on."""
     width = model.chat.config.gpt.hidden_size
     request = SynthesisRequest.from_arguments({"text": TEXT}, max_text_chars=len(TEXT))
     return [
@@ -81,7 +90,7 @@ def segments_for(model: LoadedModel, rows: int, steps: int) -> list[Segment]:
             max_tokens=steps,
             pinned=True,
         )
-        for row in range(rows)
+        for row in range(first, first + rows)
     ]
 
 
@@ -161,6 +170,74 @@ def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
     while engine.has_work:
         engine.step()
     return elapsed
+
+
+def timed_step(engine: Engine) -> float:
+    """The wall seconds of one engine step (SYNC_EVERY decode steps, and whatever it admits), from an idle
+    device to an idle device."""
+    synchronize(engine.model.device)
+    started = time.perf_counter()
+    engine.step()
+    synchronize(engine.model.device)
+    return time.perf_counter() - started
+
+
+@dataclasses.dataclass(frozen=True)
+class Join:
+    """An engine step at which prompts joined ``rows`` running ones, and the steps either side of it."""
+
+    rows: int
+    joining: int
+    prompt_tokens: int  # the joining prompts' tokens, which the step's prefill runs
+    before_s: float  # a step of the running rows alone (the mean of the rounds before the join)
+    joined_s: float  # the step they joined at: its prefill, then its decode steps over every row
+    after_s: float  # a step of every row after (the mean of the rounds after)
+    running_after: int  # segments running after the join's step
+
+    @property
+    def spike_s(self) -> float:
+        """What the join's step took beyond a step of the same rows without a prefill."""
+        return self.joined_s - self.after_s
+
+
+def join_spike(model: LoadedModel, rows: int, joining: int, rounds: int) -> Join:
+    """``joining`` prompts join ``rows`` running segments: the engine step they join at against the steps
+    before and after it. A first pass, untimed, compiles and captures what the second one times."""
+    steps = (2 * rounds + 4) * SYNC_EVERY  # every segment outlives the timed steps
+    engine = engine_for(model, rows + joining, steps, capture_graphs=model.device.type == "cuda")
+    if engine.runner.use_graphs:
+        engine.runner.capture_every_bucket()
+    for _ in range(2):
+        engine.add(segments_for(model, rows, steps))
+        engine.step()  # their prefill
+        before = [timed_step(engine) for _ in range(rounds)]
+        joiners = segments_for(model, joining, steps, first=rows)
+        engine.add(joiners)
+        joined = timed_step(engine)
+        running_after = engine.running
+        after = [timed_step(engine) for _ in range(rounds)]
+        while engine.has_work:
+            engine.step()
+    prompt_tokens = sum(len(encode_prompt(model, segment)) for segment in joiners)
+    return Join(rows, joining, prompt_tokens, statistics.mean(before), joined, statistics.mean(after), running_after)
+
+
+def join_table(model: LoadedModel, rows_list: list[int], joining: int, rounds: int) -> None:
+    """Issue 21's "the step-time spike when 64 prompts join": what a prefill adds to the step it runs in."""
+    print(f"\n{joining} prompts join the running rows (each step {SYNC_EVERY} decode steps; means of {rounds} steps):")
+    print(
+        "| rows running | prompts joining | their prompt tokens | step before ms | the step they join at ms "
+        "| step after ms | spike ms | running after |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for rows in rows_list:
+        join = join_spike(model, rows, joining, rounds)
+        print(
+            f"| {join.rows} | {join.joining} | {join.prompt_tokens} | {1000 * join.before_s:.2f} "
+            f"| {1000 * join.joined_s:.2f} | {1000 * join.after_s:.2f} | {1000 * join.spike_s:.2f} "
+            f"| {join.running_after} |",
+            flush=True,
+        )
 
 
 def copy_bandwidth(device: torch.device) -> float:
@@ -347,6 +424,11 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
     parser.add_argument("--profile-rows", default="", help="Row counts to profile a step at (CUDA).")
     parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
+    parser.add_argument(
+        "--join-rows", default="", help="Running row counts that prompts join, for the join table (any device)."
+    )
+    parser.add_argument("--joining", type=int, default=64, help="Prompts that join, in the join table.")
+    parser.add_argument("--join-rounds", type=int, default=5, help="Steps timed before and after a join.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -381,6 +463,10 @@ def main() -> None:
         launch_sweep(model, arguments.context)
     if model.device.type == "cuda" and arguments.profile_rows:
         profile_table(model, [int(r) for r in arguments.profile_rows.split(",") if r], steps)
+    if arguments.join_rows:
+        join_table(
+            model, [int(r) for r in arguments.join_rows.split(",") if r], arguments.joining, arguments.join_rounds
+        )
 
 
 if __name__ == "__main__":
