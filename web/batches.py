@@ -215,13 +215,15 @@ def cancel(batch: Batch) -> list[Job]:
 
 
 def watch_for_callbacks() -> None:
-    """Notice the end of every unfinished batch with a callback (nobody may be polling it), and queue the
-    callbacks still pending of ended batches (their queue could not be reached as they ended)."""
+    """Notice the end of every unfinished batch with a callback (nobody may be polling it), queue the
+    callbacks still pending of ended batches (their queue could not be reached as they ended), and keep
+    in their rows the outcomes of those the workers have delivered or given up on."""
     unfinished = db.select(Batch).where(Batch.callback_url.is_not(None), Batch.finished_at.is_(None))
     for batch in db.session.execute(unfinished).scalars().all():
         items(batch)
     for batch in callbacks.pending(Batch):
         batch_status.call_back(batch)
+    callbacks.settle_queued(Batch)
 
 
 def archive(batch: Batch, batch_items: list[Job]) -> Iterator[bytes]:

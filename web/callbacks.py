@@ -63,9 +63,34 @@ def pending(model: type[CallsBack]) -> list:
 
 def settle(record: CallsBack) -> None:
     """Keep the outcome of a delivery that is over in the job's (or batch's) row, with its attempts."""
-    if record.callback_state != CallbackState.QUEUED:
-        return
-    attempts = _recorded_attempts(record)
+    if record.callback_state == CallbackState.QUEUED:
+        _keep_if_over(record, _recorded_attempts(record))
+
+
+def settle_queued(model: type[CallsBack]) -> None:
+    """Settle every delivery the workers still hold (the reconciler's round): nobody may poll its job (or
+    batch) again before Redis forgets its attempts, after CHATTTS_FARM_RESULT_TTL_S."""
+    queued = db.select(model).where(model.callback_state == CallbackState.QUEUED)
+    for record in db.session.execute(queued).scalars().all():  # each settle commits
+        settle(record)
+
+
+def delivery(record: CallsBack) -> dict | None:
+    """The callback's part of a job's (or batch's) status: ``url``, ``state`` (``waiting`` until it ends,
+    then ``pending``, ``queued``, ``retrying``, ``delivered`` or ``failed``) and its ``attempts`` so far.
+    A delivery it finds over is kept in the row at once: the attempts it shows are the ones kept."""
+    if record.callback_url is None:
+        return None
+    url, state, attempts = record.callback_url, record.callback_state or "waiting", record.callback_attempts or []
+    if state == CallbackState.QUEUED:
+        attempts = _recorded_attempts(record)
+        state = attempts[-1]["outcome"] if attempts else state
+        _keep_if_over(record, attempts)
+    return {"url": url, "state": state, "attempts": attempts}
+
+
+def _keep_if_over(record: CallsBack, attempts: list[dict]) -> None:
+    """Write a delivery's outcome and attempts to its row once its last attempt says it is over."""
     if not attempts or attempts[-1]["outcome"] not in CallbackState.OVER:
         return
     model = type(record)
@@ -76,18 +101,6 @@ def settle(record: CallsBack) -> None:
         execution_options={"synchronize_session": False},
     )
     db.session.commit()
-
-
-def delivery(record: CallsBack) -> dict | None:
-    """The callback's part of a job's (or batch's) status: ``url``, ``state`` (``waiting`` until it ends,
-    then ``pending``, ``queued``, ``retrying``, ``delivered`` or ``failed``) and its ``attempts`` so far."""
-    if record.callback_url is None:
-        return None
-    state, attempts = record.callback_state or "waiting", record.callback_attempts or []
-    if state == CallbackState.QUEUED:
-        attempts = _recorded_attempts(record)
-        state = attempts[-1]["outcome"] if attempts else state
-    return {"url": record.callback_url, "state": state, "attempts": attempts}
 
 
 def _recorded_attempts(record: CallsBack) -> list[dict]:

@@ -362,13 +362,15 @@ def call_back(job: Job) -> None:
 
 
 def watch_for_callbacks() -> None:
-    """Notice the end of every unfinished job with a callback (nobody may be polling it), and queue the
-    callbacks still pending of finished jobs (their queue could not be reached as they ended)."""
+    """Notice the end of every unfinished job with a callback (nobody may be polling it), queue the
+    callbacks still pending of finished jobs (their queue could not be reached as they ended), and keep
+    in their rows the outcomes of those the workers have delivered or given up on."""
     unfinished = db.select(Job).where(Job.callback_url.is_not(None), Job.status.not_in(JobStatus.FINISHED))
     for job in db.session.execute(unfinished).scalars().all():
         refresh(job)
     for job in callbacks.pending(Job):
         call_back(job)
+    callbacks.settle_queued(Job)
 
 
 def _move(job: Job, **values: Any) -> bool:

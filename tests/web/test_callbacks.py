@@ -7,6 +7,7 @@ addresses stay refused."""
 import json
 import threading
 import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -18,7 +19,8 @@ from chattts_farm.callbacks import CALLBACK_QUEUE, SIGNATURE_HEADER
 from chattts_farm.contract import TASK_NAME
 from cli.local_services import free_port, start_redis_server
 from tests.support import Workers, readme_callback_check, serve_web
-from web import reconcile
+from web import callbacks, reconcile
+from web.models import CallbackState, Job, JobStatus, db, utcnow
 
 SECRET = "the farm's callback secret"
 ATTEMPTS = 3
@@ -220,13 +222,68 @@ def test_a_job_nobody_polls_is_called_back_through_the_reconciler_and_its_row_ke
     sent = json.loads(body)
     assert sent["id"] == job_id and sent["status"] == "done" and sent["status_url"] == f"/api/jobs/{job_id}"
     assert readme_callback_check()(body, headers[SIGNATURE_HEADER], SECRET)
-    status = finished_status(client, job_id)
-    # The outcome is the row's now: it outlives the workers' record in Redis.
+
+    # Still nobody polls it: the reconciler's next rounds keep the delivery's outcome in the job's row,
+    # before Redis forgets the workers' record of it.
+    def settled() -> list | None:
+        with app.app_context():
+            reconcile.reconcile()
+            job = db.session.get(Job, job_id)
+            return job.callback_attempts if job.callback_state == CallbackState.DELIVERED else None
+
+    [attempt] = wait_for(settled, "the reconciler to keep the callback's outcome")
+    assert attempt["outcome"] == "delivered" and attempt["status_code"] == 200
     redis.Redis.from_url(app.config["SETTINGS"].redis_url).delete(redis_keys.callback_attempts(job_id))
-    assert client.get(f"/api/jobs/{job_id}").get_json()["callback"] == status["callback"]
-    assert status["callback"]["state"] == "delivered"
+    status = client.get(f"/api/jobs/{job_id}").get_json()
+    assert status["callback"] == {"url": receiver.url("/unpolled"), "state": "delivered", "attempts": [attempt]}
     page = client.get(f"/jobs/{job_id}").get_data(as_text=True)
     assert 'id="fact-callback"' in page and f"to {receiver.url('/unpolled')}" in page
+
+
+def test_a_status_that_finds_its_delivery_over_keeps_it_in_the_row_and_one_still_retrying_stays_the_workers(app):
+    # The workers' record of a delivery, as they write it (worker.callbacks.attempt_delivery); no worker
+    # runs here: which rows settle, and when, is the web's alone.
+    def attempt(outcome: str) -> dict:
+        code, retry_in_s = (200, None) if outcome == "delivered" else (500, 0.2)
+        error = None if outcome == "delivered" else "answered 500"
+        return {
+            "attempt": 1,
+            "at": 1.0,
+            "status_code": code,
+            "error": error,
+            "outcome": outcome,
+            "retry_in_s": retry_in_s,
+        }
+
+    shared = redis.Redis.from_url(app.config["SETTINGS"].redis_url)
+    rows = {}
+    with app.app_context():
+        for outcome in ("delivered", "retrying"):
+            rows[outcome] = job_id = str(uuid.uuid4())
+            db.session.add(
+                Job(
+                    id=job_id,
+                    text="Called back.",
+                    parameters={},
+                    format="wav",
+                    status=JobStatus.DONE,
+                    finished_at=utcnow(),
+                    callback_url=f"http://127.0.0.1:9/{outcome}",
+                    callback_state=CallbackState.QUEUED,
+                )
+            )
+            shared.rpush(redis_keys.callback_attempts(job_id), json.dumps(attempt(outcome)))
+        db.session.commit()
+        # The status alone, with no poll's refresh before it (a poll reads the record twice, and a worker
+        # may write it in between): what it shows as over is what it keeps.
+        for outcome, job_id in rows.items():
+            shown = callbacks.delivery(db.session.get(Job, job_id))
+            assert shown == {"url": f"http://127.0.0.1:9/{outcome}", "state": outcome, "attempts": [attempt(outcome)]}
+            shared.delete(redis_keys.callback_attempts(job_id))
+        db.session.expire_all()
+        delivered, retrying = (db.session.get(Job, rows[outcome]) for outcome in ("delivered", "retrying"))
+        assert (delivered.callback_state, delivered.callback_attempts) == ("delivered", [attempt("delivered")])
+        assert (retrying.callback_state, retrying.callback_attempts) == ("queued", None)
 
 
 def test_a_cancelled_job_is_called_back_cancelled(client, receiver):
