@@ -30,7 +30,6 @@ from worker.engine.runner import (
     ModelRunner,
     StateSnapshot,
     bucket_for,
-    row_buckets,
     to_device,
 )
 from worker.engine.sampler import RowSampling
@@ -89,7 +88,6 @@ class Engine:
             capture_graphs=capture_graphs,
             prefill_tokens=prefill_tokens,
         )
-        self.row_buckets = row_buckets(slots)
         self.decode_steps = 0
         self.preemptions = 0
         # Per running slot: its prompt's tokens and the decode step it joined at. The host picks each
@@ -270,7 +268,7 @@ class Engine:
         return left
 
     def _bucket(self, rows: int) -> int:
-        return bucket_for(self.row_buckets, rows)
+        return bucket_for(self.runner.decode_row_buckets, rows)
 
     def _compact(self) -> None:
         """Pack the running slots at the front again, so that the steps cover as few rows as the

@@ -77,13 +77,19 @@ def bucket_for(buckets: list[int], size: int) -> int:
     return buckets[bisect.bisect_left(buckets, size)]
 
 
-# Above this many rows, the row counts a step is captured for go up in steps of it.
-ROW_STEP = 256
+# Above this many rows, the row counts a decode step is captured for go up in steps of it: a step then
+# computes at most 63 rows that take no part. With steps of 256 (up to 255 such rows, in every layer's
+# matmuls and the draw) the standard workload ran 0.8% slower on an H100 (docs/performance.md).
+DECODE_ROW_STEP = 64
+# The prefill's row counts go up in coarser steps: each is captured for every prompt length bucket, and
+# the engine cuts its admissions into passes of these sizes anyway (Engine._prefill_passes).
+PREFILL_ROW_STEP = 256
 
 
-def row_buckets(most: int, step: int = ROW_STEP) -> list[int]:
+def row_buckets(most: int, step: int) -> list[int]:
     """The row counts a pass is run (and on CUDA captured) for: powers of two up to ``step``, then
-    multiples of ``step`` (so a step of 1,300 rows computes 1,536, not 2,048), then ``most``."""
+    multiples of ``step`` (with steps of 256, a step of 1,300 rows computes 1,536, not 2,048), then
+    ``most``."""
     buckets, rows = [], 1
     while rows < min(most, step):
         buckets.append(rows)
@@ -144,6 +150,7 @@ class ModelRunner:
             self._step_input = step_input
         config = self.llama.config
         self.slots = slots
+        self.decode_row_buckets = row_buckets(slots, DECODE_ROW_STEP)
         # One slot more than the engine's: the prefill's padding rows write there (see prefill).
         self.scratch_slot = slots
         self.max_admissions = max_admissions
@@ -218,7 +225,7 @@ class ModelRunner:
 
         # The prefill's inputs, padded to a bucket of (rows, length): the same buffers for every pass, so
         # that each bucket's pass is one CUDA graph. Padding rows go to the scratch slot.
-        self.prefill_row_buckets = row_buckets(self.max_admissions)
+        self.prefill_row_buckets = row_buckets(self.max_admissions, PREFILL_ROW_STEP)
         self.prefill_length_buckets = prompt_length_buckets(min(max_prompt_tokens, self.context))
         # The most padded prompt tokens one pass takes (its activations' memory): by default every row
         # its longest prompt; a smaller budget runs long prompts (a clip voice's) a few rows a pass.
@@ -424,7 +431,7 @@ class ModelRunner:
             kv_lengths = [self.context]
         else:
             kv_lengths = sorted({self.kv_bucket(columns) for columns in range(1, self.context + 1)})
-        for rows in row_buckets(self.slots):
+        for rows in self.decode_row_buckets:
             for kv_length in kv_lengths:
                 self.decode_step(rows, kv_length)
         self.prefill_embeddings.zero_()

@@ -533,7 +533,7 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     # scratch slot change nothing drawn later.
     columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
     prefills = len(engine.runner.prefill_row_buckets) * len(engine.runner.prefill_length_buckets)
-    assert engine.runner.capture_every_bucket() == len(runner.row_buckets(8)) * columns + prefills
+    assert engine.runner.capture_every_bucket() == len(engine.runner.decode_row_buckets) * columns + prefills
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)
     assert (engine.preemptions > 0) == (cache == "runs dry")

@@ -5,7 +5,7 @@ up to."""
 import pytest
 import torch
 
-from worker.engine.runner import compiled_exactly, draw, step_input
+from worker.engine.runner import DECODE_ROW_STEP, PREFILL_ROW_STEP, compiled_exactly, draw, row_buckets, step_input
 from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling
 
 SLOTS, WIDTH, CODEBOOKS, VOCAB = 40, 64, 4, 626
@@ -114,3 +114,19 @@ def _flat(value) -> torch.Tensor:
         return torch.tensor([value], dtype=torch.float64)
     parts = list(value.__dict__.values()) if isinstance(value, RowSampling) else [value]
     return torch.cat([part.flatten().double().cpu() for part in parts])
+
+
+def test_row_counts_double_up_to_their_step_then_go_up_by_it_to_the_most():
+    assert row_buckets(300, 64) == [1, 2, 4, 8, 16, 32, 64, 128, 192, 256, 300]
+    assert row_buckets(2048, 256) == [1, 2, 4, 8, 16, 32, 64, 128, *range(256, 2049, 256)]
+    assert row_buckets(5, 64) == [1, 2, 4, 5]
+
+
+def test_a_decode_step_computes_fewer_idle_rows_than_a_prefill_pass():
+    """A decode step runs hundreds of times a segment, a prefill pass once: its row counts are finer."""
+
+    def computed(rows: int, step: int) -> int:
+        return min(bucket for bucket in row_buckets(2048, step) if bucket >= rows)
+
+    assert computed(1300, DECODE_ROW_STEP) == 1344
+    assert computed(1300, PREFILL_ROW_STEP) == 1536
