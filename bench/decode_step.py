@@ -172,6 +172,11 @@ def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
     return elapsed
 
 
+def row_counts(text: str) -> list[int]:
+    """A comma-separated list of row counts (the empty string: none)."""
+    return [int(rows) for rows in text.split(",") if rows]
+
+
 def timed_step(engine: Engine) -> float:
     """The wall seconds of one engine step (SYNC_EVERY decode steps, and whatever it admits), from an idle
     device to an idle device."""
@@ -418,14 +423,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="synthetic-tiny")
     parser.add_argument("--device", default="auto")
-    parser.add_argument("--rows", default="1,64,512", help="Row counts of one pass.")
+    parser.add_argument("--rows", type=row_counts, default="1,64,512", help="Row counts of one pass.")
     parser.add_argument("--steps", type=int, default=256, help="Decode steps timed per pass.")
-    parser.add_argument("--attention-rows", default="1,64,512,1024", help="Row counts of the kernel's table (CUDA).")
+    parser.add_argument(
+        "--attention-rows", type=row_counts, default="1,64,512,1024", help="Row counts of the kernel's table (CUDA)."
+    )
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
-    parser.add_argument("--profile-rows", default="", help="Row counts to profile a step at (CUDA).")
+    parser.add_argument("--profile-rows", type=row_counts, default="", help="Row counts to profile a step at (CUDA).")
     parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
     parser.add_argument(
-        "--join-rows", default="", help="Running row counts that prompts join, for the join table (any device)."
+        "--join-rows",
+        type=row_counts,
+        default="",
+        help="Running row counts that prompts join, for the join table (any device).",
     )
     parser.add_argument("--joining", type=int, default=64, help="Prompts that join, in the join table.")
     parser.add_argument("--join-rounds", type=int, default=5, help="Steps timed before and after a join.")
@@ -443,7 +453,7 @@ def main() -> None:
     print(f"model {model.info.as_dict()}, torch {torch.__version__}, {steps} decode steps per pass")
     print("| way | rows | ms/step | audio-s/wall-s |")
     print("|---|---:|---:|---:|")
-    for rows in (int(r) for r in arguments.rows.split(",") if r):
+    for rows in arguments.rows:
         # Long enough that no row ends within the timed steps.
         ways = {"eager-dynamic": lambda segments: eager_dynamic(model, segments, steps)}
         for capture_graphs in graphs:
@@ -457,16 +467,13 @@ def main() -> None:
             audio_s = rows * steps / TOKENS_PER_SECOND
             print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
     if model.device.type == "cuda" and triton_available() and arguments.attention_rows:
-        rows_list = [int(r) for r in arguments.attention_rows.split(",") if r]
-        attention_table(model, rows_list, arguments.context, [torch.bfloat16, torch.float8_e4m3fn])
+        attention_table(model, arguments.attention_rows, arguments.context, [torch.bfloat16, torch.float8_e4m3fn])
     if model.device.type == "cuda" and triton_available() and arguments.sweep:
         launch_sweep(model, arguments.context)
     if model.device.type == "cuda" and arguments.profile_rows:
-        profile_table(model, [int(r) for r in arguments.profile_rows.split(",") if r], steps)
+        profile_table(model, arguments.profile_rows, steps)
     if arguments.join_rows:
-        join_table(
-            model, [int(r) for r in arguments.join_rows.split(",") if r], arguments.joining, arguments.join_rounds
-        )
+        join_table(model, arguments.join_rows, arguments.joining, arguments.join_rounds)
 
 
 if __name__ == "__main__":
