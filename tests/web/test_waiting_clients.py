@@ -83,6 +83,10 @@ def received_until_closed(connection: socket.socket) -> int:
     return received
 
 
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
 def blocked_stream_reads(client: redis.Redis) -> int:
     """Redis connections blocked in XREAD now: a stream's request waiting for its next entry."""
     return sum(1 for connection in client.client_list() if connection["cmd"] == "xread" and "b" in connection["flags"])
@@ -270,11 +274,12 @@ def test_a_reader_that_takes_nothing_is_disconnected_and_frees_its_slot(paused_f
     stream.audio(samples(0.1))
     with paused_farm.open_stream("held", job_id, receive_buffer=4096) as stalled:
         wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the stream to hold its slot")
+        # The server's clock starts at the send that blocks, some time after this: a bound from below.
+        stalled_at = time.monotonic()
         # Far more than the socket buffers on both sides take (Linux grows a sender's to 4 MB, tcp_wmem;
         # 60 s, 2.9 MB, once fitted): the server's sends block.
         stream.audio(*[samples(1.0, seed=second) for second in range(240)])
-        stalled_at = time.monotonic()
-        time.sleep(SEND_TIMEOUT_S / 2)
+        sleep_until(stalled_at + SEND_TIMEOUT_S / 2)
         assert paused_farm.waits_of("held") == 1  # a stalled reader is no hung-up one: held up to the timeout
 
         wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled reader's slot")
@@ -293,10 +298,11 @@ def test_a_download_holds_a_slot_and_a_reader_that_takes_nothing_is_disconnected
     head = requests.head(url, headers=held, timeout=10)
     assert head.status_code == 200 and paused_farm.waits_of("held") == 0
 
+    # The download's sends block once the buffers are full, some time after the request: a bound from below.
+    stalled_at = time.monotonic()
     with paused_farm.open_download("held", job_id, receive_buffer=4096) as stalled:
         wait_until(lambda: paused_farm.waits_of("held") == 1, 10, "the download to hold its slot")
-        stalled_at = time.monotonic()
-        time.sleep(SEND_TIMEOUT_S / 2)
+        sleep_until(stalled_at + SEND_TIMEOUT_S / 2)
         assert paused_farm.waits_of("held") == 1
         wait_until(lambda: paused_farm.waits_of("held") == 0, SEND_TIMEOUT_S + 5, "the stalled download's slot")
         assert time.monotonic() - stalled_at >= SEND_TIMEOUT_S
