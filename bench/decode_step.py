@@ -34,6 +34,15 @@ prefill before its decode steps, and the running rows wait for it. The table set
 steps after it, which run the same rows without a prefill: the spike a join puts into the running rows'
 steps (issue 21). Every step is timed from an idle device to an idle device.
 
+``--overlap-rows`` (CUDA) asks how much of a step's two kinds of work the GPU runs side by side: the
+attention, bound by its reads of the cache, and the rest of each layer (its matmuls and the fused
+elementwise work, compiled as the runner compiles them), bound by arithmetic. At each row count it
+times, over all the GPT's layers and replayed from CUDA graphs: each kind alone; both one after the
+other; both on two streams at once; and the rows cut in two halves, each half's attention beside the
+other half's layer parts, a layer at a time (the two streams joined after each pair), against the same
+halves in turn. The halves side by side against in turn are what a step split that way would gain
+(as NanoFlow splits a batch); the attention reads the standard workload's contexts from an fp8 cache.
+
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
 prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
 and prints their kernels, their GPU time, and the costliest.
@@ -67,6 +76,7 @@ from worker.engine import attention  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompt, row_sampling  # noqa: E402
+from worker.engine.layers import after_attention, before_attention, fuse_layers  # noqa: E402
 from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.model.loading import LoadedModel, load_model  # noqa: E402
@@ -361,6 +371,121 @@ def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_d
             del arguments
 
 
+def graph_seconds(work: Callable[[], None], replays: int = 5) -> float:
+    """Seconds a replay of ``work`` captured in a CUDA graph takes, the mean of ``replays`` after one more."""
+    work()  # compiles, tunes and allocates outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        work()
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1000 / replays
+
+
+@dataclasses.dataclass(frozen=True)
+class Overlap:
+    """Seconds of all the GPT's layers at ``rows`` rows, each way of running its two kinds of work."""
+
+    rows: int
+    attention_s: float
+    parts_s: float
+    in_turn_s: float
+    two_streams_s: float
+    halves_in_turn_s: float
+    halves_side_by_side_s: float
+
+
+def overlap(model: LoadedModel, rows: int, context: int, generator: torch.Generator) -> Overlap:
+    """The attention and the layer parts at ``rows`` rows, each way (see the module's doc)."""
+    llama = model.chat.gpt.gpt
+    weights, shape = fuse_layers(llama)
+    before, after = torch.compile(before_attention), torch.compile(after_attention)
+    side = torch.cuda.Stream(model.device)
+
+    def kinds(count: int) -> tuple[Callable[[], None], Callable[[int], None]]:
+        """The attention of ``count`` rows (one layer's call) and their layer parts (of a given layer)."""
+        arguments = attention_inputs(model, count, context, torch.float8_e4m3fn, generator)
+        query = arguments[0]
+        hidden = torch.randn(count, 1, llama.config.hidden_size, device=model.device, dtype=llama.dtype)
+        cos, sin = llama.rotary_emb(hidden, arguments[6].view(count, 1))
+
+        def parts(layer: int) -> None:
+            layer_weights = weights[layer]
+            before(hidden, layer_weights.input_norm, layer_weights.qkv, cos, sin, shape)
+            after(
+                hidden,
+                query,
+                layer_weights.output,
+                layer_weights.post_attention_norm,
+                layer_weights.gate_up,
+                layer_weights.down,
+                shape.norm_eps,
+            )
+
+        return lambda: decode_attention(*arguments), parts
+
+    def side_by_side(on_side: Callable[[], None], here: Callable[[], None]) -> None:
+        main = torch.cuda.current_stream(model.device)
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            on_side()
+        here()
+        main.wait_stream(side)
+
+    layers = range(len(weights))
+    attend, parts = kinds(rows)
+    (attend_first, parts_first), (attend_second, parts_second) = kinds(rows // 2), kinds(rows - rows // 2)
+
+    def every_layer(work: Callable[[int], None]) -> Callable[[], None]:
+        return lambda: [work(layer) for layer in layers]
+
+    def halves_in_turn(layer: int) -> None:
+        attend_first()
+        parts_second(layer)
+        attend_second()
+        parts_first(layer)
+
+    def halves_side_by_side(layer: int) -> None:
+        side_by_side(attend_first, lambda: parts_second(layer))
+        side_by_side(attend_second, lambda: parts_first(layer))
+
+    return Overlap(
+        rows,
+        attention_s=graph_seconds(every_layer(lambda _: attend())),
+        parts_s=graph_seconds(every_layer(parts)),
+        in_turn_s=graph_seconds(every_layer(lambda layer: (attend(), parts(layer)))),
+        two_streams_s=graph_seconds(lambda: side_by_side(every_layer(lambda _: attend()), every_layer(parts))),
+        halves_in_turn_s=graph_seconds(every_layer(halves_in_turn)),
+        halves_side_by_side_s=graph_seconds(every_layer(halves_side_by_side)),
+    )
+
+
+def overlap_table(model: LoadedModel, rows_list: list[int], context: int) -> None:
+    """How much of the layer parts the GPU runs beside the attention (see the module's doc)."""
+    print("\nA step's attention (fp8 cache) and the rest of its layers, over all layers, each way (ms):")
+    print(
+        "| rows | attention | layer parts | in turn | on two streams | halves in turn | halves side by side "
+        "| side by side vs in turn |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    generator = torch.Generator().manual_seed(0)
+    for rows in rows_list:
+        found = overlap(model, rows, context, generator)
+        print(
+            f"| {rows} | {1000 * found.attention_s:.3f} | {1000 * found.parts_s:.3f} | {1000 * found.in_turn_s:.3f} "
+            f"| {1000 * found.two_streams_s:.3f} | {1000 * found.halves_in_turn_s:.3f} "
+            f"| {1000 * found.halves_side_by_side_s:.3f} "
+            f"| {found.halves_side_by_side_s / found.halves_in_turn_s - 1:+.1%} |",
+            flush=True,
+        )
+
+
 def profiled_kernels(work: Callable[[], None], device: torch.device) -> tuple[float, list]:
     """The wall seconds of ``work()`` (synchronised) and the GPU kernels it launched."""
     from torch.profiler import ProfilerActivity, profile
@@ -430,6 +555,9 @@ def main() -> None:
     )
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
     parser.add_argument("--profile-rows", type=row_counts, default="", help="Row counts to profile a step at (CUDA).")
+    parser.add_argument(
+        "--overlap-rows", type=row_counts, default="", help="Row counts of the overlap table (CUDA)."
+    )
     parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
     parser.add_argument(
         "--join-rows",
@@ -470,6 +598,8 @@ def main() -> None:
         attention_table(model, arguments.attention_rows, arguments.context, [torch.bfloat16, torch.float8_e4m3fn])
     if model.device.type == "cuda" and triton_available() and arguments.sweep:
         launch_sweep(model, arguments.context)
+    if model.device.type == "cuda" and triton_available() and arguments.overlap_rows:
+        overlap_table(model, arguments.overlap_rows, arguments.context)
     if model.device.type == "cuda" and arguments.profile_rows:
         profile_table(model, arguments.profile_rows, steps)
     if arguments.join_rows:
