@@ -555,9 +555,7 @@ def main() -> None:
     )
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
     parser.add_argument("--profile-rows", type=row_counts, default="", help="Row counts to profile a step at (CUDA).")
-    parser.add_argument(
-        "--overlap-rows", type=row_counts, default="", help="Row counts of the overlap table (CUDA)."
-    )
+    parser.add_argument("--overlap-rows", type=row_counts, default="", help="Row counts of the overlap table (CUDA).")
     parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
     parser.add_argument(
         "--join-rows",
