@@ -76,7 +76,13 @@ from worker.engine import attention  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for  # noqa: E402
 from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompt, row_sampling  # noqa: E402
-from worker.engine.layers import after_attention, before_attention, fuse_layers  # noqa: E402
+from worker.engine.layers import (  # noqa: E402
+    LayerShape,
+    LayerWeights,
+    after_attention,
+    before_attention,
+    fuse_layers,
+)
 from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.model.loading import LoadedModel, load_model  # noqa: E402
@@ -275,20 +281,26 @@ def standard_columns(rows: int, device: torch.device, generator: torch.Generator
     return (70 + torch.randint(0, 479, (rows,), generator=generator)).to(device)
 
 
-def time_attention(arguments: tuple, calls: int = 20) -> float:
-    """Seconds a call of ``decode_attention(*arguments)``, replayed ``calls`` at a time from a CUDA graph."""
-    decode_attention(*arguments)  # compiles the kernels
+def graph_seconds(work: Callable[[], None], replays: int = 5) -> float:
+    """Seconds a replay of ``work`` captured in a CUDA graph takes, the mean of ``replays`` after one more."""
+    work()  # compiles, tunes and allocates outside the capture
+    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(calls):
-            decode_attention(*arguments)
+        work()
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    graph.replay()
+    for _ in range(replays):
+        graph.replay()
     end.record()
     end.synchronize()
-    return start.elapsed_time(end) / 1000 / calls
+    return start.elapsed_time(end) / 1000 / replays
+
+
+def time_attention(arguments: tuple, calls: int = 20) -> float:
+    """Seconds a call of ``decode_attention(*arguments)``, replayed ``calls`` at a time from a CUDA graph."""
+    return graph_seconds(lambda: [decode_attention(*arguments) for _ in range(calls)], replays=1) / calls
 
 
 def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torch.dtype, generator) -> tuple:
@@ -371,23 +383,6 @@ def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_d
             del arguments
 
 
-def graph_seconds(work: Callable[[], None], replays: int = 5) -> float:
-    """Seconds a replay of ``work`` captured in a CUDA graph takes, the mean of ``replays`` after one more."""
-    work()  # compiles, tunes and allocates outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        work()
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1000 / replays
-
-
 @dataclasses.dataclass(frozen=True)
 class Overlap:
     """Seconds of all the GPT's layers at ``rows`` rows, each way of running its two kinds of work."""
@@ -401,10 +396,17 @@ class Overlap:
     halves_side_by_side_s: float
 
 
-def overlap(model: LoadedModel, rows: int, context: int, generator: torch.Generator) -> Overlap:
-    """The attention and the layer parts at ``rows`` rows, each way (see the module's doc)."""
+def overlap(
+    model: LoadedModel,
+    rows: int,
+    context: int,
+    fused: tuple[list[LayerWeights], LayerShape],
+    generator: torch.Generator,
+) -> Overlap:
+    """The attention and the layer parts at ``rows`` rows, each way (see the module's doc); ``fused`` is
+    what :func:`~worker.engine.layers.fuse_layers` made of the model's layers."""
     llama = model.chat.gpt.gpt
-    weights, shape = fuse_layers(llama)
+    weights, shape = fused
     before, after = torch.compile(before_attention), torch.compile(after_attention)
     side = torch.cuda.Stream(model.device)
 
@@ -474,9 +476,9 @@ def overlap_table(model: LoadedModel, rows_list: list[int], context: int) -> Non
         "| side by side vs in turn |"
     )
     print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    generator = torch.Generator().manual_seed(0)
+    fused, generator = fuse_layers(model.chat.gpt.gpt), torch.Generator().manual_seed(0)
     for rows in rows_list:
-        found = overlap(model, rows, context, generator)
+        found = overlap(model, rows, context, fused, generator)
         print(
             f"| {rows} | {1000 * found.attention_s:.3f} | {1000 * found.parts_s:.3f} | {1000 * found.in_turn_s:.3f} "
             f"| {1000 * found.two_streams_s:.3f} | {1000 * found.halves_in_turn_s:.3f} "

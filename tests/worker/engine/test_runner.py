@@ -5,7 +5,15 @@ up to."""
 import pytest
 import torch
 
-from worker.engine.runner import DECODE_ROW_STEP, PREFILL_ROW_STEP, compiled_exactly, draw, row_buckets, step_input
+from worker.engine.runner import (
+    DECODE_ROW_STEP,
+    PREFILL_ROW_STEP,
+    bucket_for,
+    compiled_exactly,
+    draw,
+    row_buckets,
+    step_input,
+)
 from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling
 
 SLOTS, WIDTH, CODEBOOKS, VOCAB = 40, 64, 4, 626
@@ -125,8 +133,5 @@ def test_row_counts_double_up_to_their_step_then_go_up_by_it_to_the_most():
 def test_a_decode_step_computes_fewer_idle_rows_than_a_prefill_pass():
     """A decode step runs hundreds of times a segment, a prefill pass once: its row counts are finer."""
 
-    def computed(rows: int, step: int) -> int:
-        return min(bucket for bucket in row_buckets(2048, step) if bucket >= rows)
-
-    assert computed(1300, DECODE_ROW_STEP) == 1344
-    assert computed(1300, PREFILL_ROW_STEP) == 1536
+    assert bucket_for(row_buckets(2048, DECODE_ROW_STEP), 1300) == 1344
+    assert bucket_for(row_buckets(2048, PREFILL_ROW_STEP), 1300) == 1536
