@@ -24,9 +24,11 @@ calls to a CUDA graph; the copy bandwidth it is set against is measured first, i
 the bytes read and written by ``dst.copy_(src)`` of 2 GiB over its time (as a GPU's copy bandwidth is
 counted).
 
-``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (tile, warps, stages;
-products on the CUDA cores or the tensor cores) and prints the three fastest of each per cache dtype:
-how ``worker.engine.attention._LAUNCH`` was chosen.
+``--sweep`` (CUDA) times the kernel at 1,024 rows under each launch setting (tile, warps; products on
+the CUDA cores or the tensor cores) and prints the three fastest of each per cache dtype: how
+``worker.engine.attention._LAUNCH`` was chosen. Pipeline stages are not swept: the kernel's loads go
+through the block table, so Triton pipelines none of them, and every stage count compiles to the same
+code (the same PTX for 1-4 stages, Triton 3.8 for sm_90a).
 
 ``--join-rows`` (any device; e.g. ``--join-rows 512,1024 --joining 64``) starts that many segments, times
 ``--join-rounds`` engine steps of them, then ``--joining`` more prompts join: the step they join at runs their
@@ -341,25 +343,22 @@ def launch_settings(size: int, launch: dict) -> Iterator[None]:
 def launch_sweep(model: LoadedModel, context: int) -> None:
     """The three fastest launch settings per cache dtype and way of multiplying, at 1,024 rows (see the
     module's doc)."""
-    print("\n| kv cache | tensor cores | us/call | GB/s read | tile | warps | stages |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print("\n| kv cache | tensor cores | us/call | GB/s read | tile | warps |")
+    print("|---|---|---:|---:|---:|---:|")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
         arguments = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
         size = arguments[3].element_size()
         name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
         for tensor_cores in (False, True):
             timings = []
-            for tile, warps, stages in itertools.product((64, 128, 256), (1, 2, 4), (2, 3, 4)):
-                launch = {"TILE": tile, "num_warps": warps, "num_stages": stages, "TENSOR_CORES": tensor_cores}
+            for tile, warps in itertools.product((32, 64, 128, 256), (1, 2, 4)):
+                launch = {**attention._LAUNCH[size], "TILE": tile, "num_warps": warps, "TENSOR_CORES": tensor_cores}
                 with launch_settings(size, launch):
-                    timings.append((time_attention(arguments, calls=10), tile, warps, stages))
+                    timings.append((time_attention(arguments, calls=10), tile, warps))
             timings.sort()
-            for seconds, tile, warps, stages in timings[:3]:
-                settings = f"{tile} | {warps} | {stages}"
-                print(
-                    f"| {name} | {tensor_cores} | {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {settings} |",
-                    flush=True,
-                )
+            for seconds, tile, warps in timings[:3]:
+                speed = f"{1e6 * seconds:.1f} | {read / seconds / 1e9:.0f}"
+                print(f"| {name} | {tensor_cores} | {speed} | {tile} | {warps} |", flush=True)
         del arguments
 
 
