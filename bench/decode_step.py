@@ -593,11 +593,13 @@ def main() -> None:
             seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
             audio_s = rows * steps / TOKENS_PER_SECOND
             print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
-    if model.device.type == "cuda" and triton_available() and arguments.attention_rows:
+    # The kernel's own tables: its Triton kernels on a GPU.
+    kernel_runs = model.device.type == "cuda" and triton_available()
+    if kernel_runs and arguments.attention_rows:
         attention_table(model, arguments.attention_rows, arguments.context, [torch.bfloat16, torch.float8_e4m3fn])
-    if model.device.type == "cuda" and triton_available() and arguments.sweep:
+    if kernel_runs and arguments.sweep:
         launch_sweep(model, arguments.context)
-    if model.device.type == "cuda" and triton_available() and arguments.overlap_rows:
+    if kernel_runs and arguments.overlap_rows:
         overlap_table(model, arguments.overlap_rows, arguments.context)
     if model.device.type == "cuda" and arguments.profile_rows:
         profile_table(model, arguments.profile_rows, steps)
