@@ -151,6 +151,15 @@ class Settings:
         choices=("model", "fp8"),
         role="worker",
     )
+    matmul_dtype: str = _setting(
+        "model",
+        "the GPT's matmuls in passes of at least 256 tokens (prefills, decode steps of 256 rows or more): "
+        "`model` (the GPT's own dtype) or `fp8` (e4m3, weights scaled per output channel and inputs per row; "
+        "needs a GPU with fp8 tensor cores, compute capability 8.9 or later; a row's numbers then depend on "
+        "its pass's size)",
+        choices=("model", "fp8"),
+        role="worker",
+    )
     max_segments_per_pass: int = _setting(
         64,
         "most segments one prefill, refine-text or vocoder pass takes",

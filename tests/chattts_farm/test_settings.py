@@ -15,6 +15,7 @@ def test_defaults_when_nothing_is_set():
     assert settings.data_dir == Path("var")
     assert settings.max_text_chars == 5000
     assert settings.redis_url == "redis://localhost:6379/0"
+    assert settings.matmul_dtype == "model"
 
 
 def test_values_are_read_and_typed():
@@ -25,6 +26,7 @@ def test_values_are_read_and_typed():
             "CHATTTS_FARM_DATA_DIR": "/tmp/farm",
             "CHATTTS_FARM_REQUIRE_API_KEY": "yes",
             "CHATTTS_FARM_SEGMENT_PAUSE_S": "0.5",
+            "CHATTTS_FARM_MATMUL_DTYPE": "fp8",
         }
     )
     assert (settings.model, settings.max_segments_per_pass, settings.data_dir) == (
@@ -33,6 +35,7 @@ def test_values_are_read_and_typed():
         Path("/tmp/farm"),
     )
     assert settings.require_api_key is True and settings.segment_pause_s == 0.5
+    assert settings.matmul_dtype == "fp8"
 
 
 def test_overrides_win_and_none_means_not_given():
@@ -46,6 +49,7 @@ def test_overrides_win_and_none_means_not_given():
         ("MAX_SEGMENTS_PER_PASS", "many"),
         ("MAX_SEGMENTS_PER_PASS", "0"),
         ("CUDA_DTYPE", "int8"),
+        ("MATMUL_DTYPE", "bf16"),
         ("SEGMENT_PAUSE_S", "long"),
         ("REQUIRE_API_KEY", "maybe"),
     ],

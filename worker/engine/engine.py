@@ -65,6 +65,7 @@ class Engine:
         max_new_tokens: int,
         kv_blocks: int | None = None,
         kv_dtype: torch.dtype | None = None,
+        matmul_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
         prefill_tokens: int | None = None,
     ) -> None:
@@ -85,6 +86,7 @@ class Engine:
             max_admissions=max_admissions,
             kv_blocks=kv_blocks,
             kv_dtype=kv_dtype,
+            matmul_dtype=matmul_dtype,
             capture_graphs=capture_graphs,
             prefill_tokens=prefill_tokens,
         )

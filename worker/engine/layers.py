@@ -8,25 +8,39 @@ projections are one matmul, as are the MLP's gate and up projections, over weigh
 (the modules' own weights become views of them, so nothing is held twice); compiled, the norm, the
 rotary, SiLU-and-multiply and the residual adds fuse into the matmuls' neighbours. The functions
 compute what the modules compute, in the same dtypes (``tests/worker/engine/test_layers.py``).
+
+Their matmuls take a weight as it is or in float8 (:class:`Fp8Weight`), multiplied on fp8 tensor cores
+with each input row quantised on the way in: the runner's large passes, when the setting asks for them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
+# e4m3's largest finite value: each channel's or row's largest magnitude is scaled to it.
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max
+
+
+class Fp8Weight(NamedTuple):
+    """A matmul's weight in float8: ``weight`` times ``scale`` (per output channel) is the original."""
+
+    weight: torch.Tensor  # (out, in) float8_e4m3fn, row-major
+    scale: torch.Tensor  # (out,) float32
+
 
 @dataclass(frozen=True)
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor  # (q + k + v width, hidden)
-    output: torch.Tensor
+    qkv: torch.Tensor | Fp8Weight  # (q + k + v width, hidden)
+    output: torch.Tensor | Fp8Weight
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor  # (2 x intermediate, hidden)
-    down: torch.Tensor
+    gate_up: torch.Tensor | Fp8Weight  # (2 x intermediate, hidden)
+    down: torch.Tensor | Fp8Weight
 
 
 @dataclass(frozen=True)
@@ -78,6 +92,48 @@ def _concatenated(*projections: torch.nn.Linear) -> torch.Tensor:
     return weight
 
 
+def fp8_layer(weights: LayerWeights) -> LayerWeights:
+    """The layer with its four matmuls' weights in float8 (new tensors; the norms are shared)."""
+    return replace(
+        weights,
+        qkv=fp8_weight(weights.qkv),
+        output=fp8_weight(weights.output),
+        gate_up=fp8_weight(weights.gate_up),
+        down=fp8_weight(weights.down),
+    )
+
+
+def fp8_weight(weight: torch.Tensor) -> Fp8Weight:
+    """``weight`` (out, in) in float8, each output channel scaled by its own largest magnitude."""
+    quantised, scale = _rows_in_fp8(weight)
+    return Fp8Weight(quantised, scale.squeeze(1))
+
+
+def in_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (..., in) as float8 rows (all leading dims in one, (rows, in)), each scaled by its own
+    largest magnitude, and the rows' scales, (rows, 1) float32."""
+    return _rows_in_fp8(x.reshape(-1, x.shape[-1]))
+
+
+def _rows_in_fp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    wide = rows.float()
+    # An all-zero row would divide by a zero scale; with this floor it stays zeros.
+    scale = wide.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+    return (wide / scale).to(torch.float8_e4m3fn), scale
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
+    """``x @ weight.T`` in ``x``'s dtype; with an :class:`Fp8Weight`, on fp8 tensor cores, ``x`` quantised
+    a row at a time."""
+    if not isinstance(weight, Fp8Weight):
+        return F.linear(x, weight)
+    quantised, scale = in_fp8(x)
+    product = torch._scaled_mm(
+        quantised, weight.weight.t(), scale_a=scale, scale_b=weight.scale.unsqueeze(0), out_dtype=x.dtype
+    )
+    return product.view(*x.shape[:-1], -1)
+
+
 def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' LlamaRMSNorm: normalised in fp32, scaled in the input's dtype."""
     wide = hidden.float()
@@ -88,14 +144,14 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 def before_attention(
     hidden: torch.Tensor,
     input_norm: torch.Tensor,
-    qkv: torch.Tensor,
+    qkv: torch.Tensor | Fp8Weight,
     cos: torch.Tensor,
     sin: torch.Tensor,
     shape: LayerShape,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's query, key and value, (rows, heads, length, head dim) each, rotated to their positions."""
     rows, length, _ = hidden.shape
-    projected = F.linear(rms_norm(hidden, input_norm, shape.norm_eps), qkv)
+    projected = linear(rms_norm(hidden, input_norm, shape.norm_eps), qkv)
     query_width = shape.heads * shape.head_dim
     kv_width = shape.kv_heads * shape.head_dim
     query, key, value = projected.split([query_width, kv_width, kv_width], dim=-1)
@@ -109,15 +165,48 @@ def before_attention(
 def after_attention(
     hidden: torch.Tensor,
     attended: torch.Tensor,
-    output: torch.Tensor,
+    output: torch.Tensor | Fp8Weight,
     post_attention_norm: torch.Tensor,
-    gate_up: torch.Tensor,
-    down: torch.Tensor,
+    gate_up: torch.Tensor | Fp8Weight,
+    down: torch.Tensor | Fp8Weight,
     norm_eps: float,
 ) -> torch.Tensor:
     """The layer's output: the attended values (rows, heads, length, head dim) projected and added, then
     the MLP's."""
     rows, _, length, _ = attended.shape
-    hidden = hidden + F.linear(attended.transpose(1, 2).reshape(rows, length, -1), output)
-    gate, up = F.linear(rms_norm(hidden, post_attention_norm, norm_eps), gate_up).chunk(2, dim=-1)
-    return hidden + F.linear(F.silu(gate) * up, down)
+    hidden = hidden + linear(attended.transpose(1, 2).reshape(rows, length, -1), output)
+    gate, up = linear(rms_norm(hidden, post_attention_norm, norm_eps), gate_up).chunk(2, dim=-1)
+    return hidden + linear(F.silu(gate) * up, down)
+
+
+# The fp8 passes' parts: the same computation in code objects of their own. torch.compile's dynamo keeps
+# its compiled variants and its recompile limit (8) per code object; sharing the parts above, the bf16
+# and fp8 passes pushed it past the limit (``tensor 'qkv' dtype mismatch``), dynamo fell back to running
+# them op by op, and the fp32 copies of the inputs quantised there ran an H100 out of memory.
+
+
+def fp8_before_attention(
+    hidden: torch.Tensor,
+    input_norm: torch.Tensor,
+    qkv: Fp8Weight,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    shape: LayerShape,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`before_attention` over a float8 projection, in a code object of its own so that dynamo
+    compiles it apart (see above)."""
+    return before_attention(hidden, input_norm, qkv, cos, sin, shape)
+
+
+def fp8_after_attention(
+    hidden: torch.Tensor,
+    attended: torch.Tensor,
+    output: Fp8Weight,
+    post_attention_norm: torch.Tensor,
+    gate_up: Fp8Weight,
+    down: Fp8Weight,
+    norm_eps: float,
+) -> torch.Tensor:
+    """:func:`after_attention` over float8 projections, in a code object of its own so that dynamo
+    compiles it apart (see above)."""
+    return after_attention(hidden, attended, output, post_attention_norm, gate_up, down, norm_eps)

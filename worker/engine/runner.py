@@ -33,10 +33,20 @@ import torch
 import torch.nn.functional as F
 import torch.nn.utils.parametrize as parametrize
 
+from chattts_farm.settings import SettingsError
 from worker.engine import device_waits
 from worker.engine.attention import decode_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
-from worker.engine.layers import after_attention, before_attention, fuse_layers, rms_norm
+from worker.engine.layers import (
+    LayerWeights,
+    after_attention,
+    before_attention,
+    fp8_after_attention,
+    fp8_before_attention,
+    fp8_layer,
+    fuse_layers,
+    rms_norm,
+)
 from worker.engine.sampler import NO_TOKEN, REPETITION_WINDOW, RowSampling, sample
 from worker.model.loading import LoadedModel
 
@@ -44,6 +54,14 @@ from worker.model.loading import LoadedModel
 KV_BUCKET = 256
 # Slots moved by one copy of each per-slot buffer when the engine packs its running slots.
 MOVES_PER_COPY = 64
+
+# With fp8 matmuls on, the passes of at least this many tokens (rows x length) multiply in float8; smaller
+# ones keep the GPT's dtype. Below it a pass is bound by reading the weights and by its launches, and
+# quantising its inputs costs more than the fp8 tensor cores save: on an H100 at full load (2,047 rows)
+# fp8 matmuls made the decode step 11% shorter, and one row's step 24% longer (docs/performance.md).
+FP8_MATMULS_FROM_TOKENS = 256
+# The compute capability of the first GPUs with fp8 tensor cores (Ada; Hopper is 9.0).
+FP8_MATMUL_CAPABILITY = (8, 9)
 
 STILL_RUNNING, ENDED_BY_EOS, ENDED_BY_LIMIT, INTERRUPTED = range(4)
 
@@ -64,6 +82,16 @@ def to_device(values: torch.Tensor | list, device: torch.device, dtype: torch.dt
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def check_fp8_matmuls(capability: tuple[int, int]) -> None:
+    """Refuse fp8 matmuls on a GPU of ``capability`` without fp8 tensor cores."""
+    if capability < FP8_MATMUL_CAPABILITY:
+        needed, found = (".".join(map(str, version)) for version in (FP8_MATMUL_CAPABILITY, capability))
+        raise SettingsError(
+            f"CHATTTS_FARM_MATMUL_DTYPE=fp8 needs a GPU with fp8 tensor cores (compute capability {needed} or "
+            f"later); this one's is {found}: set CHATTTS_FARM_MATMUL_DTYPE=model"
+        )
 
 
 def prompt_length_buckets(longest: int) -> list[int]:
@@ -112,9 +140,19 @@ class StateSnapshot:
         return self.done is None or self.done.query()
 
 
+class _LayerPass(NamedTuple):
+    """How a pass runs the layers: the parts of a layer before and after its attention, and every layer's
+    weights for them."""
+
+    before: Callable
+    after: Callable
+    weights: list[LayerWeights]
+
+
 class ModelRunner:
     """The GPT of one worker over ``slots`` preallocated slots of up to ``context`` positions each,
-    whose keys and values share a pool of ``kv_blocks`` blocks."""
+    whose keys and values share a pool of ``kv_blocks`` blocks. With ``matmul_dtype`` float8_e4m3fn the
+    passes of at least FP8_MATMULS_FROM_TOKENS tokens multiply in float8 (None: all in the model's dtype)."""
 
     def __init__(
         self,
@@ -126,6 +164,7 @@ class ModelRunner:
         max_admissions: int,
         kv_blocks: int,
         kv_dtype: torch.dtype | None = None,
+        matmul_dtype: torch.dtype | None = None,
         capture_graphs: bool = True,
         prefill_tokens: int | None = None,
     ) -> None:
@@ -136,18 +175,27 @@ class ModelRunner:
         # On CUDA with Triton each slot's attention reads its own filled columns (worker.engine.attention),
         # and the step's width stops mattering; elsewhere it attends over a masked common width.
         self.reads_own_columns = model.device.type == "cuda" and triton_available()
-        self.layer_weights, self.layer_shape = fuse_layers(self.llama)
+        fp8_matmuls = matmul_dtype == torch.float8_e4m3fn
+        if fp8_matmuls and model.device.type == "cuda":
+            check_fp8_matmuls(torch.cuda.get_device_capability(model.device))
+        layer_weights, self.layer_shape = fuse_layers(self.llama)
         # On the GPU each layer's two parts run compiled (a few kernels each, worker.engine.layers), as do a
         # decode step's input and every draw, in the captured steps and the prefill alike (their rows and
         # length symbolic); the CPU runs them op by op.
-        if self.use_graphs and self.reads_own_columns:
-            self._layer_parts = (torch.compile(before_attention), torch.compile(after_attention))
-            self._choose = compiled_exactly(draw)
-            self._step_input = compiled_exactly(step_input)
-        else:
-            self._layer_parts = (before_attention, after_attention)
-            self._choose = draw
-            self._step_input = step_input
+        compiled = self.use_graphs and self.reads_own_columns
+        maybe_compiled = torch.compile if compiled else lambda function: function
+        self._model_pass = _LayerPass(maybe_compiled(before_attention), maybe_compiled(after_attention), layer_weights)
+        self._fp8_pass = (
+            _LayerPass(
+                maybe_compiled(fp8_before_attention),
+                maybe_compiled(fp8_after_attention),
+                [fp8_layer(weights) for weights in layer_weights],
+            )
+            if fp8_matmuls
+            else None
+        )
+        self._choose = compiled_exactly(draw) if compiled else draw
+        self._step_input = compiled_exactly(step_input) if compiled else step_input
         config = self.llama.config
         self.slots = slots
         self.decode_row_buckets = row_buckets(slots, DECODE_ROW_STEP)
@@ -265,6 +313,24 @@ class ModelRunner:
         return BLOCK_POSITIONS * 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * kv_bytes
 
     @staticmethod
+    def fp8_weight_bytes(model: LoadedModel) -> int:
+        """The memory the float8 copies of every layer's matmul weights take with their scales (fp8
+        matmuls keep the model's own weights too, for the small passes)."""
+        config = model.chat.gpt.gpt.config
+        head_dim = config.hidden_size // config.num_attention_heads
+        attention_width = config.num_attention_heads * head_dim
+        qkv_width = attention_width + 2 * config.num_key_value_heads * head_dim
+        # (out, in) of the qkv, output, gate-and-up and down projections
+        shapes = [
+            (qkv_width, config.hidden_size),
+            (config.hidden_size, attention_width),
+            (2 * config.intermediate_size, config.hidden_size),
+            (config.hidden_size, config.intermediate_size),
+        ]
+        # A byte a weight, and a float32 scale an output channel.
+        return config.num_hidden_layers * sum(out * (width + 4) for out, width in shapes)
+
+    @staticmethod
     def bytes_per_slot(model: LoadedModel, *, max_new_tokens: int) -> int:
         """The memory one slot's own state takes, outside the KV cache (its hidden states dominate)."""
         return (max_new_tokens + 1) * model.chat.gpt.gpt.config.hidden_size * 4
@@ -361,7 +427,7 @@ class ModelRunner:
                 query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
             )
 
-        hidden = self._forward(self._prefill_input(rows, length), positions, attend, self._layer_parts)
+        hidden = self._forward(self._prefill_input(rows, length), positions, attend, self._layer_pass(rows * length))
         last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
         self._draw(index, last)
 
@@ -575,23 +641,25 @@ class ModelRunner:
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )
 
-        hidden = self._forward(inputs, column.unsqueeze(1), attend, self._layer_parts)
+        hidden = self._forward(inputs, column.unsqueeze(1), attend, self._layer_pass(rows))
         self._draw(slots, hidden[:, -1])
 
+    def _layer_pass(self, tokens: int) -> _LayerPass:
+        """How a pass of ``tokens`` tokens (rows x length) runs the layers: in float8 from
+        FP8_MATMULS_FROM_TOKENS when fp8 matmuls are on, else in the model's dtype."""
+        if self._fp8_pass is not None and tokens >= FP8_MATMULS_FROM_TOKENS:
+            return self._fp8_pass
+        return self._model_pass
+
     def _forward(
-        self,
-        inputs: torch.Tensor,
-        positions: torch.Tensor,
-        attend: _Attention,
-        parts: tuple[Callable, Callable],
+        self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention, layer_pass: _LayerPass
     ) -> torch.Tensor:
-        """The Llama layers on (rows, length, width) inputs at ``positions``; ``attend`` reads and fills
-        the cache; ``parts`` are the functions of a layer before and after its attention. The model's
-        final norm is the draw's (:func:`draw`)."""
-        before, after = parts
+        """The Llama layers on (rows, length, width) inputs at ``positions``, as ``layer_pass`` runs them;
+        ``attend`` reads and fills the cache. The model's final norm is the draw's (:func:`draw`)."""
+        before, after, layer_weights = layer_pass
         hidden = inputs
         cos, sin = self.rotary[:, positions]
-        for index, weights in enumerate(self.layer_weights):
+        for index, weights in enumerate(layer_weights):
             query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, self.layer_shape)
             attended = attend(index, query, key, value)
             hidden = after(

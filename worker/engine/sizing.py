@@ -51,6 +51,11 @@ def kv_dtype(settings: Settings) -> torch.dtype | None:
     return torch.float8_e4m3fn if settings.kv_dtype == "fp8" else None
 
 
+def matmul_dtype(settings: Settings) -> torch.dtype | None:
+    """The dtype of the GPT's matmuls in large passes when it is not the model's own."""
+    return torch.float8_e4m3fn if settings.matmul_dtype == "fp8" else None
+
+
 def engine_capacity(model: LoadedModel, settings: Settings) -> dict[str, int | None]:
     """How many segments the engine runs at once (``slots``) and how many blocks their KV cache
     shares (``kv_blocks``; None: every slot its longest segment, as the CPU has by default): the
@@ -65,6 +70,9 @@ def engine_capacity(model: LoadedModel, settings: Settings) -> dict[str, int | N
     else:
         free, _ = torch.cuda.mem_get_info(model.device)
         budget = free * GPU_MEMORY_SHARE - GPU_WORKSPACE_BYTES
+        if matmul_dtype(settings) is not None:
+            # The runner makes the float8 weights after this sizing, from the memory left.
+            budget -= ModelRunner.fp8_weight_bytes(model)
         per_slot = ModelRunner.bytes_per_slot(model, max_new_tokens=settings.max_new_tokens)
         slots = settings.slots or max(1, min(MAX_AUTO_SLOTS, int(budget // (per_slot + SLOT_SHARE_BLOCKS * per_block))))
         kv_blocks = int((cache_bytes or budget - slots * per_slot) // per_block)

@@ -35,7 +35,14 @@ from worker.asr.listener import MAX_BATCH, Heard, Listener
 from worker.audio import SAMPLE_RATE
 from worker.engine.engine import Engine
 from worker.engine.segment import Attempt, Segment, segment_seed
-from worker.engine.sizing import describe_memory, engine_capacity, kv_dtype, max_prompt_tokens, prefill_tokens
+from worker.engine.sizing import (
+    describe_memory,
+    engine_capacity,
+    kv_dtype,
+    matmul_dtype,
+    max_prompt_tokens,
+    prefill_tokens,
+)
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
 from worker.engine_process.streaming import Deliver, RequestStream, row_start_piece_frames
@@ -95,6 +102,7 @@ class Synthesizer:
             max_prompt_tokens=max_prompt_tokens(settings),
             max_new_tokens=settings.max_new_tokens,
             kv_dtype=kv_dtype(settings),
+            matmul_dtype=matmul_dtype(settings),
             prefill_tokens=prefill_tokens(settings),
         )
         self.decoder = Decoder(self.vocoder, model.device)

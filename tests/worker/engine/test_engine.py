@@ -539,20 +539,45 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     assert (engine.preemptions > 0) == (cache == "runs dry")
 
 
-def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):
-    expected = eager_reference(synthesizer.model, mixed_segments())
-    engine = new_engine(synthesizer.model, 8, kv_dtype=torch.float8_e4m3fn)
-    assert engine.runner.keys.element_size() == 1
-    outputs = run(engine, mixed_segments())
+def assert_close_up_to_the_first_different_token(outputs, expected, *, atol):
+    """Rounding to 8 bits moves the hidden states a little; once that flips a token the two continue
+    differently, as any change to sampling would make them: compared up to that token."""
     for output, reference in zip(outputs, expected, strict=True):
-        # Rounding the cache to 8 bits moves the hidden states a little; once that flips a token the
-        # two continue differently, as any change to sampling would make them.
         same = (output.codes[: reference.tokens] == reference.codes[: output.tokens]).all(dim=1)
         first_difference = int(same.long().argmin()) if not same.all() else len(same)
         assert first_difference >= 2
         torch.testing.assert_close(
-            output.hiddens[: first_difference + 1], reference.hiddens[: first_difference + 1], atol=2e-2, rtol=0
+            output.hiddens[: first_difference + 1], reference.hiddens[: first_difference + 1], atol=atol, rtol=0
         )
+
+
+def test_an_fp8_cache_takes_one_byte_a_value_and_speaks_close_to_the_model_dtype(synthesizer, mixed_segments):
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    engine = new_engine(synthesizer.model, 8, kv_dtype=torch.float8_e4m3fn)
+    assert engine.runner.keys.element_size() == 1
+    assert_close_up_to_the_first_different_token(run(engine, mixed_segments()), expected, atol=2e-2)
+
+
+def test_with_fp8_matmuls_a_lone_segment_whose_passes_are_all_small_draws_what_it_draws_without(
+    synthesizer, mixed_segments
+):
+    # The mix's longest prompt: its prefill is one row of at most 128 tokens, its decode steps one row.
+    expected = run(new_engine(synthesizer.model, 8), mixed_segments()[-1:])[0]
+    output = run(new_engine(synthesizer.model, 8, matmul_dtype=torch.float8_e4m3fn), mixed_segments()[-1:])[0]
+    assert (output.tokens, output.ended_by) == (expected.tokens, expected.ended_by)
+    assert torch.equal(output.codes, expected.codes) and torch.equal(output.hiddens, expected.hiddens)
+
+
+def test_with_every_pass_in_fp8_matmuls_the_hidden_states_stay_close_to_the_model_dtypes(
+    synthesizer, mixed_segments, monkeypatch
+):
+    monkeypatch.setattr(runner, "FP8_MATMULS_FROM_TOKENS", 1)
+    expected = eager_reference(synthesizer.model, mixed_segments())
+    outputs = run(new_engine(synthesizer.model, 8, matmul_dtype=torch.float8_e4m3fn), mixed_segments())
+    # Measured: within 0.016 of values up to 3.9 (one segment of six drew another token at its 17th step).
+    assert_close_up_to_the_first_different_token(outputs, expected, atol=0.03)
+    # The prefill ran in fp8 too: each segment's first hidden state, its prefill's, differs.
+    assert not any(torch.equal(out.hiddens[0], ref.hiddens[0]) for out, ref in zip(outputs, expected, strict=True))
 
 
 def test_prompts_embed_as_chattts_embeds_them_text_tokens_and_a_speaker_sample_s_codes(synthesizer, mixed_segments):

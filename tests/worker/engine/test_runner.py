@@ -1,14 +1,16 @@
 """The runner's pure parts (worker.engine.runner): a decode step's input and its draw, functions of the
-slots' state that the GPU runs compiled. The engine's tests (test_engine.py) hold what the steps add
-up to."""
+slots' state that the GPU runs compiled, and the checks it makes at start. The engine's tests
+(test_engine.py) hold what the steps add up to."""
 
 import pytest
 import torch
 
+from chattts_farm.settings import SettingsError
 from worker.engine.runner import (
     DECODE_ROW_STEP,
     PREFILL_ROW_STEP,
     bucket_for,
+    check_fp8_matmuls,
     compiled_exactly,
     draw,
     row_buckets,
@@ -135,3 +137,15 @@ def test_a_decode_step_computes_fewer_idle_rows_than_a_prefill_pass():
 
     assert bucket_for(row_buckets(2048, DECODE_ROW_STEP), 1300) == 1344
     assert bucket_for(row_buckets(2048, PREFILL_ROW_STEP), 1300) == 1536
+
+
+@pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6)])
+def test_fp8_matmuls_are_refused_on_a_gpu_without_fp8_tensor_cores_naming_the_setting(capability):
+    major, minor = capability
+    with pytest.raises(SettingsError, match=rf"CHATTTS_FARM_MATMUL_DTYPE=fp8 .* 8\.9 or later.* is {major}\.{minor}"):
+        check_fp8_matmuls(capability)
+
+
+def test_fp8_matmuls_run_on_ada_hopper_and_later_gpus():
+    for capability in [(8, 9), (9, 0), (10, 0)]:
+        check_fp8_matmuls(capability)
