@@ -11,6 +11,10 @@ blocked (random weights never end on their own), after one untimed pass to warm 
 - ``engine-eager``: the engine (all rows in its slots), its step run op by op;
 - ``engine-graph``: the same step replayed as CUDA graphs (CUDA only; captured in the warm-up pass).
 
+``--matmul-dtypes model,fp8`` runs the engine's ways once more with ``CHATTTS_FARM_MATMUL_DTYPE=fp8``
+(``engine-graph fp8-matmuls``): its steps of at least 256 rows multiply in float8, and the table at
+rows either side of that says where float8 starts to pay.
+
 ms/step is the decode steps' wall time over their number (the engine's first step, with the
 prompts' prefill, is not in it);
 audio-s/wall-s is the audio those steps make (rows x steps / 46.875 tokens a second) over that time.
@@ -72,7 +76,7 @@ import torch.nn.utils.parametrize as parametrize  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
-from chattts_farm.settings import Settings  # noqa: E402
+from chattts_farm.settings import Settings, SettingsError  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine import attention  # noqa: E402
 from worker.engine.attention import decode_attention, triton_available  # noqa: E402
@@ -87,6 +91,7 @@ from worker.engine.layers import (  # noqa: E402
 )
 from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
+from worker.engine.sizing import matmul_dtype  # noqa: E402
 from worker.model.loading import LoadedModel, load_model  # noqa: E402
 
 TEXT = "The farm reads this sentence aloud, again and again, to time one step of its GPT."
@@ -164,7 +169,9 @@ def eager_dynamic(model: LoadedModel, segments: list[Segment], steps: int) -> fl
     return time.perf_counter() - started
 
 
-def engine_for(model: LoadedModel, rows: int, steps: int, capture_graphs: bool) -> Engine:
+def engine_for(
+    model: LoadedModel, rows: int, steps: int, capture_graphs: bool, matmul_dtype: torch.dtype | None = None
+) -> Engine:
     return Engine(
         model,
         slots=rows,
@@ -172,6 +179,7 @@ def engine_for(model: LoadedModel, rows: int, steps: int, capture_graphs: bool) 
         max_prompt_tokens=128,
         max_new_tokens=steps + SYNC_EVERY,
         capture_graphs=capture_graphs,
+        matmul_dtype=matmul_dtype,
     )
 
 
@@ -193,6 +201,14 @@ def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
 def row_counts(text: str) -> list[int]:
     """A comma-separated list of row counts (the empty string: none)."""
     return [int(rows) for rows in text.split(",") if rows]
+
+
+def matmul_dtypes(text: str) -> list[tuple[str, torch.dtype | None]]:
+    """A comma-separated list of CHATTTS_FARM_MATMUL_DTYPE's values, each with the dtype it gives the engine."""
+    try:
+        return [(name, matmul_dtype(Settings.from_env(matmul_dtype=name))) for name in text.split(",")]
+    except SettingsError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
 
 
 def timed_step(engine: Engine) -> float:
@@ -554,6 +570,12 @@ def main() -> None:
     parser.add_argument(
         "--attention-rows", type=row_counts, default="1,64,512,1024", help="Row counts of the kernel's table (CUDA)."
     )
+    parser.add_argument(
+        "--matmul-dtypes",
+        type=matmul_dtypes,
+        default="model",
+        help="The engine's matmuls, comma-separated: model (the GPT's dtype), fp8 (CHATTTS_FARM_MATMUL_DTYPE=fp8).",
+    )
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
     parser.add_argument("--profile-rows", type=row_counts, default="", help="Row counts to profile a step at (CUDA).")
     parser.add_argument("--overlap-rows", type=row_counts, default="", help="Row counts of the overlap table (CUDA).")
@@ -583,11 +605,12 @@ def main() -> None:
     for rows in arguments.rows:
         # Long enough that no row ends within the timed steps.
         ways = {"eager-dynamic": lambda segments: eager_dynamic(model, segments, steps)}
-        for capture_graphs in graphs:
-            runs_on = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs)
-            ways["engine-graph" if capture_graphs else "engine-eager"] = lambda segments, e=runs_on: engine(
-                e, segments, steps
-            )
+        for (matmuls, dtype), capture_graphs in itertools.product(arguments.matmul_dtypes, graphs):
+            runs_on = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs, dtype)
+            way = "engine-graph" if capture_graphs else "engine-eager"
+            if matmuls == "fp8":
+                way += " fp8-matmuls"
+            ways[way] = lambda segments, e=runs_on: engine(e, segments, steps)
         for way, run in ways.items():
             run(segments_for(model, rows, steps + 2 * SYNC_EVERY))  # warm up: kernels, allocator, graphs
             seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))

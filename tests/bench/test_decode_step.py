@@ -1,5 +1,5 @@
-"""bench/decode_step.py in a tiny form on the CPU: the decode step's table, and the join table (issue 21's
-"the step-time spike when 64 prompts join")."""
+"""bench/decode_step.py in a tiny form on the CPU: the decode step's table (with fp8 matmuls too), and the
+join table (issue 21's "the step-time spike when 64 prompts join")."""
 
 import pytest
 
@@ -12,13 +12,18 @@ def test_prompts_that_join_running_rows_are_timed_at_the_step_that_runs_their_pr
     finished = run_bench(
         "decode_step",
         *("--model", "synthetic-tiny", "--device", "cpu", "--rows", "1", "--steps", "8"),
+        *("--matmul-dtypes", "model,fp8"),
         *("--join-rows", "2,4", "--joining", "3", "--join-rounds", "2"),
         data_dir=data_dir,
         timeout_s=300,
     )
     lines = finished.stdout.splitlines()
     steps = markdown_table(lines, "| way |")
-    assert [(row["way"], row["rows"]) for row in steps] == [("eager-dynamic", "1"), ("engine-eager", "1")]
+    assert [(row["way"], row["rows"]) for row in steps] == [
+        ("eager-dynamic", "1"),
+        ("engine-eager", "1"),
+        ("engine-eager fp8-matmuls", "1"),
+    ]
     assert all(float(row["ms/step"]) > 0 for row in steps)
     joins = markdown_table(lines, "| rows running |")
     assert [(row["rows running"], row["prompts joining"]) for row in joins] == [("2", "3"), ("4", "3")]
