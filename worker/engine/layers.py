@@ -124,7 +124,8 @@ def _rows_in_fp8(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight) -> torch.Tensor:
     """``x @ weight.T`` in ``x``'s dtype; with an :class:`Fp8Weight`, on fp8 tensor cores, ``x`` quantised
-    a row at a time."""
+    a row at a time. (On the CPU, where the tests run it, torch 2.14 takes row-wise scales; 2.11 took one
+    scale a tensor there.)"""
     if not isinstance(weight, Fp8Weight):
         return F.linear(x, weight)
     quantised, scale = in_fp8(x)
