@@ -11,7 +11,7 @@ its own arguments and Triton's own specialisation of them (which integers and po
 divisible by 16), on tensors that hold no memory. ``--launch`` overrides the cache dtype's settings of
 ``worker.engine.attention._LAUNCH``.
 
-Why count instructions: a multiprocessor of an H200 takes its share of the copy bandwidth, 4.8 TB/s over
+Why count instructions: a multiprocessor of an H200 takes its share of the memory's bandwidth, 4.8 TB/s over
 132 of them at 1.98 GHz, as ~18 bytes a clock, and issues at most 4 warp instructions (128 threads' worth)
 a clock. A loop that reads the cache at copy speed can afford ~7 instructions a thread per byte it
 reads, fewer once their latencies count; an fp8 cache has one byte a value, so an fp8 loop's
