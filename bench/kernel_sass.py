@@ -78,8 +78,9 @@ def innermost_loops(sass: str) -> list[Loop]:
     loops = []
     for at, (address, opcode, operands) in enumerate(code):
         target = re.search(r"0x([0-9a-f]+)", operands)
-        if opcode == "BRA" and target and int(target[1], 16) < address and int(target[1], 16) in index:
-            body = code[index[int(target[1], 16)] : at + 1]
+        start = int(target[1], 16) if target else None
+        if opcode == "BRA" and start is not None and start < address and start in index:
+            body = code[index[start] : at + 1]
             loops.append(Loop(body[0][0], address, collections.Counter(opcode for _, opcode, _ in body)))
     return [loop for loop in loops if not any(loop.holds(other) for other in loops)]
 
@@ -87,7 +88,8 @@ def innermost_loops(sass: str) -> list[Loop]:
 @dataclass(frozen=True)
 class Compiled:
     kv_dtype: str
-    launch: dict
+    settings: dict  # the cache dtype's entry of _LAUNCH, with --launch over it
+    launch: dict  # the keywords decode_attention launched the kernel with
     registers: int
     stack_bytes: int
     loops: list[Loop]
@@ -142,7 +144,8 @@ def compile_for(
 
     dtype = KV_DTYPES[kv_dtype]
     size = min(dtype.itemsize, 2)
-    with mock.patch.dict(attention._LAUNCH, {size: {**attention._LAUNCH[size], **launch}}), recorded_launch() as call:
+    settings = {**attention._LAUNCH[size], **launch}
+    with mock.patch.dict(attention._LAUNCH, {size: settings}), recorded_launch() as call:
         attention.decode_attention(*launch_arguments(dtype, rows, heads, dim, context))
     function, arguments, keywords = call["launch"]
     target = GPUTarget("cuda", arch, 32)
@@ -161,7 +164,8 @@ def compile_for(
     resources = dict(re.findall(r"(REG|STACK):(\d+)", usage.stdout))
     return Compiled(
         kv_dtype,
-        {**keywords, "DIM": dim},
+        settings,
+        keywords,
         int(resources["REG"]),
         int(resources["STACK"]),
         innermost_loops(sass.stdout),
@@ -173,7 +177,7 @@ def parse_launch(text: str) -> dict:
     launch = {}
     for assignment in filter(None, text.split(",")):
         name, _, value = assignment.partition("=")
-        launch[name] = {"True": True, "False": False}.get(value) if value in ("True", "False") else int(value)
+        launch[name] = value == "True" if value in ("True", "False") else int(value)
     return launch
 
 
@@ -208,8 +212,7 @@ def main(argv: list[str] | None = None) -> None:
                 Path(folder),
             )
             tile_loop = max(compiled.loops, key=lambda loop: loop.instructions)
-            settings = {**attention._LAUNCH[min(KV_DTYPES[kv_dtype].itemsize, 2)], **arguments.launch}
-            launch = ", ".join(f"{name}={value}" for name, value in settings.items() if name != "num_stages")
+            launch = ", ".join(f"{name}={value}" for name, value in compiled.settings.items() if name != "num_stages")
             common = tile_loop.opcodes.most_common(arguments.opcodes)
             opcodes = " ".join(f"{opcode} {count}" for opcode, count in common)
             print(
