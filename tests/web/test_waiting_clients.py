@@ -207,6 +207,8 @@ def test_a_call_past_the_keys_bound_is_refused_quickly_naming_the_limit(paused_f
 
 def test_a_client_that_hangs_up_frees_its_wait_slot_and_its_job_stays(paused_farm):
     call = paused_farm.open_speech_call("hangs-up")
+    # The call takes its wait slot before it submits its job: both are seen before it hangs up.
+    wait_until(lambda: len(paused_farm.jobs_of("hangs-up")) == 1, 10, "the call's job to be queued")
     wait_until(lambda: paused_farm.waits_of("hangs-up") == 1, 10, "the call to wait")
     [job] = paused_farm.jobs_of("hangs-up")
     call.close()
