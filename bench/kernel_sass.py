@@ -35,6 +35,7 @@ from unittest import mock
 
 import torch
 
+from bench.decode_step import launch_settings
 from worker.engine import attention
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 
@@ -145,7 +146,7 @@ def compile_for(
     dtype = KV_DTYPES[kv_dtype]
     size = min(dtype.itemsize, 2)
     settings = {**attention._LAUNCH[size], **launch}
-    with mock.patch.dict(attention._LAUNCH, {size: settings}), recorded_launch() as call:
+    with launch_settings(size, settings), recorded_launch() as call:
         attention.decode_attention(*launch_arguments(dtype, rows, heads, dim, context))
     function, arguments, keywords = call["launch"]
     target = GPUTarget("cuda", arch, 32)
