@@ -99,6 +99,8 @@ def main() -> None:
         print(f"| {phase} | {ms:.2f} |")
     rest = batch_ms - phases["spectrograms"] - encoder_used
     print(f"| the rest: {steps:.1f} decoding steps, the text | {rest:.2f} |")
+    if rest < 0:
+        print("\nThe rest is the batch less phases timed alone. Below zero, the machine is busy: raise --repeat.")
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with torch.no_grad(), profile(activities=activities) as recorded:
