@@ -326,7 +326,13 @@ def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torc
     heads = config.num_attention_heads
     kv_heads = model.chat.gpt.gpt.config.num_key_value_heads
     dim = config.hidden_size // heads
-    device = model.device
+    return attention_inputs_of(heads, kv_heads, dim, rows, context, kv_dtype, model.device, generator)
+
+
+def attention_inputs_of(
+    heads: int, kv_heads: int, dim: int, rows: int, context: int, kv_dtype: torch.dtype, device, generator
+) -> tuple:
+    """``decode_attention``'s arguments at the runner's layout, random (on the meta device: shapes alone)."""
     query = torch.randn(rows, heads, 1, dim, device=device, dtype=torch.bfloat16)
     new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=device, dtype=torch.bfloat16)
     width = blocks_for(context)

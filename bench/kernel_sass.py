@@ -35,9 +35,8 @@ from unittest import mock
 
 import torch
 
-from bench.decode_step import launch_settings
+from bench.decode_step import attention_inputs_of, launch_settings
 from worker.engine import attention
-from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 
 KV_DTYPES = {"bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 # One SASS instruction as cuobjdump prints it: "/*0c20*/  @!P0 LDG.E.64 R60, desc[UR32][R44.64] ;".
@@ -122,18 +121,6 @@ def recorded_launch() -> Iterator[dict]:
         yield call
 
 
-def launch_arguments(kv_dtype: torch.dtype, rows: int, heads: int, dim: int, context: int) -> tuple:
-    """``decode_attention``'s arguments at the runner's layout, on the meta device (no memory)."""
-    meta = torch.device("meta")
-    width = blocks_for(context)
-    query = torch.empty(rows, heads, 1, dim, dtype=torch.bfloat16, device=meta)
-    new_key = torch.empty(rows, heads, 1, dim, dtype=torch.bfloat16, device=meta)
-    pool = torch.empty(rows * width, heads, BLOCK_POSITIONS, dim, dtype=kv_dtype, device=meta)
-    table = torch.empty(rows, width, dtype=torch.long, device=meta)
-    columns = torch.empty(rows, dtype=torch.long, device=meta)
-    return query, new_key, new_key, pool, pool, table, columns, dim**-0.5
-
-
 def compile_for(
     kv_dtype: str, launch: dict, arch: int, rows: int, heads: int, dim: int, context: int, folder: Path
 ) -> Compiled:
@@ -146,8 +133,10 @@ def compile_for(
     dtype = KV_DTYPES[kv_dtype]
     size = min(dtype.itemsize, 2)
     settings = {**attention._LAUNCH[size], **launch}
+    # ChatTTS's GPT gives every head its own keys and values.
+    inputs = attention_inputs_of(heads, heads, dim, rows, context, dtype, torch.device("meta"), torch.Generator())
     with launch_settings(size, settings), recorded_launch() as call:
-        attention.decode_attention(*launch_arguments(dtype, rows, heads, dim, context))
+        attention.decode_attention(*inputs)
     function, arguments, keywords = call["launch"]
     target = GPUTarget("cuda", arch, 32)
     backend = CUDABackend(target)
