@@ -202,9 +202,10 @@ def decode_attention(
 
 
 # A prefill program's tile: queries (one program's), keys (an iteration's), warps and stages. Not swept: at
-# the standard workload's prompts (~165 tokens) a pass's attention is ~2% of its arithmetic (a token's
-# scores and weighted sum, 4 x 165 / 2 x 768 products a layer, against ~19M in its matmuls). A tile of 64
-# queries spans at most a few prompts, so little of its work goes to keys that its queries mask.
+# the standard workload's prompts (~165 tokens) a pass's attention is a few percent of its arithmetic (a
+# token's scores and weighted sum over the ~82 tokens before it, 2 x 82 x 768 multiply-adds a layer, up to
+# twice that with what its tile masks, against ~9.4M in the layer's matmuls). A tile of 64 queries spans a
+# few prompts at most, so little of its work goes to keys that its queries mask.
 _PREFILL_LAUNCH = {"QUERIES": 64, "KEYS": 64, "num_warps": 4, "num_stages": 2}
 # The queries the reference attends at once: its scores take heads x this x (this + longest) floats.
 REFERENCE_QUERIES = 256

@@ -108,7 +108,7 @@ def prefill_token_buckets(most: int) -> list[int]:
 # ones run their compiled parts without a graph. Such a pass keeps the GPU busy for 10 ms and more (a
 # burst's passes ran ~580k tokens a second on an H200, docs/performance.md), which hides the launches of
 # its few hundred kernels (an estimate: not measured), while graphs of every bucket up to a pass of 512
-# prompts would be 400, each captured at start.
+# prompts would be over 400, each captured at start.
 PREFILL_GRAPH_TOKENS = 8192
 
 

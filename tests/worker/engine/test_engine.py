@@ -16,7 +16,15 @@ from transformers.cache_utils import DynamicCache
 
 from worker.engine import runner
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
-from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling, tokenise_prompts
+from worker.engine.engine import (
+    SYNC_EVERY,
+    Engine,
+    embed_prompts,
+    encode_prompt,
+    encode_prompts,
+    row_sampling,
+    tokenise_prompts,
+)
 from worker.engine.sampler import sample
 from worker.engine.scheduler import PASSES_FOR_DUE
 from worker.engine.segment import Segment, SegmentOutput, SegmentStatus
@@ -240,7 +248,7 @@ def test_a_steps_prompts_go_to_prefill_passes_in_their_order_of_admission_as_man
     synthesizer, mixed_segments
 ):
     segments = mixed_segments()
-    lengths = [len(encode_prompts(synthesizer.model, [segment])[0][0]) for segment in segments]
+    lengths = [len(encode_prompt(synthesizer.model, segment)) for segment in segments]
     assert lengths != sorted(lengths)  # the six come in no order of length
     two_a_pass = Engine(synthesizer.model, slots=8, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
     assert two_a_pass._prefill_passes(segments) == [segments[0:2], segments[2:4], segments[4:6]]
@@ -271,7 +279,7 @@ def test_prompts_past_the_prefill_budget_run_in_passes_within_it_and_draw_what_t
     # three and three (a clip voice's long prompts go a few to a pass on a GPU, where 512 of them in one
     # pass would not fit in memory).
     engine = new_engine(synthesizer.model, 8, prefill_tokens=128)
-    lengths = {segment.owner: len(encode_prompts(synthesizer.model, [segment])[0][0]) for segment in segments}
+    lengths = {segment.owner: len(encode_prompt(synthesizer.model, segment)) for segment in segments}
     assert sum(lengths.values()) == 226
     passes = []
     prefill = engine.runner.prefill
@@ -396,20 +404,20 @@ def prefilled(model, segments, monkeypatch, shapes) -> Engine:
 def cache_and_first_draw(engine: Engine, segment: Segment) -> list[torch.Tensor]:
     """A prefilled segment's keys and values at its prompt's positions in every layer, its first hidden
     state and its first codes."""
-    runner_ = engine.runner
+    state = engine.runner
     positions = torch.arange(len(segment.prompt_ids))
-    blocks = runner_.block_table[segment.slot, positions // BLOCK_POSITIONS]
+    blocks = state.block_table[segment.slot, positions // BLOCK_POSITIONS]
     places = positions % BLOCK_POSITIONS
     return [
-        runner_.keys[:, blocks, :, places],
-        runner_.values[:, blocks, :, places],
-        runner_.hiddens[segment.slot, 0],
-        runner_.codes[segment.slot, 0],
+        state.keys[:, blocks, :, places],
+        state.values[:, blocks, :, places],
+        state.hiddens[segment.slot, 0],
+        state.codes[segment.slot, 0],
     ]
 
 
 @PASS_SHAPES
-def test_a_passs_prompts_of_different_lengths_give_each_the_cache_and_first_draw_it_gets_alone(
+def test_prompts_of_different_lengths_in_one_pass_each_get_the_cache_and_first_draw_they_get_alone(
     synthesizer, mixed_segments, monkeypatch, shapes
 ):
     segments = mixed_segments()
