@@ -47,7 +47,6 @@ import cProfile
 import gc
 import itertools
 import logging
-import math
 import pstats
 import sys
 import time
@@ -146,7 +145,7 @@ class PhaseTimer:
 
 def count_prompt_tokens(synthesizer: Synthesizer) -> collections.Counter:
     """Counts, as the engine cuts its prefill passes, their prompts, their tokens and the tokens they
-    take padded to their passes' (rows, length) buckets."""
+    take with each pass padded to its token bucket."""
     engine, runner = synthesizer.engine, synthesizer.engine.runner
     counts: collections.Counter[str] = collections.Counter()
     cut = engine._prefill_passes
@@ -157,7 +156,7 @@ def count_prompt_tokens(synthesizer: Synthesizer) -> collections.Counter:
             lengths = [len(encode_prompt(engine.model, segment)) for segment in prefill_pass]
             counts["prompts"] += len(lengths)
             counts["tokens"] += sum(lengths)
-            counts["padded"] += math.prod(runner.prefill_bucket(len(lengths), max(lengths)))
+            counts["padded"] += runner.prefill_bucket(sum(lengths))
         return passes
 
     engine._prefill_passes = counted

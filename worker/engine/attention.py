@@ -1,4 +1,5 @@
-"""Decode attention over a paged KV cache that reads each slot's own filled positions, and no more.
+"""Attention over a paged KV cache that reads what each slot holds, and no more: the decode step's, and
+the prefill's over its prompts packed into one sequence.
 
 A decode step's query is one position per slot; slots are at different depths, and each slot's
 positions live in the blocks of its block table (worker.engine.blocks), scattered over one pool.
@@ -28,13 +29,24 @@ so a step needs no kernel of its own for the cache write. Every bound is read on
 entry point is :func:`decode_attention`, so that another backend (FlashInfer's decode kernels, say)
 can take its place. Used on CUDA when Triton is present; elsewhere the runner attends with a mask
 (and Triton's interpreter runs these kernels on the CPU for the tests).
+
+A prefill pass runs the prompts admitted together as one sequence, one after another with no padding
+between them (varlen, as flash attention calls it): each token attends to its own prompt's tokens up to
+itself, and to nothing of the other prompts. :func:`prefill_attention` takes the pass's own keys and
+values (the runner writes them to the cache beside it) and, per token, where its prompt starts in the
+pass. On CUDA a Triton kernel runs it, a program per tile of queries and head over the keys from the
+tile's first prompt's start (a tile may span prompts: each query masks what is not its own), with
+the products on the tensor cores; elsewhere (and as the kernel's reference) masked
+``scaled_dot_product_attention`` over windows of the pass.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
+import torch.nn.functional as F
 
 # Positions a program reads per iteration (its tile: whole blocks of the cache), warps and pipeline
 # stages, and whether its products run on the tensor cores, by the cache's bytes a value. Chosen by
@@ -187,6 +199,104 @@ def decode_attention(
         num_warps=2 if splits <= 16 else 4,
     )
     return out
+
+
+# A prefill program's tile: queries (one program's), keys (an iteration's), warps and stages. Not swept: at
+# the standard workload's prompts (~165 tokens) a pass's attention is a few percent of its arithmetic (a
+# token's scores and weighted sum over the ~82 tokens before it, 2 x 82 x 768 multiply-adds a layer, up to
+# twice that with what its tile masks, against ~9.4M in the layer's matmuls). A tile of 64 queries spans a
+# few prompts at most, so little of its work goes to keys that its queries mask.
+_PREFILL_LAUNCH = {"QUERIES": 64, "KEYS": 64, "num_warps": 4, "num_stages": 2}
+# The queries the reference attends at once: its scores take heads x this x (this + longest) floats.
+REFERENCE_QUERIES = 256
+
+
+def prefill_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
+    longest: int,
+    *,
+    kernel: bool | None = None,
+) -> torch.Tensor:
+    """Attend each token of a pass's packed prompts over its own prompt's tokens up to and including itself.
+
+    ``query`` is (heads, tokens, dim); ``key`` and ``value`` (kv heads, tokens, dim), in the query's dtype,
+    with unit stride along dim; heads share kv heads in groups; ``starts`` (tokens,) where each token's
+    prompt starts in the pass (the prompts lie one after another, so ``starts`` never decreases; a token
+    that is its own start attends to itself alone, as the runner's padding does); ``longest``, the most
+    tokens a prompt of the pass has: the reference reads each query's keys that far back, no further;
+    ``kernel``, whether Triton's kernel runs it (by default where the query is on CUDA and Triton is
+    present), or the reference.
+    Returns (heads, tokens, dim) in the query's dtype, laid out as (tokens, heads, dim): the layer's output
+    projection reads each token's heads together.
+    """
+    heads, tokens, dim = query.shape
+    out = query.new_empty(tokens, heads, dim).transpose(0, 1)
+    if kernel is None:
+        kernel = query.device.type == "cuda" and triton_available()
+    if not kernel:
+        _masked_windows(query, key, value, starts, scale, longest, out)
+        return out
+    launch = _PREFILL_LAUNCH
+    _prefill_kernel()[(-(-tokens // launch["QUERIES"]), heads)](
+        query,
+        key,
+        value,
+        starts,
+        out,
+        # The kernel's exponentials are powers of two, faster than e's on the GPU.
+        scale * math.log2(math.e),
+        tokens,
+        query.stride(0),
+        query.stride(1),
+        key.stride(0),
+        key.stride(1),
+        value.stride(0),
+        value.stride(1),
+        out.stride(0),
+        out.stride(1),
+        GROUP=heads // key.shape[0],
+        DIM=dim,
+        # float32's products in full precision (tf32 would miss the model's own by ~1e-3); the others'
+        # operands are exact on the tensor cores as they are.
+        PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        **launch,
+    )
+    return out
+
+
+def _masked_windows(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    starts: torch.Tensor,
+    scale: float,
+    longest: int,
+    out: torch.Tensor,
+) -> None:
+    """:func:`prefill_attention` by ``scaled_dot_product_attention``, written to ``out``: REFERENCE_QUERIES
+    queries at a time over the keys as far back as their prompts may start, with a mask of each query's
+    own prompt up to itself. A mask over the whole pass would take tokens x tokens of memory (tens of GiB
+    at a CPU worker's budget); these windows take no more than their queries' prompts need, and their
+    bounds are known before the pass runs, so that a CUDA graph can hold them."""
+    heads, tokens, _ = query.shape
+    index = torch.arange(tokens, device=query.device)
+    for first in range(0, tokens, REFERENCE_QUERIES):
+        stop = min(first + REFERENCE_QUERIES, tokens)
+        window = max(0, first - longest + 1)
+        columns = index[window:stop]
+        visible = (columns >= starts[first:stop, None]) & (columns <= index[first:stop, None])
+        out[:, first:stop] = F.scaled_dot_product_attention(
+            query[None, :, first:stop],
+            key[None, :, window:stop],
+            value[None, :, window:stop],
+            attn_mask=visible,
+            scale=scale,
+            enable_gqa=heads != key.shape[0],
+        )[0]
 
 
 def _operand_type(cache_dtype: torch.dtype):
@@ -358,3 +468,74 @@ def _kernels():
         tl.store(out + row * out_row + head * out_head + dims, merged.to(out.dtype.element_ty))
 
     return attend_split, merge_splits
+
+
+@functools.cache
+def _prefill_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def attend_packed(
+        query,
+        key,
+        value,
+        starts,
+        out,
+        scale_log2,
+        tokens,
+        query_head,
+        query_token,
+        key_head,
+        key_token,
+        value_head,
+        value_token,
+        out_head,
+        out_token,
+        GROUP: tl.constexpr,
+        DIM: tl.constexpr,
+        PRECISION: tl.constexpr,
+        QUERIES: tl.constexpr,
+        KEYS: tl.constexpr,
+    ):
+        first_query = tl.program_id(0) * QUERIES
+        head = tl.program_id(1)
+        kv_head = head // GROUP
+        rows = first_query + tl.arange(0, QUERIES)
+        inside = rows < tokens
+        dims = tl.arange(0, DIM)
+        q = tl.load(
+            query + head * query_head + rows[:, None] * query_token + dims[None, :], mask=inside[:, None], other=0.0
+        )
+        # A query past the pass starts past it too: it sees none of the pass's keys (and is never stored).
+        row_starts = tl.load(starts + rows, mask=inside, other=tokens)
+        key_base = key + kv_head * key_head
+        value_base = value + kv_head * value_head
+        # Finite, so that a query none of whose keys a tile holds yet rescales by exp2(0), not by NaN.
+        best = tl.full((QUERIES,), -1.0e30, tl.float32)
+        total = tl.zeros((QUERIES,), tl.float32)
+        acc = tl.zeros((QUERIES, DIM), tl.float32)
+        # From the tile's first query's prompt's start (the earliest any of its queries reads: the starts
+        # never decrease) to its last query.
+        for first_key in range(tl.load(starts + first_query), tl.minimum(first_query + QUERIES, tokens), KEYS):
+            columns = first_key + tl.arange(0, KEYS)
+            held = (columns < tokens)[:, None]
+            k = tl.load(key_base + columns[:, None] * key_token + dims[None, :], mask=held, other=0.0)
+            v = tl.load(value_base + columns[:, None] * value_token + dims[None, :], mask=held, other=0.0)
+            scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+            visible = (columns[None, :] >= row_starts[:, None]) & (columns[None, :] <= rows[:, None])
+            scores = tl.where(visible, scores, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=1))
+            rescale = tl.exp2(best - new_best)
+            weights = tl.exp2(scores - new_best[:, None])
+            total = total * rescale + tl.sum(weights, axis=1)
+            acc = acc * rescale[:, None] + tl.dot(weights.to(v.dtype), v, input_precision=PRECISION)
+            best = new_best
+        # Every query inside the pass sees itself at least: its total is never 0.
+        tl.store(
+            out + head * out_head + rows[:, None] * out_token + dims[None, :],
+            (acc / total[:, None]).to(out.dtype.element_ty),
+            mask=inside[:, None],
+        )
+
+    return attend_packed

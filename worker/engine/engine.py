@@ -14,8 +14,6 @@ blocks for the next.
 
 from __future__ import annotations
 
-import functools
-import math
 import time
 from collections.abc import Callable, Iterable
 
@@ -40,10 +38,6 @@ from worker.model.loading import LoadedModel
 # Decode steps between two looks of the host at the slots: often enough that a new segment starts
 # and a cancelled one stops within a few milliseconds on a GPU, rare enough to keep its queue full.
 SYNC_EVERY = 8
-# What one more prefill pass costs beside its tokens, counted in tokens: its host's preparation and its
-# launches, ~5 ms, about what 4,096 tokens of a full pass take on an H200 (176 ms for 131,072 padded
-# tokens, bench.engine_phases, fp8, 2026-12-04). An estimate: the cost of a pass alone was not measured.
-PREFILL_PASS_COST_TOKENS = 4096
 
 
 class PromptTooLong(InvalidRequest):
@@ -202,46 +196,27 @@ class Engine:
         return left
 
     def _prefill_passes(self, admitted: list[Segment]) -> list[list[Segment]]:
-        """The admitted segments in the prefill passes that run the fewest tokens, padded, each pass charged
-        PREFILL_PASS_COST_TOKENS more: shortest prompt first, each pass a run of prompts of like length, at
-        most ``max_admissions`` of them, within the runner's prefill budget.
+        """The admitted segments in prefill passes, in their order of admission, each pass as many as fit
+        (:meth:`ModelRunner.prefill_fits`: ``max_admissions`` prompts, the runner's budget of tokens).
 
-        A pass runs its bucket of (rows, length), every prompt padded to the longest's length bucket. The
-        standard workload's 1,536 prompts (252k tokens), admitted 512 a step, ran 393k padded in one pass a
-        step; cut here (a row bucket's worth at a time, so no new pass shape), the same steps run 319k
-        in 9 passes (counted on the CPU with synthetic-tiny's tokenizer). Every one of a step's passes runs
-        before its decode steps, so their number and order delay none of them beyond the passes' own time.
+        A pass runs its prompts one after another, padded only at its end (to a multiple of 512 tokens
+        past 512: worker.engine.runner.prefill_token_buckets), so prompts of any lengths share a pass at
+        no cost, and the fewest passes run the fewest tokens. Cut by length into passes of like prompts,
+        each padded to (rows, its longest prompt), the standard workload's 1,536 prompts (252k tokens),
+        admitted 512 a step, ran 319k tokens in 9 passes; packed, they run 253k in 3 (counted on the CPU
+        with synthetic-tiny's tokenizer).
         """
-        ordered = sorted(admitted, key=lambda segment: len(encode_prompt(self.model, segment)))
-        lengths = [len(encode_prompt(self.model, segment)) for segment in ordered]
-        runner = self.runner
-
-        @functools.cache
-        def pass_cost(rows: int, longest: int) -> float:
-            """A pass's padded tokens and its own cost; infinite past the budget (but for a prompt alone)."""
-            if rows > 1 and not runner.prefill_fits(rows, longest):
-                return math.inf
-            return math.prod(runner.prefill_bucket(rows, longest)) + PREFILL_PASS_COST_TOKENS
-
-        # fewest[stop]: the least cost of the first ``stop`` prompts, in passes; first_of[stop]: where the
-        # last of those passes starts.
-        fewest = [0] + [math.inf] * len(ordered)
-        first_of = [0] * (len(ordered) + 1)
-        for stop in range(1, len(ordered) + 1):
-            for rows in runner.prefill_row_buckets:
-                first = max(0, stop - rows)
-                cost = pass_cost(stop - first, lengths[stop - 1])
-                if cost == math.inf:
-                    break  # more rows take more tokens still
-                if fewest[first] + cost < fewest[stop]:
-                    fewest[stop], first_of[stop] = fewest[first] + cost, first
-                if first == 0:
-                    break
-        passes, stop = [], len(ordered)
-        while stop:
-            passes.append(ordered[first_of[stop] : stop])
-            stop = first_of[stop]
-        return passes[::-1]
+        passes: list[list[Segment]] = []
+        tokens = 0
+        for segment in admitted:
+            length = len(encode_prompt(self.model, segment))
+            if passes and self.runner.prefill_fits(len(passes[-1]) + 1, tokens + length):
+                passes[-1].append(segment)
+                tokens += length
+            else:
+                passes.append([segment])
+                tokens = length
+        return passes
 
     def _take_snapshot(self) -> list[Segment]:
         """Read the last snapshot (waiting for its steps) and retire the segments it shows finished."""
@@ -298,24 +273,12 @@ class Engine:
         admitted = kept
         if not admitted:
             return rejected
-        # The host's lengths: read back from the device, they would wait for the steps queued there.
-        lengths = to_device(host_lengths, device, torch.long)
-        # The mask stays on the host: the pass takes its lengths, which the host has.
-        input_ids, _, text_mask = _padded_prompts(self.model, admitted)
-        input_ids, text_mask = to_device(input_ids, device), to_device(text_mask, device)
-
-        embeddings = _with_speakers(self.model, admitted, input_ids, _embed(self.model, input_ids, text_mask))
-        # The tokenizer pads on the left; each slot's prompt starts at its column 0.
-        width = embeddings.shape[1]
-        shifted = (torch.arange(width, device=device) + (width - lengths).unsqueeze(1)).clamp(max=width - 1)
-        embeddings = embeddings.gather(1, shifted.unsqueeze(-1).expand_as(embeddings))
-        embeddings = embeddings[:, : max(host_lengths)]
-
+        embeddings = _packed_embeddings(self.model, admitted)
         slots = [segment.slot for segment in admitted]
         self.runner.prefill(
             slots,
             embeddings,
-            lengths,
+            host_lengths,
             row_sampling(admitted, device),
             min_tokens=to_device([segment.pinned_tokens or 0 for segment in admitted], device),
             end_at=to_device([segment.end_at for segment in admitted], device),
@@ -351,7 +314,25 @@ class Engine:
 def embed_prompts(model: LoadedModel, segments: list[Segment]) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded prompt embeddings (rows, length, width), each with its speaker, and their mask."""
     input_ids, attention_mask, text_mask = encode_prompts(model, segments)
-    return _with_speakers(model, segments, input_ids, _embed(model, input_ids, text_mask)), attention_mask
+    rows = torch.arange(len(segments), device=model.device).unsqueeze(1)
+    return _with_speakers(model, segments, input_ids, _embed(model, input_ids, text_mask), rows), attention_mask
+
+
+def _packed_embeddings(model: LoadedModel, segments: list[Segment]) -> torch.Tensor:
+    """The segments' prompts embedded one after another, (tokens, width), each with its speaker: the
+    embeddings :func:`embed_prompts` gives, without the padding."""
+    encoded = [encode_prompt(model, segment) for segment in segments]
+    lengths = torch.tensor([len(ids) for ids in encoded])
+    # Text everywhere but on a speaker sample's codes, which end its prompt.
+    text_mask = torch.cat(
+        [
+            torch.arange(len(ids)) < len(ids) - segment.sample_steps
+            for segment, ids in zip(segments, encoded, strict=True)
+        ]
+    )
+    rows = torch.repeat_interleave(torch.arange(len(segments)), lengths)
+    input_ids, text_mask, rows = (to_device(host, model.device) for host in (torch.cat(encoded), text_mask, rows))
+    return _with_speakers(model, segments, input_ids, _embed(model, input_ids, text_mask), rows)
 
 
 def _embed(model: LoadedModel, input_ids: torch.Tensor, text_mask: torch.Tensor) -> torch.Tensor:
@@ -362,7 +343,7 @@ def _embed(model: LoadedModel, input_ids: torch.Tensor, text_mask: torch.Tensor)
     embed = model.chat.embed
     text = embed.emb_text(input_ids[..., 0].masked_fill(~text_mask, 0))
     codes = input_ids.masked_fill(text_mask.unsqueeze(-1), 0)
-    summed = torch.stack([embed.emb_code[q](codes[..., q]) for q in range(embed.num_vq)], 2).sum(2)
+    summed = torch.stack([embed.emb_code[q](codes[..., q]) for q in range(embed.num_vq)], -2).sum(-2)
     return torch.where(text_mask.unsqueeze(-1), text, summed.to(text.dtype))
 
 
@@ -412,10 +393,11 @@ def tokenise_prompts(model: LoadedModel, segments: list[Segment]) -> None:
 
 
 def _with_speakers(
-    model: LoadedModel, segments: list[Segment], input_ids: torch.Tensor, embeddings: torch.Tensor
+    model: LoadedModel, segments: list[Segment], input_ids: torch.Tensor, embeddings: torch.Tensor, rows: torch.Tensor
 ) -> torch.Tensor:
     """The embeddings with each segment's speaker in its prompt's speaker slot (a prompt with a speaker
-    sample has none: its row of ``speakers`` is never used)."""
+    sample has none: its row of ``speakers`` is never used); ``rows``, the segment (its index in
+    ``segments``) of each of ``input_ids``' positions, or of each row of them."""
     # As ChatTTS's Speaker.apply: an embedding string decodes to float16, normalised as such on the CPU.
     none = torch.zeros(embeddings.shape[-1], dtype=torch.half)
     speakers = torch.stack(
@@ -423,7 +405,7 @@ def _with_speakers(
     )
     speakers = to_device(speakers, model.device)
     is_speaker_slot = input_ids[..., 0].eq(model.chat.tokenizer.spk_emb_ids).unsqueeze(-1)
-    return torch.where(is_speaker_slot, speakers.unsqueeze(1).to(embeddings.dtype), embeddings)
+    return torch.where(is_speaker_slot, speakers[rows].to(embeddings.dtype), embeddings)
 
 
 def row_sampling(segments: list[Segment], device: torch.device) -> RowSampling:

@@ -5,16 +5,16 @@ BLOCK_POSITIONS positions, per layer), each slot's block table (which blocks hol
 order: worker.engine.blocks decides, :meth:`set_blocks` writes it here), and per slot its prompt
 length, step, last tokens, recent tokens (for the repetition penalty), sampling settings, hidden
 states and codes. A segment takes a slot with ``prefill`` (the prompts admitted together run as one
-pass, padded to a bucket of rows and length, and draw step 0); then every ``decode_step`` draws the
-next step of the first ``rows`` slots, each at its own position. Slots that finished (or hold
-nothing) stay in the step, frozen: their step stops advancing and their output is cut at their end
-(on CUDA their attention reads nothing; elsewhere a slot that holds nothing writes to the scratch
-block, where its table points). So the decode step's shapes depend only on (rows, attended
-columns), and on CUDA it is captured as one CUDA graph per such bucket, kept for the life of the
-worker and replayed, each layer's parts around its attention compiled into a few kernels
-(worker.engine.layers), and so are the step's input and its draw (:func:`step_input`, :func:`draw`:
-pure functions, the runner writing what they return). Nothing in a step reads back to the host; the
-engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
+pass, one after another with no padding between them, padded at its end to a bucket of tokens, and draw
+step 0); then every ``decode_step`` draws the next step of the first ``rows`` slots, each at its own
+position. Slots that finished (or hold nothing) stay in the step, frozen: their step stops advancing
+and their output is cut at their end (on CUDA their attention reads nothing; elsewhere a slot that
+holds nothing writes to the scratch block, where its table points). So the decode step's shapes depend
+only on (rows, attended columns), and on CUDA it is captured as one CUDA graph per such bucket, kept
+for the life of the worker and replayed, each layer's parts around its attention compiled into a few
+kernels (worker.engine.layers), and so are the step's input and its draw (:func:`step_input`,
+:func:`draw`: pure functions, the runner writing what they return). Nothing in a step reads back to the
+host; the engine reads the small ``finished`` / ``lengths`` / ``ended_by`` state every few steps.
 
 The attention is our own (over the model's weights, norms, MLPs and rotary module), rather than
 transformers' StaticCache: its constructor changed across transformers 5.x, and it attends over the
@@ -35,7 +35,7 @@ import torch.nn.utils.parametrize as parametrize
 
 from chattts_farm.settings import SettingsError
 from worker.engine import device_waits
-from worker.engine.attention import decode_attention, triton_available
+from worker.engine.attention import decode_attention, prefill_attention, triton_available
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
 from worker.engine.layers import (
     LayerWeights,
@@ -55,10 +55,11 @@ KV_BUCKET = 256
 # Slots moved by one copy of each per-slot buffer when the engine packs its running slots.
 MOVES_PER_COPY = 64
 
-# With fp8 matmuls on, the passes of at least this many tokens (rows x length) multiply in float8; smaller
-# ones keep the GPT's dtype. Below it a pass is bound by reading the weights and by its launches, and
-# quantising its inputs costs more than the fp8 tensor cores save: on an H100 at full load (2,047 rows)
-# fp8 matmuls made the decode step 11% shorter, and one row's step 24% longer (docs/performance.md).
+# With fp8 matmuls on, the passes of at least this many tokens (a decode step's rows, a prefill's tokens
+# with its padding) multiply in float8; smaller ones keep the GPT's dtype. Below it a pass is bound by
+# reading the weights and by its launches, and quantising its inputs costs more than the fp8 tensor cores
+# save: on an H100 at full load (2,047 rows) fp8 matmuls made the decode step 11% shorter, and one row's
+# step 24% longer (docs/performance.md).
 FP8_MATMULS_FROM_TOKENS = 256
 # The compute capability of the first GPUs with fp8 tensor cores (Ada; Hopper is 9.0).
 FP8_MATMUL_CAPABILITY = (8, 9)
@@ -94,10 +95,21 @@ def check_fp8_matmuls(capability: tuple[int, int]) -> None:
         )
 
 
-def prompt_length_buckets(longest: int) -> list[int]:
-    """The prompt lengths a prefill pass is padded to: steps of 32 up to 128, then of 64, then ``longest``."""
-    buckets = [length for length in (*range(32, 129, 32), *range(192, longest, 64)) if length < longest]
-    return [*buckets, longest]
+def prefill_token_buckets(most: int) -> list[int]:
+    """The token counts a prefill pass is padded to: steps of 64 up to 512, then of 512, then ``most``. A pass
+    of a few hundred tokens is bound by its launches and its reads of the weights, not by its tokens; past
+    that a pass computes fewer than 512 tokens that take no part (at the standard workload's passes of
+    ~84,000 tokens, under 0.6%)."""
+    buckets = [tokens for tokens in (*range(64, 512, 64), *range(512, most, 512)) if tokens < most]
+    return [*buckets, most]
+
+
+# Prefill passes of up to this many tokens are captured as CUDA graphs, a bucket each (23 of them); longer
+# ones run their compiled parts without a graph. Such a pass keeps the GPU busy for 10 ms and more (a
+# burst's passes ran ~580k tokens a second on an H200, docs/performance.md), which hides the launches of
+# its few hundred kernels (an estimate: not measured), while graphs of every bucket up to a pass of 512
+# prompts would be over 400, each captured at start.
+PREFILL_GRAPH_TOKENS = 8192
 
 
 def bucket_for(buckets: list[int], size: int) -> int:
@@ -109,13 +121,10 @@ def bucket_for(buckets: list[int], size: int) -> int:
 # computes at most 63 rows that take no part. With steps of 256 (up to 255 such rows, in every layer's
 # matmuls and the draw) the standard workload ran 0.8% slower on an H100 (docs/performance.md).
 DECODE_ROW_STEP = 64
-# The prefill's row counts go up in coarser steps: each is captured for every prompt length bucket, and
-# the engine cuts its admissions into passes of these sizes anyway (Engine._prefill_passes).
-PREFILL_ROW_STEP = 256
 
 
 def row_buckets(most: int, step: int) -> list[int]:
-    """The row counts a pass is run (and on CUDA captured) for: powers of two up to ``step``, then
+    """The row counts a decode step is run (and on CUDA captured) for: powers of two up to ``step``, then
     multiples of ``step`` (with steps of 256, a step of 1,300 rows computes 1,536, not 2,048), then
     ``most``."""
     buckets, rows = [], 1
@@ -199,7 +208,8 @@ class ModelRunner:
         config = self.llama.config
         self.slots = slots
         self.decode_row_buckets = row_buckets(slots, DECODE_ROW_STEP)
-        # One slot more than the engine's: the prefill's padding rows write there (see prefill).
+        # One slot more than the engine's: the prefill's padding (its tokens, its rows' draws) writes there
+        # (see prefill).
         self.scratch_slot = slots
         self.max_admissions = max_admissions
         self.max_prompt_tokens = max_prompt_tokens
@@ -271,26 +281,21 @@ class ModelRunner:
             seed=per_slot(0, torch.long),
         )
 
-        # The prefill's inputs, padded to a bucket of (rows, length): the same buffers for every pass, so
-        # that each bucket's pass is one CUDA graph. Padding rows go to the scratch slot.
-        self.prefill_row_buckets = row_buckets(self.max_admissions, PREFILL_ROW_STEP)
-        self.prefill_length_buckets = prompt_length_buckets(min(max_prompt_tokens, self.context))
-        # The most padded prompt tokens one pass takes (its activations' memory): by default every row
-        # its longest prompt; a smaller budget runs long prompts (a clip voice's) a few rows a pass.
-        longest = self.prefill_length_buckets[-1]
-        self.prefill_tokens = max(prefill_tokens or self.max_admissions * longest, longest)
+        # The prefill's inputs: its prompts' embeddings one after another, and per row (prompt) its slot and
+        # its length, the same buffers for every pass, so that each token bucket's pass is one CUDA graph.
+        # The most tokens one pass takes (its activations' memory): by default every row the longest
+        # prompt; a smaller budget runs long prompts (a clip voice's) a few to a pass.
+        self.prefill_tokens = max(prefill_tokens or self.max_admissions * max_prompt_tokens, max_prompt_tokens)
+        self.prefill_token_buckets = prefill_token_buckets(self.prefill_tokens)
         self.prefill_embeddings = torch.zeros(
             (self.prefill_tokens, config.hidden_size), dtype=self.llama.dtype, device=device
         )
-        # The prompt length of a full pass within the budget. Passes of longer prompts run op by op, never
-        # captured: few and long (a clip voice's), and graphs of all their shapes, each holding its peak
-        # in the graphs' pool, ran an H200 out of memory at start.
-        self.full_pass_length = self.prefill_tokens / self.max_admissions
+        self.prefill_token_index = torch.arange(self.prefill_tokens, device=device)
         self.prefill_slots = torch.full((self.max_admissions,), self.scratch_slot, dtype=torch.long, device=device)
-        self.prefill_lengths = torch.ones(self.max_admissions, dtype=torch.long, device=device)
+        self.prefill_lengths = torch.zeros(self.max_admissions, dtype=torch.long, device=device)
 
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self.prefill_graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.prefill_graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
         # All graphs share one memory pool: they keep no outputs of their own (every result goes to
         # the buffers above) and never run side by side, so each uses the pool as scratch.
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
@@ -369,17 +374,19 @@ class ModelRunner:
         self,
         slots: list[int],
         embeddings: torch.Tensor,
-        prompt_lengths: torch.Tensor,
+        prompt_lengths: list[int],
         sampling: RowSampling,
         min_tokens: torch.Tensor,
         end_at: torch.Tensor,
     ) -> None:
-        """Start segments in ``slots``: run their right-padded prompts (rows, length, width), draw step 0."""
+        """Start segments in ``slots``: run their prompts, one after another in the order of ``slots``
+        (``embeddings`` (tokens, width), ``prompt_lengths`` tokens each), as one pass, and draw step 0."""
         self._after_output_copies()
         index = to_device(slots, self.device, torch.long)
+        lengths = to_device(prompt_lengths, self.device, torch.long)
         for name in sampling.__dataclass_fields__:
             getattr(self.sampling, name)[index] = getattr(sampling, name).to(getattr(self.sampling, name).dtype)
-        self.prompt_length[index] = prompt_lengths
+        self.prompt_length[index] = lengths
         self.min_tokens[index] = min_tokens
         self.end_at[index] = end_at
         # index_fill_, not [index] = number: on CUDA that assignment waits for the device (torch's sync
@@ -393,62 +400,68 @@ class ModelRunner:
         ):
             state.index_fill_(0, index, value)
 
-        rows, length, _ = embeddings.shape
-        bucket_rows, bucket_length = self.prefill_bucket(rows, length)
-        padded = self._prefill_input(bucket_rows, bucket_length)
-        padded.zero_()
-        padded[:rows, :length] = embeddings
-        self.prefill_slots[:bucket_rows] = self.scratch_slot
-        self.prefill_slots[:rows] = index
-        self.prefill_lengths[:bucket_rows] = 1
-        self.prefill_lengths[:rows] = prompt_lengths
-        if bucket_length <= self.full_pass_length:
-            self._run((bucket_rows, bucket_length), self.prefill_graphs, self._prefill_pass)
+        tokens = embeddings.shape[0]
+        bucket = self.prefill_bucket(tokens)
+        # The tokens past the prompts keep what earlier passes left there: each attends to itself alone, its
+        # keys and values go to the scratch block, and no draw reads it.
+        self.prefill_embeddings[:tokens] = embeddings
+        graphed = self.use_graphs and bucket <= PREFILL_GRAPH_TOKENS
+        # A graph serves every pass of its bucket: as many rows as a pass of its tokens may hold, prompts as
+        # long as any may be. A pass run without one takes its own.
+        if graphed:
+            shape = (bucket, min(self.max_admissions, bucket), self.max_prompt_tokens)
         else:
-            self._prefill_pass(bucket_rows, bucket_length)
+            shape = (bucket, len(slots), max(prompt_lengths))
+        rows = shape[1]
+        self.prefill_slots[:rows] = self.scratch_slot
+        self.prefill_slots[: len(slots)] = index
+        self.prefill_lengths[:rows] = 0
+        self.prefill_lengths[: len(slots)] = lengths
+        if graphed:
+            self._run(shape, self.prefill_graphs, self._prefill_pass)
+        else:
+            self._prefill_pass(*shape)
 
-    def _prefill_pass(self, rows: int, length: int) -> None:
-        """The prompts in the prefill buffers' first ``rows`` and ``length``: the cache filled, step 0 drawn."""
-        index = self.prefill_slots[:rows]
-        positions = self.columns[:length].expand(rows, length)
-        # Where each position's key and value go: its block and its place in the block; the padding
-        # after a prompt goes to the scratch block.
-        in_prompt = positions < self.prefill_lengths[:rows, None]
-        blocks = torch.where(
-            in_prompt, self.block_table[index].gather(1, positions // BLOCK_POSITIONS), self.scratch_block
-        )
+    def _prefill_pass(self, tokens: int, rows: int, longest: int) -> None:
+        """The prompts of the prefill buffers' first ``rows`` rows (none of more than ``longest`` tokens),
+        one after another in their first ``tokens`` tokens: the cache filled, step 0 drawn. A row of length
+        0 holds no prompt, and draws for the scratch slot."""
+        lengths = self.prefill_lengths[:rows]
+        ends = lengths.cumsum(0)
+        token = self.prefill_token_index[:tokens]
+        # Each token's row, where its prompt starts in the pass and its position in that prompt, worked out
+        # on the device, so that a graph holds the work for any prompts of its bucket. A token past the last
+        # prompt is padding: a prompt of its own, at position 0 of the scratch slot, whose table holds only
+        # the scratch block.
+        row = torch.searchsorted(ends, token, right=True)
+        in_prompt = row < rows
+        row = row.clamp(max=rows - 1)
+        starts = torch.where(in_prompt, ends[row] - lengths[row], token)
+        positions = torch.where(in_prompt, token - starts, 0)
+        slots = torch.where(in_prompt, self.prefill_slots[row], self.scratch_slot)
+        blocks = self.block_table[slots, positions // BLOCK_POSITIONS]
         places = positions % BLOCK_POSITIONS
 
         def attend(layer: int, query, key, value):
-            self.keys[layer, blocks, :, places] = key.transpose(1, 2).to(self.kv_dtype)
-            self.values[layer, blocks, :, places] = value.transpose(1, 2).to(self.kv_dtype)
-            # The padding after a prompt sees the prompt (causal), so no position attends to nothing.
-            return F.scaled_dot_product_attention(
-                query, key, value, is_causal=True, scale=self._scale, enable_gqa=self._grouped
-            )
+            self.keys[layer, blocks, :, places] = key[0].transpose(0, 1).to(self.kv_dtype)
+            self.values[layer, blocks, :, places] = value[0].transpose(0, 1).to(self.kv_dtype)
+            return prefill_attention(query[0], key[0], value[0], starts, self._scale, longest).unsqueeze(0)
 
-        hidden = self._forward(self._prefill_input(rows, length), positions, attend, self._layer_pass(rows * length))
-        last = hidden[torch.arange(rows, device=self.device), self.prefill_lengths[:rows] - 1]
-        self._draw(index, last)
+        inputs = self.prefill_embeddings[:tokens].unsqueeze(0)
+        hidden = self._forward(inputs, positions.unsqueeze(0), attend, self._layer_pass(tokens))[0]
+        # Step 0 is drawn from each prompt's last token (a row holding none, for the scratch slot, from the
+        # last prompt's, or the first token).
+        self._draw(self.prefill_slots[:rows], hidden[(ends - 1).clamp(min=0)])
 
-    def prefill_bucket(self, rows: int, length: int) -> tuple[int, int]:
-        """The (rows, length) a prefill pass of ``rows`` prompts of up to ``length`` tokens is padded to."""
-        return (
-            bucket_for(self.prefill_row_buckets, rows),
-            bucket_for(self.prefill_length_buckets, min(length, self.prefill_length_buckets[-1])),
-        )
+    def prefill_bucket(self, tokens: int) -> int:
+        """The tokens a prefill pass of ``tokens`` prompt tokens is padded to."""
+        return bucket_for(self.prefill_token_buckets, tokens)
 
-    def prefill_fits(self, rows: int, length: int) -> bool:
-        """Whether ``rows`` prompts of up to ``length`` tokens, padded to their bucket, fit one prefill pass:
-        their tokens within the budget, and their attention's (rows x length x length, which a long
-        prompt's pass reaches first) within what a full pass of the budget's prompts takes."""
-        rows, length = self.prefill_bucket(rows, length)
-        tokens = rows * length
-        return tokens <= self.prefill_tokens and tokens * length <= self.prefill_tokens * self.full_pass_length
-
-    def _prefill_input(self, rows: int, length: int) -> torch.Tensor:
-        """The prefill buffer as (rows, length, width): the same memory for every pass of that bucket."""
-        return self.prefill_embeddings[: rows * length].view(rows, length, -1)
+    def prefill_fits(self, rows: int, tokens: int) -> bool:
+        """Whether ``rows`` prompts of ``tokens`` tokens in all fit one prefill pass. Their tokens bound the
+        attention's work and memory too: each token attends to its own prompt's tokens alone, and nothing
+        of tokens x tokens is made (worker.engine.attention)."""
+        return rows <= self.max_admissions and tokens <= self.prefill_tokens
 
     def decode_step(self, rows: int, kv_length: int) -> None:
         """Draw the next step of the first ``rows`` slots, attending over ``kv_length`` positions."""
@@ -482,14 +495,15 @@ class ModelRunner:
         graphs[shape] = graph
 
     def capture_every_bucket(self) -> int:
-        """Capture the decode step of every (rows, columns) bucket and the prefill of every (rows,
-        length) bucket now, while no slot runs; returns how many graphs the runner holds.
+        """Capture the decode step of every (rows, columns) bucket and the prefill of every token bucket up to
+        PREFILL_GRAPH_TOKENS now, while no slot runs; returns how many graphs the runner holds.
 
         Captured on first use instead, a burst of new work pays them while its listeners wait: on the
         H200, 64 streams arriving at a warm worker found new buckets and waited 600 ms longer for their
         first audio than the next 64 (and a first compilation takes seconds). The steps run here draw
         for free slots only, whose state every prefill sets afresh; the prefills here write to the
-        scratch slot alone.
+        scratch slot alone. The budget's largest pass, past the graphs, runs once too: a burst's first
+        pass finds its compiled parts ready, and a budget that does not fit in memory fails at start.
         """
         if not self.use_graphs:
             return 0
@@ -500,13 +514,14 @@ class ModelRunner:
         for rows in self.decode_row_buckets:
             for kv_length in kv_lengths:
                 self.decode_step(rows, kv_length)
-        self.prefill_embeddings.zero_()
         self.prefill_slots.fill_(self.scratch_slot)
-        self.prefill_lengths.fill_(1)
-        for rows in self.prefill_row_buckets:
-            for length in self.prefill_length_buckets:
-                if length <= self.full_pass_length and self.prefill_fits(rows, length):
-                    self._run((rows, length), self.prefill_graphs, self._prefill_pass)
+        self.prefill_lengths.zero_()
+        for tokens in self.prefill_token_buckets:
+            shape = (tokens, min(self.max_admissions, tokens), self.max_prompt_tokens)
+            if tokens <= PREFILL_GRAPH_TOKENS:
+                self._run(shape, self.prefill_graphs, self._prefill_pass)
+            elif tokens == self.prefill_tokens:
+                self._prefill_pass(*shape)
         return len(self.graphs) + len(self.prefill_graphs)
 
     def kv_bucket(self, columns: int) -> int:
@@ -645,8 +660,8 @@ class ModelRunner:
         self._draw(slots, hidden[:, -1])
 
     def _layer_pass(self, tokens: int) -> _LayerPass:
-        """How a pass of ``tokens`` tokens (rows x length) runs the layers: in float8 from
-        FP8_MATMULS_FROM_TOKENS when fp8 matmuls are on, else in the model's dtype."""
+        """How a pass of ``tokens`` tokens (a decode step's rows, a prefill's tokens) runs the layers: in
+        float8 from FP8_MATMULS_FROM_TOKENS when fp8 matmuls are on, else in the model's dtype."""
         if self._fp8_pass is not None and tokens >= FP8_MATMULS_FROM_TOKENS:
             return self._fp8_pass
         return self._model_pass
@@ -654,8 +669,9 @@ class ModelRunner:
     def _forward(
         self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention, layer_pass: _LayerPass
     ) -> torch.Tensor:
-        """The Llama layers on (rows, length, width) inputs at ``positions``, as ``layer_pass`` runs them;
-        ``attend`` reads and fills the cache. The model's final norm is the draw's (:func:`draw`)."""
+        """The Llama layers on (rows, length, width) inputs at ``positions`` (a decode step's rows of one
+        token, or a prefill's one row of its prompts' tokens), as ``layer_pass`` runs them; ``attend`` reads
+        and fills the cache. The model's final norm is the draw's (:func:`draw`)."""
         before, after, layer_weights = layer_pass
         hidden = inputs
         cos, sin = self.rotary[:, positions]

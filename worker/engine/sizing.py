@@ -12,7 +12,7 @@ import torch
 from chattts_farm.contract import MAX_SAMPLE_CODES, MAX_TRANSCRIPT_CHARS
 from chattts_farm.settings import CPU_SLOTS, MAX_AUTO_SLOTS, Settings, SettingsError
 from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
-from worker.engine.runner import ModelRunner, bucket_for, prompt_length_buckets
+from worker.engine.runner import ModelRunner
 from worker.model.loading import LoadedModel
 
 logger = logging.getLogger(__name__)
@@ -39,11 +39,10 @@ def max_prompt_tokens(settings: Settings) -> int:
 
 
 def prefill_tokens(settings: Settings) -> int:
-    """The padded prompt tokens one prefill pass takes: a pass's worth of the longest text prompts. A
-    pass of clip voices' prompts (up to ~2,300 tokens) takes fewer rows: at 512 rows of those, one pass's
+    """The prompt tokens one prefill pass takes: a pass's worth of the longest text prompts. A pass of
+    clip voices' prompts (up to ~2,300 tokens) takes fewer of them: at 512 of those, one pass's
     activations alone would outgrow what the engine leaves free (it ran out of memory on an H200)."""
-    longest_text = bucket_for(prompt_length_buckets(max_prompt_tokens(settings)), max_text_prompt_tokens(settings))
-    return settings.max_segments_per_pass * longest_text
+    return settings.max_segments_per_pass * max_text_prompt_tokens(settings)
 
 
 def kv_dtype(settings: Settings) -> torch.dtype | None:

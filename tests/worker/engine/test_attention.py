@@ -1,9 +1,10 @@
 """The slot attention kernels (worker.engine.attention) write each slot's new position into its block and attend
-as masked SDPA does, reading only each slot's positions through its block table, split or not.
+as masked SDPA does, reading only each slot's positions through its block table, split or not; the prefill's
+attends each of a pass's packed prompts as that prompt's own causal attention, and so does its reference.
 
-The kernel is Triton's; here it runs in Triton's interpreter on the CPU (there is no GPU here), which
+The kernels are Triton's; here they run in Triton's interpreter on the CPU (there is no GPU here), which
 executes the same program the GPU compiles. The interpreter is chosen when Triton is imported, so each
-check runs in a fresh interpreter. The CUDA graph test in test_engine.py runs the kernel on a GPU.
+check runs in a fresh interpreter. The CUDA graph test in test_engine.py runs the kernels on a GPU.
 """
 
 import pytest
@@ -186,3 +187,79 @@ def test_a_busy_step_reads_each_slots_whole_table_as_one_split_and_a_step_of_few
     # Too few programs with one a slot and head: the context in short splits, over several programs each.
     assert split_columns_for(busy_rows - 1, heads, context) == SHORT_SPLIT_COLUMNS
     assert split_programs_for(1, heads, splits=context // SHORT_SPLIT_COLUMNS) > 1
+
+
+def packed(lengths, *, heads=4, kv_heads=2, dim=16, dtype=torch.float32, seed=0):
+    """A pass of prompts of ``lengths`` tokens one after another: query, key, value and each token's start."""
+    generator = torch.Generator().manual_seed(seed)
+    tokens = sum(lengths)
+    query = torch.randn(heads, tokens, dim, generator=generator).to(dtype)
+    key, value = (torch.randn(kv_heads, tokens, dim, generator=generator).to(dtype) for _ in range(2))
+    lengths = torch.tensor(lengths)
+    starts = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+    return query, key, value, starts
+
+
+def each_prompt_alone(query, key, value, lengths, scale):
+    """Each prompt's causal attention over its own tokens, computed apart from the others."""
+    attended, first = [], 0
+    for length in lengths:
+        part = slice(first, first + length)
+        attended.append(
+            F.scaled_dot_product_attention(
+                query[None, :, part].float(),
+                key[None, :, part].float(),
+                value[None, :, part].float(),
+                is_causal=True,
+                scale=scale,
+                enable_gqa=True,
+            )[0]
+        )
+        first += length
+    return torch.cat(attended, dim=1)
+
+
+# Prompts of different lengths, none a multiple of a tile: tiles of queries span prompt boundaries, one
+# prompt is a token alone, one is longer than two tiles; then a padding tail, each of its tokens its own start.
+PROMPT_LENGTHS = [37, 1, 70, 5, 150, 20]
+PADDING = 13
+
+
+def check_packed_prompts_each_attend_over_their_own_tokens_up_to_themselves(device: str = "cpu") -> None:
+    from worker.engine import attention
+    from worker.engine.attention import prefill_attention
+
+    lengths = PROMPT_LENGTHS + [1] * PADDING
+    dtype, tolerance = {"cpu": (torch.float32, 1e-5), "cuda": (torch.bfloat16, 2e-2)}[device]
+    query, key, value, starts = packed(lengths, dtype=dtype)
+    expected = each_prompt_alone(query, key, value, lengths, 0.25)
+    # Tiles of 64 queries and keys, as the GPU runs them, and small ones: more of them span a boundary.
+    for tiles in ({"QUERIES": 64, "KEYS": 64}, {"QUERIES": 16, "KEYS": 32}):
+        attention._PREFILL_LAUNCH = {**attention._PREFILL_LAUNCH, **tiles}
+        on_device = [tensor.to(device) for tensor in (query, key, value, starts)]
+        attended = prefill_attention(*on_device, 0.25, max(lengths), kernel=True).cpu()
+        assert attended.shape == query.shape and attended.dtype == dtype
+        torch.testing.assert_close(attended.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_packed_prompts_each_attend_over_their_own_tokens_up_to_themselves_in_the_kernel():
+    in_triton_interpreter("check_packed_prompts_each_attend_over_their_own_tokens_up_to_themselves")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_packed_prompts_on_a_gpu_in_the_models_dtype():
+    check_packed_prompts_each_attend_over_their_own_tokens_up_to_themselves("cuda")
+
+
+def test_packed_prompts_each_attend_over_their_own_tokens_in_the_reference_whatever_its_windows(monkeypatch):
+    from worker.engine import attention
+    from worker.engine.attention import prefill_attention
+
+    lengths = PROMPT_LENGTHS + [1] * PADDING
+    query, key, value, starts = packed(lengths)
+    expected = each_prompt_alone(query, key, value, lengths, 0.25)
+    # Windows of queries smaller than a prompt, and one over the whole pass.
+    for queries in (16, 64, sum(lengths)):
+        monkeypatch.setattr(attention, "REFERENCE_QUERIES", queries)
+        attended = prefill_attention(query, key, value, starts, 0.25, max(lengths), kernel=False)
+        torch.testing.assert_close(attended, expected, atol=1e-5, rtol=1e-5)

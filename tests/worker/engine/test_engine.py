@@ -8,8 +8,6 @@ its batch mates, its slot and the step at which it joined.
 
 import dataclasses
 import inspect
-import itertools
-import math
 
 import pytest
 import torch
@@ -17,8 +15,16 @@ import torch.nn.utils.parametrize as parametrize
 from transformers.cache_utils import DynamicCache
 
 from worker.engine import runner
-from worker.engine.blocks import blocks_for
-from worker.engine.engine import SYNC_EVERY, Engine, embed_prompts, encode_prompts, row_sampling, tokenise_prompts
+from worker.engine.blocks import BLOCK_POSITIONS, blocks_for
+from worker.engine.engine import (
+    SYNC_EVERY,
+    Engine,
+    embed_prompts,
+    encode_prompt,
+    encode_prompts,
+    row_sampling,
+    tokenise_prompts,
+)
 from worker.engine.sampler import sample
 from worker.engine.scheduler import PASSES_FOR_DUE
 from worker.engine.segment import Segment, SegmentOutput, SegmentStatus
@@ -238,85 +244,58 @@ def test_segments_due_already_join_in_several_prefill_passes_of_one_step_and_dra
     assert_same_outputs([segment.output for segment in segments], expected)
 
 
-def test_a_steps_prompts_go_to_prefill_passes_shortest_first_so_each_pads_to_prompts_like_its_own(
-    synthesizer, mixed_segments, monkeypatch
+def test_a_steps_prompts_go_to_prefill_passes_in_their_order_of_admission_as_many_as_a_pass_takes(
+    synthesizer, mixed_segments
 ):
-    expected = eager_reference(synthesizer.model, mixed_segments())
     segments = mixed_segments()
-    engine = Engine(synthesizer.model, slots=8, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
-    passes = []
-    prefill = engine.runner.prefill
-    monkeypatch.setattr(
-        engine.runner, "prefill", lambda slots, *rest, **named: (passes.append(slots), prefill(slots, *rest, **named))
-    )
-    engine.add(segments)
-    engine.step()
-    admitted = [len(segment.prompt_ids) for segment in segments]
-    length_of = {segment.slot: len(segment.prompt_ids) for segment in segments}
-    in_passes = [length_of[slot] for slots in passes for slot in slots]
-    assert admitted != sorted(admitted)  # the six came in no order of length
-    assert len(passes) == 3 and in_passes == sorted(admitted)
-    while engine.has_work:
-        engine.step()
-    assert_same_outputs([segment.output for segment in segments], expected)
+    lengths = [len(encode_prompt(synthesizer.model, segment)) for segment in segments]
+    assert lengths != sorted(lengths)  # the six come in no order of length
+    two_a_pass = Engine(synthesizer.model, slots=8, max_admissions=2, max_prompt_tokens=128, max_new_tokens=160)
+    assert two_a_pass._prefill_passes(segments) == [segments[0:2], segments[2:4], segments[4:6]]
+    # Eight a pass: the six prompts in one pass, whatever their lengths.
+    assert new_engine(synthesizer.model, 8)._prefill_passes(segments) == [segments]
 
 
-@pytest.mark.parametrize("pass_cost", [0, None], ids=["passes-free", "default-pass-cost"])
-def test_a_steps_long_prompts_get_a_pass_of_their_own_when_that_saves_more_than_a_pass_costs(
-    synthesizer, mixed_segments, monkeypatch, pass_cost
-):
-    from worker.engine import engine as engine_module
-
-    if pass_cost is not None:
-        monkeypatch.setattr(engine_module, "PREFILL_PASS_COST_TOKENS", pass_cost)
+def test_prompts_of_any_lengths_share_a_pass_padded_only_at_its_end(synthesizer, mixed_segments):
     segments = mixed_segments()
-    # Two of the eight prompts three times as long: with them, one pass pads all eight to their bucket.
+    # Two of the eight prompts three times as long as the longest of the others.
     long_text = TEXTS[1] * 3
     segments += [
         dataclasses.replace(segment, text=long_text, owner=6 + row) for row, segment in enumerate(segments[:2])
     ]
-    engine = Engine(synthesizer.model, slots=8, max_admissions=8, max_prompt_tokens=128, max_new_tokens=160)
+    engine = new_engine(synthesizer.model, 8)
     passes = engine._prefill_passes(segments)
-    length = {id(segment): len(segment.prompt_ids) for segment in segments}
-
-    def padded(prefill_pass):
-        return math.prod(engine.runner.prefill_bucket(len(prefill_pass), max(length[id(s)] for s in prefill_pass)))
-
-    buckets = [engine.runner.prefill_bucket(1, length[id(segment)])[1] for segment in segments]
-    assert len(set(buckets)) > 1  # the long prompts are in a longer bucket than the others
-    assert sorted(map(id, itertools.chain(*passes))) == sorted(map(id, segments))
-    one_pass = padded(segments)
-    if pass_cost == 0:
-        # Each pass holds prompts of one length bucket and the passes run fewer tokens than one would.
-        assert all(len({buckets[segments.index(s)] for s in prefill_pass}) == 1 for prefill_pass in passes)
-        assert len(passes) > 1 and sum(map(padded, passes)) < one_pass
-    else:
-        # At this scale the padding saved is far less than a pass's cost: one pass, shortest first.
-        assert len(passes) == 1 and [length[id(s)] for s in passes[0]] == sorted(length.values())
+    assert passes == [segments]
+    tokens = sum(len(segment.prompt_ids) for segment in segments)
+    assert tokens <= engine.runner.prefill_bucket(tokens) < tokens + 512
 
 
-def test_prompts_past_the_prefill_budget_run_a_few_to_a_pass_and_draw_what_they_would_alone(
+def test_prompts_past_the_prefill_budget_run_in_passes_within_it_and_draw_what_they_would_alone(
     synthesizer, mixed_segments, monkeypatch
 ):
     expected = eager_reference(synthesizer.model, mixed_segments())
     segments = mixed_segments()
-    # A budget of four rows of the longest prompt's bucket with passes of up to 8 prompts: the shorter
-    # prompts' pass (first: shortest first) takes four, the attention of the longest prompt's pass allows
-    # it one more row (a clip voice's long prompts go a few to a pass on a GPU, where 512 of them in one
+    # A budget of 128 tokens (a prompt's longest) for the six prompts' 226: passes of up to 8 prompts take
+    # three and three (a clip voice's long prompts go a few to a pass on a GPU, where 512 of them in one
     # pass would not fit in memory).
-    longest = max(encode_prompts(synthesizer.model, segments)[0].shape[1], 1)
-    engine = new_engine(
-        synthesizer.model, 8, prefill_tokens=4 * runner.bucket_for(runner.prompt_length_buckets(128), longest)
-    )
+    engine = new_engine(synthesizer.model, 8, prefill_tokens=128)
+    lengths = {segment.owner: len(encode_prompt(synthesizer.model, segment)) for segment in segments}
+    assert sum(lengths.values()) == 226
     passes = []
     prefill = engine.runner.prefill
     monkeypatch.setattr(
-        engine.runner, "prefill", lambda slots, *rest, **named: (passes.append(slots), prefill(slots, *rest, **named))
+        engine.runner,
+        "prefill",
+        lambda slots, embeddings, *rest, **named: (
+            passes.append(len(embeddings)),
+            prefill(slots, embeddings, *rest, **named),
+        ),
     )
     engine.add(segments)
     while engine.has_work:
         engine.step()
-    assert [len(slots) for slots in passes] == [4, 2]
+    assert passes == [lengths[0] + lengths[1] + lengths[2], lengths[3] + lengths[4] + lengths[5]]
+    assert max(passes) <= 128
     assert_same_outputs([segment.output for segment in segments], expected)
 
 
@@ -399,27 +378,84 @@ def test_a_burst_is_tokenised_as_far_as_its_passes_go_and_the_next_admission_whi
     assert segments[4].prompt_ids is not None and segments[5].prompt_ids is None
 
 
-def test_prompts_are_padded_to_few_lengths():
-    assert runner.prompt_length_buckets(400) == [32, 64, 96, 128, 192, 256, 320, 384, 400]
-    assert runner.prompt_length_buckets(40) == [32, 40]
+def as_a_cuda_graph_runs_it(engine: Engine, monkeypatch) -> None:
+    """Make the engine's prefill passes take the shapes of the CUDA graph of their bucket (rows for every
+    prompt a pass of its tokens may hold, the padding rows drawing for the scratch slot; the reference's
+    windows as long as any prompt may be), run op by op: the CPU has no graphs."""
+    monkeypatch.setattr(engine.runner, "use_graphs", True)
+    monkeypatch.setattr(engine.runner, "_run", lambda shape, graphs, work: work(*shape))
 
 
-def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_blocks_and_the_scratch(synthesizer, mixed_segments):
+PASS_SHAPES = pytest.mark.parametrize("shapes", ["its own", "its graph's"])
+
+
+def prefilled(model, segments, monkeypatch, shapes) -> Engine:
+    """A new engine of eight slots once it has run one prefill pass of ``segments``."""
+    engine = new_engine(model, 8)
+    if shapes == "its graph's":
+        as_a_cuda_graph_runs_it(engine, monkeypatch)
+    engine.add(segments)
+    admitted = engine._admit()
+    assert engine._prefill_passes(admitted) == [admitted]
+    engine._prefill(admitted)
+    return engine
+
+
+def cache_and_first_draw(engine: Engine, segment: Segment) -> list[torch.Tensor]:
+    """A prefilled segment's keys and values at its prompt's positions in every layer, its first hidden
+    state and its first codes."""
+    state = engine.runner
+    positions = torch.arange(len(segment.prompt_ids))
+    blocks = state.block_table[segment.slot, positions // BLOCK_POSITIONS]
+    places = positions % BLOCK_POSITIONS
+    return [
+        state.keys[:, blocks, :, places],
+        state.values[:, blocks, :, places],
+        state.hiddens[segment.slot, 0],
+        state.codes[segment.slot, 0],
+    ]
+
+
+@PASS_SHAPES
+def test_prompts_of_different_lengths_in_one_pass_each_get_the_cache_and_first_draw_they_get_alone(
+    synthesizer, mixed_segments, monkeypatch, shapes
+):
+    segments = mixed_segments()
+    together = prefilled(synthesizer.model, segments, monkeypatch, shapes)
+    for segment, alone in zip(segments, mixed_segments(), strict=True):
+        keys, values, hidden, codes = cache_and_first_draw(together, segment)
+        keys_alone, values_alone, hidden_alone, codes_alone = cache_and_first_draw(
+            prefilled(synthesizer.model, [alone], monkeypatch, shapes), alone
+        )
+        torch.testing.assert_close(keys, keys_alone)
+        torch.testing.assert_close(values, values_alone)
+        torch.testing.assert_close(hidden, hidden_alone)
+        assert torch.equal(codes, codes_alone)
+
+
+@PASS_SHAPES
+def test_a_prefill_padded_to_its_bucket_touches_only_its_slots_blocks_and_the_scratch(
+    synthesizer, mixed_segments, monkeypatch, shapes
+):
     engine = new_engine(synthesizer.model, 8)
+    if shapes == "its graph's":
+        as_a_cuda_graph_runs_it(engine, monkeypatch)
     state = engine.runner
     before = {name: getattr(state, name).clone() for name in ("keys", "hiddens", "step", "finished", "tokens")}
-    engine.add(mixed_segments()[:3])  # three prompts: a pass of four rows, one of padding
+    engine.add(mixed_segments()[:3])  # 101 tokens: a pass of 128, its last 27 padding
     engine._prefill(engine._admit())
+    assert state.prefill_bucket(101) == 128
     held = {block for slot in (0, 1, 2) for block in engine.scheduler.pool.tables[slot]}
     untouched_blocks = torch.tensor([block for block in range(state.kv_blocks) if block not in held])
     untouched_slots = torch.tensor([3, 4, 5, 6, 7])
     for name, was in before.items():
         axis, untouched = (1, untouched_blocks) if name == "keys" else (0, untouched_slots)
         assert torch.equal(getattr(state, name).index_select(axis, untouched), was.index_select(axis, untouched)), name
-    # The padding row's work went to the scratch slot, past the slots any decode step covers, and its
-    # keys (and the padding after each prompt) to the scratch block, past the pool.
-    assert state.scratch_slot == 8 and state.prefill_slots[:4].tolist() == [0, 1, 2, 8]
-    assert state.prefill_lengths[3] == 1 and bool(state.finished[state.scratch_slot])
+    # The padding's keys went to the scratch block, past the pool; a graph's padding rows drew for the
+    # scratch slot, past the slots any decode step covers, which stays finished.
+    rows = 8 if shapes == "its graph's" else 3
+    assert state.prefill_slots[:rows].tolist() == [0, 1, 2] + [state.scratch_slot] * (rows - 3)
+    assert state.prefill_lengths[3:].eq(0).all() and bool(state.finished[state.scratch_slot])
     assert state.scratch_block == state.kv_blocks and set(state.block_table[8].tolist()) == {state.scratch_block}
 
 
@@ -532,7 +568,7 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     # Captured ahead, as a worker does at start, the steps run for free slots and the prefills for the
     # scratch slot change nothing drawn later.
     columns = 1 if engine.runner.reads_own_columns else -(-engine.runner.context // runner.KV_BUCKET)
-    prefills = len(engine.runner.prefill_row_buckets) * len(engine.runner.prefill_length_buckets)
+    prefills = len([tokens for tokens in engine.runner.prefill_token_buckets if tokens <= runner.PREFILL_GRAPH_TOKENS])
     assert engine.runner.capture_every_bucket() == len(engine.runner.decode_row_buckets) * columns + prefills
     outputs = run(engine, segments, join_at_step=3, joining=[segments[1], segments[4]])
     assert_same_outputs(outputs, expected)

@@ -8,11 +8,12 @@ import torch
 from chattts_farm.settings import SettingsError
 from worker.engine.runner import (
     DECODE_ROW_STEP,
-    PREFILL_ROW_STEP,
+    PREFILL_GRAPH_TOKENS,
     bucket_for,
     check_fp8_matmuls,
     compiled_exactly,
     draw,
+    prefill_token_buckets,
     row_buckets,
     step_input,
 )
@@ -132,11 +133,22 @@ def test_row_counts_double_up_to_their_step_then_go_up_by_it_to_the_most():
     assert row_buckets(5, 64) == [1, 2, 4, 5]
 
 
-def test_a_decode_step_computes_fewer_idle_rows_than_a_prefill_pass():
-    """A decode step runs hundreds of times a segment, a prefill pass once: its row counts are finer."""
-
+def test_a_decode_step_of_many_rows_computes_fewer_than_64_rows_that_take_no_part():
     assert bucket_for(row_buckets(2048, DECODE_ROW_STEP), 1300) == 1344
-    assert bucket_for(row_buckets(2048, PREFILL_ROW_STEP), 1300) == 1536
+
+
+def test_a_prefill_pass_is_padded_to_64_tokens_up_to_512_then_to_512_up_to_the_budget():
+    assert prefill_token_buckets(2_000) == [64, 128, 192, 256, 320, 384, 448, 512, 1024, 1536, 2000]
+    assert prefill_token_buckets(100) == [64, 100]
+    assert prefill_token_buckets(40) == [40]
+    # A step's 512 prompts of the standard workload (~84,000 tokens) pad by less than 512.
+    assert bucket_for(prefill_token_buckets(512 * 400), 84_100) == 84_480
+
+
+def test_the_prefill_passes_captured_as_graphs_are_few_whatever_the_budget():
+    # 23 (64 to 8,192 tokens) at a budget of 512 prompts of 400 tokens, where every bucket would be 407.
+    for budget in (512 * 400, 64 * 400, 2**20):
+        assert len([tokens for tokens in prefill_token_buckets(budget) if tokens <= PREFILL_GRAPH_TOKENS]) == 23
 
 
 @pytest.mark.parametrize("capability", [(7, 5), (8, 0), (8, 6)])
