@@ -87,7 +87,9 @@ def check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_colu
         size = min(cache_dtype.itemsize, 2)
         for tensor_cores in (False, True):
             attention._LAUNCH = {**attention._LAUNCH, size: {**attention._LAUNCH[size], "TENSOR_CORES": tensor_cores}}
-            allowed = max(tolerance, 1e-3) if tensor_cores else tolerance
+            # On the tensor cores, or with the fp8 launch's products in float16 pairs: ~1e-3 from exact.
+            widened = tensor_cores or attention._LAUNCH[size]["HALF_PRODUCTS"]
+            allowed = max(tolerance, 2e-3) if widened else tolerance
             # Long splits or short ones, a program per split or fewer programs taking several splits
             # each, or the whole table as one split (no merge): the same answer.
             for split_columns, split_programs in (
