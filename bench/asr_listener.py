@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from bench.device import synchronize
 from bench.standard import seconds_range
 from bench.workload import standard_requests
 from chattts_farm.settings import Settings
@@ -35,17 +36,13 @@ from worker.model.loading import pick_device
 def ms_each(device: torch.device, repeat: int, work: Callable[[], object]) -> float:
     """Milliseconds of wall a call of ``work`` takes, the device's work included, after one call to warm up."""
 
-    def finished() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     with torch.no_grad():
         work()
-        finished()
+        synchronize(device)
         start = time.perf_counter()
         for _ in range(repeat):
             work()
-        finished()
+        synchronize(device)
     return (time.perf_counter() - start) / repeat * 1000
 
 

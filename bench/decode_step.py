@@ -75,6 +75,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 import torch.nn.utils.parametrize as parametrize  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
+from bench.device import free_memory, synchronize  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings, SettingsError  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
@@ -115,11 +116,6 @@ def segments_for(model: LoadedModel, rows: int, steps: int, first: int = 0) -> l
         )
         for row in range(first, first + rows)
     ]
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 @torch.inference_mode()
@@ -196,6 +192,15 @@ def engine(engine: Engine, segments: list[Segment], steps: int) -> float:
     while engine.has_work:
         engine.step()
     return elapsed
+
+
+def print_timed(model: LoadedModel, rows: int, steps: int, way: str, run: Callable[[list[Segment]], float]) -> None:
+    """The decode table's row of one way: ``run`` once to warm up (kernels, allocator, graphs), then timed,
+    on segments long enough that no row ends within the timed steps."""
+    run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+    seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
+    audio_s = rows * steps / TOKENS_PER_SECOND
+    print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
 
 
 def row_counts(text: str) -> list[int]:
@@ -609,19 +614,15 @@ def main() -> None:
     print("| way | rows | ms/step | audio-s/wall-s |")
     print("|---|---:|---:|---:|")
     for rows in arguments.rows:
-        # Long enough that no row ends within the timed steps.
-        ways = {"eager-dynamic": lambda segments: eager_dynamic(model, segments, steps)}
+        print_timed(model, rows, steps, "eager-dynamic", lambda segments: eager_dynamic(model, segments, steps))
         for (matmuls, dtype), capture_graphs in itertools.product(arguments.matmul_dtypes, graphs):
+            # One engine at a time: each holds a KV cache for its rows, and at 1,024 rows four at once ran
+            # an H100 out of memory (thirty-sixth session).
             runs_on = engine_for(model, rows, steps + 2 * SYNC_EVERY, capture_graphs, dtype)
-            way = "engine-graph" if capture_graphs else "engine-eager"
-            if matmuls == "fp8":
-                way += " fp8-matmuls"
-            ways[way] = lambda segments, e=runs_on: engine(e, segments, steps)
-        for way, run in ways.items():
-            run(segments_for(model, rows, steps + 2 * SYNC_EVERY))  # warm up: kernels, allocator, graphs
-            seconds = run(segments_for(model, rows, steps + 2 * SYNC_EVERY))
-            audio_s = rows * steps / TOKENS_PER_SECOND
-            print(f"| {way} | {rows} | {1000 * seconds / steps:.2f} | {audio_s / seconds:.1f} |", flush=True)
+            way = ("engine-graph" if capture_graphs else "engine-eager") + (" fp8-matmuls" if matmuls == "fp8" else "")
+            print_timed(model, rows, steps, way, lambda segments, e=runs_on: engine(e, segments, steps))
+            del runs_on
+            free_memory(model.device)
     # The kernel's own tables: its Triton kernels on a GPU.
     kernel_runs = model.device.type == "cuda" and triton_available()
     if kernel_runs and arguments.attention_rows:

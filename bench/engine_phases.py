@@ -65,9 +65,9 @@ from bench.decode_step import (  # noqa: E402
     launch_settings,
     print_kernels,
     profiled_kernels,
-    synchronize,
     time_attention,
 )
+from bench.device import free_memory, synchronize  # noqa: E402
 from bench.standard import seconds_range  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
@@ -528,9 +528,7 @@ def main() -> None:
                 flush=True,
             )
         del synthesizer, runner
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        free_memory(device)
 
 
 if __name__ == "__main__":

@@ -419,10 +419,7 @@ def run_plain(celery, clients: int, seconds: float) -> float:
 
 def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[dict]:
     """Every level through a synthesizer loaded here, which is freed before the workers load theirs."""
-    import gc
-
-    import torch
-
+    from bench.device import free_memory
     from worker.engine_process.pipeline import Synthesizer
 
     settings = Settings.from_env(
@@ -434,10 +431,9 @@ def run_engine_levels(arguments: argparse.Namespace, levels: list[int]) -> list[
     synthesizer = Synthesizer.load(settings)
     run_engine_level(synthesizer, 4, arguments.seconds)  # warm-up, as the farm's
     rows = [run_engine_level(synthesizer, clients, arguments.seconds, arguments.timeline) for clients in levels]
+    device = synthesizer.model.device
     del synthesizer
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    free_memory(device)
     return rows
 
 

@@ -45,7 +45,6 @@ run on several is printed as a multiple of the first run on one, with both p95 l
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import math
@@ -67,6 +66,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
+from bench.device import free_memory, synchronize  # noqa: E402
 from bench.farm import SENDER_PROCESSES, Sent, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
@@ -207,11 +207,6 @@ def percentile(values: list[float], fraction: float) -> float | None:
     low = math.floor(position)
     high = min(low + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def synthesize_timed(synthesizer: Synthesizer, requests: list[SynthesisRequest]) -> tuple[float, list[Finished]]:
@@ -619,9 +614,8 @@ def main() -> None:
         results.append(soak_result)
     # The workers load a model of their own on the same device: free this one first.
     del synthesizer
-    gc.collect()
+    free_memory(device)
     if device.type == "cuda":
-        torch.cuda.empty_cache()
         progress(f"engine freed: {torch.cuda.memory_reserved(device) / MIB:.0f} MiB still reserved here")
     if not arguments.skip_farm:
         for placement, named in farm_placements(arguments, device):

@@ -25,6 +25,7 @@ configure_allocator()
 
 import torch  # noqa: E402 - the allocator setting must come first
 
+from bench.device import synchronize  # noqa: E402
 from bench.workload import stock_infer, text_for_tokens  # noqa: E402
 from chattts_farm.contract import SynthesisRequest  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
@@ -54,11 +55,6 @@ class Measurement:
     @property
     def gpt_ms_per_step(self) -> float | None:
         return None if self.generate_s is None else 1000 * self.generate_s / self.steps
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def measure(device: torch.device, mode: str, requests: int, steps: int, run) -> Measurement:

@@ -38,6 +38,7 @@ configure_allocator()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.device import synchronize  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -45,11 +46,6 @@ from worker.vocoder import convnext  # noqa: E402
 from worker.vocoder.vocoder import Vocoder, Window  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def windows_before(frames: int, size: int, context: int) -> list[Window]:
