@@ -58,8 +58,9 @@ MOVES_PER_COPY = 64
 # With fp8 matmuls on, the passes of at least this many tokens (a decode step's rows, a prefill's tokens
 # with its padding) multiply in float8; smaller ones keep the GPT's dtype. Below it a pass is bound by
 # reading the weights and by its launches, and quantising its inputs costs more than the fp8 tensor cores
-# save: on an H100 at full load (2,047 rows) fp8 matmuls made the decode step 11% shorter, and one row's
-# step 24% longer (docs/performance.md).
+# save: on an H100 one row's step was 24% longer with them. Past it they paid at first (the full-load step
+# 11% shorter, twenty-ninth session), but once the step in the model's dtype got cheaper they cost 3-8% at
+# every row count from 256 to 2,047 (thirty-sixth session, docs/performance.md): off by default.
 FP8_MATMULS_FROM_TOKENS = 256
 # The compute capability of the first GPUs with fp8 tensor cores (Ada; Hopper is 9.0).
 FP8_MATMUL_CAPABILITY = (8, 9)
