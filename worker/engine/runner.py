@@ -449,13 +449,11 @@ class ModelRunner:
             return prefill_attention(query[0], key[0], value[0], starts, self._scale, longest).unsqueeze(0)
 
         inputs = self.prefill_embeddings[:tokens].unsqueeze(0)
-        hidden, mlp_out = (
-            terms[0] for terms in self._forward(inputs, positions.unsqueeze(0), attend, self._layer_pass(tokens))
-        )
+        hidden, mlp_out = self._forward(inputs, positions.unsqueeze(0), attend, self._layer_pass(tokens))
         # Step 0 is drawn from each prompt's last token (a row holding none, for the scratch slot, from the
         # last prompt's, or the first token).
         last = (ends - 1).clamp(min=0)
-        self._draw(self.prefill_slots[:rows], hidden[last], mlp_out[last])
+        self._draw(self.prefill_slots[:rows], hidden[0, last], mlp_out[0, last])
 
     def prefill_bucket(self, tokens: int) -> int:
         """The tokens a prefill pass of ``tokens`` prompt tokens is padded to."""
