@@ -144,7 +144,7 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 def before_attention(
     hidden: torch.Tensor,
-    mlp_out: torch.Tensor | None,
+    mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: torch.Tensor | Fp8Weight,
     cos: torch.Tensor,
@@ -152,10 +152,9 @@ def before_attention(
     shape: LayerShape,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's input, ``hidden + mlp_out`` (the previous layer's two terms, see :func:`after_attention`;
-    the first layer's ``mlp_out`` is None), and its query, key and value, (rows, heads, length, head dim)
+    the first layer's ``mlp_out`` is zeros), and its query, key and value, (rows, heads, length, head dim)
     each, rotated to their positions."""
-    if mlp_out is not None:
-        hidden = hidden + mlp_out
+    hidden = hidden + mlp_out
     rows, length, _ = hidden.shape
     projected = linear(rms_norm(hidden, input_norm, shape.norm_eps), qkv)
     query_width = shape.heads * shape.head_dim
@@ -195,7 +194,7 @@ def after_attention(
 
 def fp8_before_attention(
     hidden: torch.Tensor,
-    mlp_out: torch.Tensor | None,
+    mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: Fp8Weight,
     cos: torch.Tensor,

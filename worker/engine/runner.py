@@ -677,7 +677,10 @@ class ModelRunner:
         :func:`worker.engine.layers.after_attention`); the draw adds them, and applies the model's final
         norm (:func:`draw`)."""
         before, after, layer_weights = layer_pass
-        hidden, mlp_out = inputs, None
+        # The first layer adds zeros: with None there, it would be a variant of the compiled part of its
+        # own, and the decode steps' and the prefills' variants together would pass dynamo's recompile
+        # limit (8), past which it runs the part op by op.
+        hidden, mlp_out = inputs, torch.zeros_like(inputs)
         cos, sin = self.rotary[:, positions]
         for index, weights in enumerate(layer_weights):
             hidden, query, key, value = before(

@@ -48,8 +48,10 @@ def modules_layer(layer, hidden, cos, sin):
 
 
 def fused_layer(weights, shape, hidden, cos, sin, *, mlp_out=None, parts=(before_attention, after_attention), scale):
-    """The layer's output from its two parts, on ``hidden + mlp_out`` (a previous layer's two terms)."""
+    """The layer's output from its two parts, on ``hidden + mlp_out`` (a previous layer's two terms;
+    by default zeros, as the first layer's)."""
     before, after = parts
+    mlp_out = torch.zeros_like(hidden) if mlp_out is None else mlp_out
     hidden, query, key, value = before(hidden, mlp_out, weights.input_norm, weights.qkv, cos, sin, shape)
     attended = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
     hidden, mlp_out = after(
@@ -176,7 +178,7 @@ def test_the_compiled_parts_compute_what_the_plain_ones_do(tiny_settings, matmul
     compiled = tuple(torch.compile(part) for part in plain)
     for rows in (1, 2, 5):  # one row is compiled apart from the others, whose count is symbolic
         hidden, cos, sin = inputs(llama, rows=rows, length=1)
-        # The first layer has no previous layer's terms to add; the others do.
+        # The first layer adds zeros; the others, a previous layer's terms.
         for weights, mlp_out in zip(fused, [None, hidden.flip(0), hidden.flip(0)], strict=False):
             torch.testing.assert_close(
                 fused_layer(weights, shape, hidden, cos, sin, mlp_out=mlp_out, parts=compiled, scale=scale),
