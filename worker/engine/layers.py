@@ -147,13 +147,14 @@ def before_attention(
     mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: torch.Tensor | Fp8Weight,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     shape: LayerShape,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The layer's input, ``hidden + mlp_out`` (the previous layer's two terms, see :func:`after_attention`;
     the first layer's ``mlp_out`` is zeros), and its query, key and value, (rows, heads, length, head dim)
-    each, rotated to their positions."""
+    each, the query and key rotated to their positions by ``cos`` and ``sin`` (None: left unrotated, for
+    an attention that rotates them itself, see :func:`worker.engine.attention.decode_attention`)."""
     hidden = hidden + mlp_out
     rows, length, _ = hidden.shape
     projected = linear(rms_norm(hidden, input_norm, shape.norm_eps), qkv)
@@ -163,7 +164,8 @@ def before_attention(
     query = query.view(rows, length, shape.heads, shape.head_dim).transpose(1, 2)
     key = key.view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
     value = value.view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    if cos is not None:
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
     return hidden, query, key, value
 
 
@@ -197,8 +199,8 @@ def fp8_before_attention(
     mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: Fp8Weight,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     shape: LayerShape,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`before_attention` over a float8 projection, in a code object of its own so that dynamo

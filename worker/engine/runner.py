@@ -621,7 +621,8 @@ class ModelRunner:
         if self.reads_own_columns:
 
             def attend(layer: int, query, key, value):
-                # The kernel writes the new key and value into the cache itself.
+                # The kernel rotates the query and the new key, and writes the new key and value into the
+                # cache itself.
                 return decode_attention(
                     query,
                     key,
@@ -631,6 +632,7 @@ class ModelRunner:
                     self.block_table[:rows],
                     taking_part,
                     self._scale,
+                    rotary=self.rotary,
                 )
 
         else:
@@ -658,7 +660,9 @@ class ModelRunner:
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )
 
-        hidden, mlp_out = self._forward(inputs, column.unsqueeze(1), attend, self._layer_pass(rows))
+        hidden, mlp_out = self._forward(
+            inputs, column.unsqueeze(1), attend, self._layer_pass(rows), rotate=not self.reads_own_columns
+        )
         self._draw(slots, hidden[:, -1], mlp_out[:, -1])
 
     def _layer_pass(self, tokens: int) -> _LayerPass:
@@ -669,19 +673,25 @@ class ModelRunner:
         return self._model_pass
 
     def _forward(
-        self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention, layer_pass: _LayerPass
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        attend: _Attention,
+        layer_pass: _LayerPass,
+        *,
+        rotate: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The Llama layers on (rows, length, width) inputs at ``positions`` (a decode step's rows of one
         token, or a prefill's one row of its prompts' tokens), as ``layer_pass`` runs them; ``attend`` reads
-        and fills the cache. The last layer's output comes as its two terms (see
-        :func:`worker.engine.layers.after_attention`); the draw adds them, and applies the model's final
-        norm (:func:`draw`)."""
+        and fills the cache, and rotates the queries and keys where ``rotate`` is false. The last layer's
+        output comes as its two terms (see :func:`worker.engine.layers.after_attention`); the draw adds
+        them, and applies the model's final norm (:func:`draw`)."""
         before, after, layer_weights = layer_pass
         # The first layer adds zeros: with None there, it would be a variant of the compiled part of its
         # own, and the decode steps' and the prefills' variants together would pass dynamo's recompile
         # limit (8), past which it runs the part op by op.
         hidden, mlp_out = inputs, torch.zeros_like(inputs)
-        cos, sin = self.rotary[:, positions]
+        cos, sin = self.rotary[:, positions] if rotate else (None, None)
         for index, weights in enumerate(layer_weights):
             hidden, query, key, value = before(
                 hidden, mlp_out, weights.input_norm, weights.qkv, cos, sin, self.layer_shape
