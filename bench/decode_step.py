@@ -445,7 +445,7 @@ def overlap(
 
         def parts(layer: int) -> None:
             layer_weights = weights[layer]
-            before(hidden, layer_weights.input_norm, layer_weights.qkv, cos, sin, shape)
+            before(hidden, hidden, layer_weights.input_norm, layer_weights.qkv, cos, sin, shape)
             after(
                 hidden,
                 query,

@@ -25,7 +25,9 @@ flash-decoding does):
 
 The step's new key and value come in as tensors, not from the cache: the program whose split holds
 the new column writes them to the cache (in its dtype, fp8 included) and attends to them as written,
-so a step needs no kernel of its own for the cache write. Every bound is read on the device. The one
+so a step needs no kernel of its own for the cache write. Given the rotary's table, the kernel also
+rotates the query and the new key to the row's position as it loads them, so that the layer's matmul
+hands them over unrotated and the rotary needs no kernel of its own either. Every bound is read on the device. The one
 entry point is :func:`decode_attention`, so that another backend (FlashInfer's decode kernels, say)
 can take its place. Used on CUDA when Triton is present; elsewhere the runner attends with a mask
 (and Triton's interpreter runs these kernels on the CPU for the tests).
@@ -125,6 +127,7 @@ def decode_attention(
     scale: float,
     split_programs: int | None = None,
     split_columns: int | None = None,
+    rotary: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Write each row's new key and value at its position of the cache, then attend its query over
     its positions up to and including that one.
@@ -137,12 +140,17 @@ def decode_attention(
     no part (a slot that finished or holds nothing: nothing of its cache is read or written, and its
     output is zeros); ``split_columns``, the positions of a split (by default :func:`split_columns_for`;
     rounded up to a multiple of the launch's tile); ``split_programs``, the programs each (row, head)
-    takes (by default :func:`split_programs_for`).
+    takes (by default :func:`split_programs_for`); ``rotary``, (2, columns, dim) the cos and sin of
+    every position (the runner's table): given, the query and the new key come unrotated, and are
+    rotated to their row's position as transformers' Llama rotates them (``x * cos + rotate_half(x) *
+    sin``), in float32 and rounded once to the query's dtype, as the compiled layer rounded them.
     Returns (rows, heads, 1, dim) in the query's dtype.
     """
     rows, heads, _, dim = query.shape
     kv_heads, block_positions = keys.shape[1], keys.shape[2]
     context = block_table.shape[1] * block_positions
+    if rotary is not None and (rotary.shape[0] != 2 or rotary.shape[2] != dim or rotary.stride()[1:] != (dim, 1)):
+        raise ValueError(f"the rotary's table must be (2, columns, {dim}), a row after the other: {rotary.shape}")
     launch = _LAUNCH[min(keys.element_size(), 2)]
     split_columns = split_columns or split_columns_for(rows, heads, context)
     launch = {**launch, "TILE": min(launch["TILE"], split_columns)}
@@ -162,6 +170,8 @@ def decode_attention(
         values,
         block_table,
         columns,
+        query if rotary is None else rotary,
+        0 if rotary is None else rotary.stride(0),
         partial,
         best_scores,
         weight_sums,
@@ -189,6 +199,7 @@ def decode_attention(
         SPLIT=split_columns,
         SPLITS=splits,
         OPERAND=_operand_type(keys.dtype),
+        ROTATE=rotary is not None,
         **launch,
     )
     if splits == 1:  # every row's result written by its one split's program
@@ -333,6 +344,8 @@ def _kernels():
         values,
         block_table,
         columns,
+        rotary,
+        rotary_sin,
         partial,
         best_scores,
         weight_sums,
@@ -362,6 +375,7 @@ def _kernels():
         OPERAND: tl.constexpr,
         TENSOR_CORES: tl.constexpr,
         HALF_PRODUCTS: tl.constexpr,
+        ROTATE: tl.constexpr,
     ):
         row = tl.program_id(0)
         head = tl.program_id(1)
@@ -374,7 +388,24 @@ def _kernels():
             if SPLITS == 1:
                 tl.store(out + row * out_row + head * out_head + dims, tl.zeros((DIM,), out.dtype.element_ty))
             return
-        q = tl.load(query + row * query_row + head * query_head + dims).to(tl.float32) * scale
+        q_at = query + row * query_row + head * query_head
+        k_at = new_key + row * new_key_row + kv_head * new_key_head
+        if ROTATE:
+            # The query and the new key as the two rows of one tile, rotated as transformers' Llama rotates
+            # a head: x * cos + rotate_half(x) * sin, rotate_half(x) being (-second half, first half); in
+            # float32, each rounded once to its dtype.
+            pair = tl.arange(0, 2)[:, None]
+            pair_at = tl.where(pair == 0, q_at, k_at)
+            half = tl.load(pair_at + ((dims + DIM // 2) % DIM)[None, :]).to(tl.float32)
+            half = tl.where(dims[None, :] < DIM // 2, -half, half)
+            cos = tl.load(rotary + new_column * DIM + dims).to(tl.float32)
+            sin = tl.load(rotary + rotary_sin + new_column * DIM + dims).to(tl.float32)
+            turned = tl.load(pair_at + dims[None, :]).to(tl.float32) * cos[None, :] + half * sin[None, :]
+            q = tl.sum(tl.where(pair == 0, turned, 0.0), axis=0).to(query.dtype.element_ty)
+            k_turned = tl.sum(tl.where(pair == 1, turned, 0.0), axis=0).to(new_key.dtype.element_ty)
+        else:
+            q = tl.load(q_at + dims)
+        q = q.to(tl.float32) * scale
         table = block_table + row * table_row
         key_base = keys + kv_head * key_head
         value_base = values + kv_head * value_head
@@ -427,7 +458,7 @@ def _kernels():
             if TENSOR_CORES:
                 acc = tl.sum(acc_lanes, axis=1)
             if new_column < start + SPLIT:  # the new position is this split's: write it, and attend to it as written
-                k_new = tl.load(new_key + row * new_key_row + kv_head * new_key_head + dims)
+                k_new = k_turned if ROTATE else tl.load(k_at + dims)
                 v_new = tl.load(new_value + row * new_value_row + kv_head * new_value_head + dims)
                 k_new = k_new.to(keys.dtype.element_ty)
                 v_new = v_new.to(values.dtype.element_ty)

@@ -144,13 +144,18 @@ def rms_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Te
 
 def before_attention(
     hidden: torch.Tensor,
+    mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: torch.Tensor | Fp8Weight,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     shape: LayerShape,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The layer's query, key and value, (rows, heads, length, head dim) each, rotated to their positions."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The layer's input, ``hidden + mlp_out`` (the previous layer's two terms, see :func:`after_attention`;
+    the first layer's ``mlp_out`` is zeros), and its query, key and value, (rows, heads, length, head dim)
+    each, the query and key rotated to their positions by ``cos`` and ``sin`` (None: left unrotated, for
+    an attention that rotates them itself, see :func:`worker.engine.attention.decode_attention`)."""
+    hidden = hidden + mlp_out
     rows, length, _ = hidden.shape
     projected = linear(rms_norm(hidden, input_norm, shape.norm_eps), qkv)
     query_width = shape.heads * shape.head_dim
@@ -159,8 +164,9 @@ def before_attention(
     query = query.view(rows, length, shape.heads, shape.head_dim).transpose(1, 2)
     key = key.view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
     value = value.view(rows, length, shape.kv_heads, shape.head_dim).transpose(1, 2)
-    query, key = apply_rotary_pos_emb(query, key, cos, sin)
-    return query, key, value
+    if cos is not None:
+        query, key = apply_rotary_pos_emb(query, key, cos, sin)
+    return hidden, query, key, value
 
 
 def after_attention(
@@ -171,13 +177,15 @@ def after_attention(
     gate_up: torch.Tensor | Fp8Weight,
     down: torch.Tensor | Fp8Weight,
     norm_eps: float,
-) -> torch.Tensor:
-    """The layer's output: the attended values (rows, heads, length, head dim) projected and added, then
-    the MLP's."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's output as two terms, ``hidden`` with the attended values (rows, heads, length, head dim)
+    projected and added, and the MLP's output: their sum is the output. Whoever reads it next (the next
+    layer's :func:`before_attention`, the draw) adds them in its norm's kernel; added here, after the MLP's
+    last matmul, the sum was a kernel of its own in every layer."""
     rows, _, length, _ = attended.shape
     hidden = hidden + linear(attended.transpose(1, 2).reshape(rows, length, -1), output)
     gate, up = linear(rms_norm(hidden, post_attention_norm, norm_eps), gate_up).chunk(2, dim=-1)
-    return hidden + linear(F.silu(gate) * up, down)
+    return hidden, linear(F.silu(gate) * up, down)
 
 
 # The fp8 passes' parts: the same computation in code objects of their own. torch.compile's dynamo keeps
@@ -188,15 +196,16 @@ def after_attention(
 
 def fp8_before_attention(
     hidden: torch.Tensor,
+    mlp_out: torch.Tensor,
     input_norm: torch.Tensor,
     qkv: Fp8Weight,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
+    cos: torch.Tensor | None,
+    sin: torch.Tensor | None,
     shape: LayerShape,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`before_attention` over a float8 projection, in a code object of its own so that dynamo
     compiles it apart (see above)."""
-    return before_attention(hidden, input_norm, qkv, cos, sin, shape)
+    return before_attention(hidden, mlp_out, input_norm, qkv, cos, sin, shape)
 
 
 def fp8_after_attention(
@@ -207,7 +216,7 @@ def fp8_after_attention(
     gate_up: Fp8Weight,
     down: Fp8Weight,
     norm_eps: float,
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`after_attention` over float8 projections, in a code object of its own so that dynamo
     compiles it apart (see above)."""
     return after_attention(hidden, attended, output, post_attention_norm, gate_up, down, norm_eps)

@@ -449,10 +449,11 @@ class ModelRunner:
             return prefill_attention(query[0], key[0], value[0], starts, self._scale, longest).unsqueeze(0)
 
         inputs = self.prefill_embeddings[:tokens].unsqueeze(0)
-        hidden = self._forward(inputs, positions.unsqueeze(0), attend, self._layer_pass(tokens))[0]
+        hidden, mlp_out = self._forward(inputs, positions.unsqueeze(0), attend, self._layer_pass(tokens))
         # Step 0 is drawn from each prompt's last token (a row holding none, for the scratch slot, from the
         # last prompt's, or the first token).
-        self._draw(self.prefill_slots[:rows], hidden[(ends - 1).clamp(min=0)])
+        last = (ends - 1).clamp(min=0)
+        self._draw(self.prefill_slots[:rows], hidden[0, last], mlp_out[0, last])
 
     def prefill_bucket(self, tokens: int) -> int:
         """The tokens a prefill pass of ``tokens`` prompt tokens is padded to."""
@@ -620,7 +621,8 @@ class ModelRunner:
         if self.reads_own_columns:
 
             def attend(layer: int, query, key, value):
-                # The kernel writes the new key and value into the cache itself.
+                # The kernel rotates the query and the new key, and writes the new key and value into the
+                # cache itself.
                 return decode_attention(
                     query,
                     key,
@@ -630,6 +632,7 @@ class ModelRunner:
                     self.block_table[:rows],
                     taking_part,
                     self._scale,
+                    rotary=self.rotary,
                 )
 
         else:
@@ -657,8 +660,10 @@ class ModelRunner:
                     query, keys, values, attn_mask=visible, scale=self._scale, enable_gqa=self._grouped
                 )
 
-        hidden = self._forward(inputs, column.unsqueeze(1), attend, self._layer_pass(rows))
-        self._draw(slots, hidden[:, -1])
+        hidden, mlp_out = self._forward(
+            inputs, column.unsqueeze(1), attend, self._layer_pass(rows), rotate=not self.reads_own_columns
+        )
+        self._draw(slots, hidden[:, -1], mlp_out[:, -1])
 
     def _layer_pass(self, tokens: int) -> _LayerPass:
         """How a pass of ``tokens`` tokens (a decode step's rows, a prefill's tokens) runs the layers: in
@@ -668,18 +673,31 @@ class ModelRunner:
         return self._model_pass
 
     def _forward(
-        self, inputs: torch.Tensor, positions: torch.Tensor, attend: _Attention, layer_pass: _LayerPass
-    ) -> torch.Tensor:
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        attend: _Attention,
+        layer_pass: _LayerPass,
+        *,
+        rotate: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The Llama layers on (rows, length, width) inputs at ``positions`` (a decode step's rows of one
         token, or a prefill's one row of its prompts' tokens), as ``layer_pass`` runs them; ``attend`` reads
-        and fills the cache. The model's final norm is the draw's (:func:`draw`)."""
+        and fills the cache, and rotates the queries and keys where ``rotate`` is false. The last layer's
+        output comes as its two terms (see :func:`worker.engine.layers.after_attention`); the draw adds
+        them, and applies the model's final norm (:func:`draw`)."""
         before, after, layer_weights = layer_pass
-        hidden = inputs
-        cos, sin = self.rotary[:, positions]
+        # The first layer adds zeros: with None there, it would be a variant of the compiled part of its
+        # own, and the decode steps' and the prefills' variants together would pass dynamo's recompile
+        # limit (8), past which it runs the part op by op.
+        hidden, mlp_out = inputs, torch.zeros_like(inputs)
+        cos, sin = self.rotary[:, positions] if rotate else (None, None)
         for index, weights in enumerate(layer_weights):
-            query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, self.layer_shape)
+            hidden, query, key, value = before(
+                hidden, mlp_out, weights.input_norm, weights.qkv, cos, sin, self.layer_shape
+            )
             attended = attend(index, query, key, value)
-            hidden = after(
+            hidden, mlp_out = after(
                 hidden,
                 attended,
                 weights.output,
@@ -688,13 +706,14 @@ class ModelRunner:
                 weights.down,
                 self.layer_shape.norm_eps,
             )
-        return hidden
+        return hidden, mlp_out
 
-    def _draw(self, slots: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _draw(self, slots: torch.Tensor, hidden: torch.Tensor, mlp_out: torch.Tensor) -> None:
         """Record each slot's hidden state at its step, draw its tokens, note the slots that end."""
         drawn = self._choose(
             slots,
             hidden,
+            mlp_out,
             self.llama.norm.weight,
             self.layer_shape.norm_eps,
             self.head_weights,
@@ -741,6 +760,7 @@ class Drawn(NamedTuple):
 def draw(
     slots: torch.Tensor,
     hidden: torch.Tensor,
+    mlp_out: torch.Tensor,
     norm: torch.Tensor,
     norm_eps: float,
     head_weights: torch.Tensor,
@@ -754,14 +774,15 @@ def draw(
     ended_by: torch.Tensor,
     eos_token: int,
 ) -> Drawn:
-    """The tokens ``slots`` draw from the last layer's ``hidden`` states (the model's final ``norm`` is
-    applied here), and how that leaves them, from the per-slot state (every slot's; read, never written).
+    """The tokens ``slots`` draw from the last layer's output, ``hidden + mlp_out`` (its two terms, added
+    here, in the kernel of the model's final ``norm``, also applied here), and how that leaves them, from
+    the per-slot state (every slot's; read, never written).
 
     A pure function, so that on a GPU it compiles into a few kernels (op by op, the draw was ~110
     small kernels of a one-slot step's ~390) while the runner's writes stay outside it: compiled
     writes into the per-slot buffers copied the hidden states' 12 GiB each step.
     """
-    hidden = rms_norm(hidden, norm, norm_eps).float()
+    hidden = rms_norm(hidden + mlp_out, norm, norm_eps).float()
     step = steps[slots]
     running = ~finished[slots]
     logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)

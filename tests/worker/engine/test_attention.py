@@ -166,6 +166,63 @@ def check_columns_past_a_slots_new_position_are_never_read() -> None:
     assert keys[table[2]].isnan().all() and values[table[2]].isnan().all()
 
 
+def check_the_query_and_new_key_come_unrotated_and_are_rotated_to_each_rows_position(device: str = "cpu") -> None:
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from worker.engine.attention import SHORT_SPLIT_COLUMNS, decode_attention
+
+    generator = torch.Generator().manual_seed(2)
+    slots, heads, kv_heads, dim, context = 4, 4, 2, 16, 256
+    # The new position first, within a split, at a split's edge, and last in the cache.
+    columns = torch.tensor([0, 17, SHORT_SPLIT_COLUMNS, context - 1])
+    # A Llama rotary's table: each pair of dimensions (d, d + dim / 2) turns at its own rate.
+    angles = torch.arange(context).unsqueeze(1) * torch.rand(dim // 2, generator=generator)
+    rotary = torch.stack([torch.cat([angles, angles], dim=1).cos(), torch.cat([angles, angles], dim=1).sin()])
+    query = torch.randn(slots, heads, 1, dim, generator=generator)
+    new_key, new_value = torch.randn(2, slots, kv_heads, 1, dim, generator=generator)
+    table = shuffled_table(slots, context, 16, generator)
+    keys, values = (paged(torch.randn(slots, kv_heads, context, dim, generator=generator), table) for _ in range(2))
+    cos, sin = rotary[:, columns].unsqueeze(2)  # (rows, one position, dim) each
+    rotated_query, rotated_key = apply_rotary_pos_emb(query, new_key, cos, sin)
+    # One split a row, or short splits over several programs: each program rotates the query itself.
+    for split_columns, split_programs in ((context, 1), (SHORT_SPLIT_COLUMNS, 2)):
+        runs = []
+        for inputs, table_of_rotary in (((rotated_query, rotated_key), None), ((query, new_key), rotary)):
+            on_device = [tensor.to(device) for tensor in (*inputs, new_value, keys.clone(), values.clone(), table)]
+            attended = decode_attention(
+                *on_device,
+                columns.to(device),
+                0.25,
+                split_programs=split_programs,
+                split_columns=split_columns,
+                rotary=None if table_of_rotary is None else table_of_rotary.to(device),
+            )
+            runs.append((attended.cpu(), on_device[3].cpu(), on_device[4].cpu()))
+        (expected, expected_keys, expected_values), (attended, written_keys, written_values) = runs
+        # The rotation's products and sum in another order (a fused multiply-add): a float32 rounding apart.
+        torch.testing.assert_close(attended, expected, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(written_keys, expected_keys, atol=1e-6, rtol=1e-6)
+        assert torch.equal(written_values, expected_values)
+
+
+def test_the_kernel_rotates_the_query_and_the_new_key_it_is_handed_unrotated():
+    in_triton_interpreter("check_the_query_and_new_key_come_unrotated_and_are_rotated_to_each_rows_position")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_the_kernel_rotates_them_on_a_gpu():
+    check_the_query_and_new_key_come_unrotated_and_are_rotated_to_each_rows_position("cuda")
+
+
+def test_a_rotary_table_of_another_shape_is_refused():
+    from worker.engine.attention import decode_attention
+
+    query, key = torch.zeros(1, 2, 1, 16), torch.zeros(1, 2, 1, 16)
+    pool, table = torch.zeros(2, 2, 16, 16), torch.zeros(1, 1, dtype=torch.long)
+    with pytest.raises(ValueError, match="rotary"):
+        decode_attention(query, key, key, pool, pool, table, torch.tensor([0]), 0.25, rotary=torch.zeros(2, 16, 8))
+
+
 def test_each_slot_writes_its_new_position_and_attends_over_its_own_columns_in_the_model_dtype_and_fp8():
     in_triton_interpreter("check_each_slot_writes_its_new_position_and_attends_over_its_own_filled_columns")
 

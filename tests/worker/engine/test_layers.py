@@ -47,13 +47,17 @@ def modules_layer(layer, hidden, cos, sin):
     return hidden + layer.mlp(layer.post_attention_layernorm(hidden))
 
 
-def fused_layer(weights, shape, hidden, cos, sin, *, parts=(before_attention, after_attention), scale):
+def fused_layer(weights, shape, hidden, cos, sin, *, mlp_out=None, parts=(before_attention, after_attention), scale):
+    """The layer's output from its two parts, on ``hidden + mlp_out`` (a previous layer's two terms;
+    by default zeros, as the first layer's)."""
     before, after = parts
-    query, key, value = before(hidden, weights.input_norm, weights.qkv, cos, sin, shape)
+    mlp_out = torch.zeros_like(hidden) if mlp_out is None else mlp_out
+    hidden, query, key, value = before(hidden, mlp_out, weights.input_norm, weights.qkv, cos, sin, shape)
     attended = F.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
-    return after(
+    hidden, mlp_out = after(
         hidden, attended, weights.output, weights.post_attention_norm, weights.gate_up, weights.down, shape.norm_eps
     )
+    return hidden + mlp_out
 
 
 def inputs(llama, rows=3, length=5):
@@ -73,6 +77,19 @@ def test_each_layers_two_parts_compute_what_its_modules_compute(llama):
     scale = llama.layers[0].self_attn.scaling
     for weights, layer_expected in zip(fused, expected, strict=True):
         torch.testing.assert_close(fused_layer(weights, shape, hidden, cos, sin, scale=scale), layer_expected)
+
+
+@torch.inference_mode()
+def test_a_layer_takes_the_previous_layers_output_as_its_two_terms_and_adds_them_first(llama):
+    hidden, cos, sin = inputs(llama)
+    mlp_out = inputs(llama)[0].flip(0)
+    fused, shape = fuse_layers(llama)
+    scale = llama.layers[0].self_attn.scaling
+    for weights in fused:
+        assert torch.equal(
+            fused_layer(weights, shape, hidden, cos, sin, mlp_out=mlp_out, scale=scale),
+            fused_layer(weights, shape, hidden + mlp_out, cos, sin, scale=scale),
+        )
 
 
 @torch.inference_mode()
@@ -161,10 +178,11 @@ def test_the_compiled_parts_compute_what_the_plain_ones_do(tiny_settings, matmul
     compiled = tuple(torch.compile(part) for part in plain)
     for rows in (1, 2, 5):  # one row is compiled apart from the others, whose count is symbolic
         hidden, cos, sin = inputs(llama, rows=rows, length=1)
-        for weights in fused:
+        # The first layer adds zeros; the others, a previous layer's terms.
+        for weights, mlp_out in zip(fused, [None, hidden.flip(0), hidden.flip(0)], strict=False):
             torch.testing.assert_close(
-                fused_layer(weights, shape, hidden, cos, sin, parts=compiled, scale=scale),
-                fused_layer(weights, shape, hidden, cos, sin, parts=plain, scale=scale),
+                fused_layer(weights, shape, hidden, cos, sin, mlp_out=mlp_out, parts=compiled, scale=scale),
+                fused_layer(weights, shape, hidden, cos, sin, mlp_out=mlp_out, parts=plain, scale=scale),
                 atol=1e-5,
                 rtol=1e-5,
             )

@@ -70,7 +70,9 @@ def test_a_draw_reads_the_slots_state_and_writes_none_of_it(device):
     state = slot_state(device)
     before = {name: _flat(value) for name, value in state.items()}
     slots = torch.tensor([3, 0, 17], device=device)
-    drawn = draw(slots, torch.randn(3, WIDTH, device=device), eos_token=EOS, **state)
+    drawn = draw(
+        slots, torch.randn(3, WIDTH, device=device), torch.randn(3, WIDTH, device=device), eos_token=EOS, **state
+    )
     assert drawn.tokens.shape == (3, CODEBOOKS) and torch.equal(drawn.codes, drawn.tokens.int())
     assert torch.equal(drawn.step, state["steps"][slots])
     for name, value in state.items():
@@ -80,7 +82,9 @@ def test_a_draw_reads_the_slots_state_and_writes_none_of_it(device):
 def test_it_compiles_whole_with_no_graph_break():
     # A break would cut the compiled draw into pieces with the op-by-op kernels between them.
     state = slot_state("cpu")
-    explained = torch._dynamo.explain(draw)(torch.arange(3), torch.randn(3, WIDTH), eos_token=EOS, **state)
+    explained = torch._dynamo.explain(draw)(
+        torch.arange(3), torch.randn(3, WIDTH), torch.randn(3, WIDTH), eos_token=EOS, **state
+    )
     assert explained.graph_count == 1 and explained.graph_break_count == 0
 
 
@@ -95,8 +99,9 @@ def test_compiled_it_decides_what_it_decides_op_by_op_at_any_row_count():
     # One row is compiled apart from the others, whose count is symbolic.
     for rows in (1, 2, 5, 17, SLOTS):
         slots = torch.randperm(SLOTS, generator=generator)[:rows].to(device)
-        hidden = torch.randn(rows, WIDTH, generator=generator).to(device, torch.bfloat16)
-        expected, got = draw(slots, hidden, eos_token=EOS, **state), compiled(slots, hidden, eos_token=EOS, **state)
+        hidden, mlp_out = torch.randn(2, rows, WIDTH, generator=generator).to(device, torch.bfloat16)
+        expected = draw(slots, hidden, mlp_out, eos_token=EOS, **state)
+        got = compiled(slots, hidden, mlp_out, eos_token=EOS, **state)
         for name, want, have in zip(expected._fields, expected, got, strict=True):
             assert torch.equal(have, want), (rows, name)
 
