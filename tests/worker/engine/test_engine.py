@@ -47,7 +47,7 @@ def eager_reference(model, segments, stop_after=None):
     end_at = torch.tensor(ends, device=device)
     max_steps = max(ends)
     history = torch.zeros(len(segments), max_steps, num_vq, dtype=torch.long, device=device)
-    hiddens = torch.zeros(len(segments), max_steps, llama.config.hidden_size, dtype=torch.float32, device=device)
+    hiddens = torch.zeros(len(segments), max_steps, llama.config.hidden_size, dtype=llama.dtype, device=device)
 
     outputs = [None] * len(segments)
     active = torch.arange(len(segments), device=device)
@@ -60,19 +60,15 @@ def eager_reference(model, segments, stop_after=None):
         head_weights = torch.stack([head.weight for head in chat.embed.head_code]).float()
 
     for step in range(max_steps):
-        hidden = (
-            llama(
-                inputs_embeds=step_input,
-                attention_mask=mask,
-                position_ids=positions,
-                use_cache=True,
-                **{cache_keyword: cache},
-            )
-            .last_hidden_state[:, -1]
-            .float()
-        )
+        hidden = llama(
+            inputs_embeds=step_input,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **{cache_keyword: cache},
+        ).last_hidden_state[:, -1]
         hiddens[active, step] = hidden
-        logits = torch.einsum("bh,qvh->bqv", hidden, head_weights)
+        logits = torch.einsum("bh,qvh->bqv", hidden.float(), head_weights)
         eos_blocked = min_tokens[active] > step
         tokens = sample(logits, history[active, :step], sampling.select(active), step, eos_token, eos_blocked)
         history[active, step] = tokens

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from chattts_farm.settings import SettingsError
+from worker.engine.layers import rms_norm
 from worker.engine.runner import (
     DECODE_ROW_STEP,
     PREFILL_GRAPH_TOKENS,
@@ -77,6 +78,15 @@ def test_a_draw_reads_the_slots_state_and_writes_none_of_it(device):
     assert torch.equal(drawn.step, state["steps"][slots])
     for name, value in state.items():
         assert torch.equal(_flat(value), before[name]), name
+
+
+def test_a_draw_hands_back_the_normed_hidden_states_in_the_norms_dtype_unrounded():
+    # Kept as the norm makes them (bfloat16 on a GPU): the float32 the heads read adds no bits to store.
+    state = slot_state("cpu")
+    hidden, mlp_out = torch.randn(2, 3, WIDTH).bfloat16()
+    drawn = draw(torch.tensor([3, 0, 17]), hidden, mlp_out, eos_token=EOS, **state)
+    assert drawn.hidden.dtype == torch.bfloat16
+    assert torch.equal(drawn.hidden, rms_norm(hidden + mlp_out, state["norm"], state["norm_eps"]))
 
 
 def test_it_compiles_whole_with_no_graph_break():

@@ -30,6 +30,12 @@ def test_the_kv_cache_takes_the_memory_the_setting_gives_and_refuses_one_too_sma
         engine_capacity(model, too_small)
 
 
+def test_a_slots_own_memory_is_its_hidden_states_kept_in_the_gpts_dtype(tiny_settings, synthesizer):
+    model, runner = synthesizer.model, synthesizer.engine.runner
+    assert runner.hiddens.dtype == model.chat.gpt.gpt.dtype
+    assert ModelRunner.bytes_per_slot(model, max_new_tokens=tiny_settings.max_new_tokens) == runner.hiddens[0].nbytes
+
+
 def capacity_on_a_gpu(model, settings, monkeypatch, free: float) -> dict:
     """engine_capacity on a GPU with ``free`` bytes free: faked, the sizing's arithmetic needs none."""
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (free, 80 * 2**30))
