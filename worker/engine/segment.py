@@ -91,7 +91,7 @@ class Segment:
 
 @dataclass
 class SegmentOutput:
-    hiddens: torch.Tensor  # (tokens, gpt width) float32: what the vocoder turns into audio
+    hiddens: torch.Tensor  # (tokens, gpt width) in the GPT's dtype: what the vocoder turns into audio
     codes: torch.Tensor  # (tokens, codebooks) the audio tokens drawn at those steps
     tokens: int
     ended_by: str  # "eos" | "length_rule" | "token_limit" | "interrupted"
