@@ -49,6 +49,14 @@ other half's layer parts, a layer at a time (the two streams joined after each p
 halves in turn. The halves side by side against in turn are what a step split that way would gain
 (as NanoFlow splits a batch); the attention reads the standard workload's contexts from an fp8 cache.
 
+``--matmul-rows`` (CUDA) times a layer's four matmuls alone at each row count, 20 calls a CUDA graph: as
+the runner runs them (``F.linear`` of the (out, in) weights, cuBLAS's "TN"), against the same weights
+stored transposed ((in, out), ``x @ w``, "NN"), whose kernel cuBLAS chooses apart; with
+``--matmul-autotune``, also inductor's max-autotune of the matmul compiled for that static shape (its
+Triton templates and cuBLAS, the fastest kept; each shape and row count tuned apart, ~a minute each).
+A full-load profile found the qkv and output projections at ~300 TFLOPS where the MLP's ran at
+~600-700: whether another kernel does better at those shapes.
+
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
 prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
 and prints their kernels, their GPU time, and the costliest.
@@ -514,6 +522,38 @@ def overlap_table(model: LoadedModel, rows_list: list[int], context: int) -> Non
         )
 
 
+def matmul_table(model: LoadedModel, rows_list: list[int], autotune: bool) -> None:
+    """A layer's four matmuls alone, each way (see the module's doc)."""
+    weights = fuse_layers(model.chat.gpt.gpt)[0][0]
+    print("\nA layer's matmuls alone (us a call, TFLOPS):")
+    print("| matmul | rows | (out, in) weights: F.linear | (in, out) weights: x @ w | max-autotune |")
+    print("|---|---:|---:|---:|---:|")
+    for name in ("qkv", "output", "gate_up", "down"):
+        weight = getattr(weights, name)
+        for rows in rows_list:
+            inputs = torch.randn(rows, weight.shape[1], device=model.device, dtype=weight.dtype)
+            flops = 2 * rows * weight.numel()
+            cells = []
+            for way in matmul_ways(inputs, weight, autotune):
+                seconds = graph_seconds(lambda way=way: [way() for _ in range(20)], replays=3) / 20
+                cells.append(f"{1e6 * seconds:.1f} ({flops / seconds / 1e12:.0f})")
+            print(f"| {name} {tuple(weight.shape)} | {rows} | " + " | ".join(cells + ["-"] * (3 - len(cells))) + " |")
+            torch._dynamo.reset()
+
+
+def matmul_ways(inputs: torch.Tensor, weight: torch.Tensor, autotune: bool) -> list[Callable[[], torch.Tensor]]:
+    """``inputs`` times the (out, in) ``weight`` transposed: as the runner multiplies, with the weight
+    stored transposed, and (``autotune``) compiled by inductor's max-autotune for this static shape."""
+    stored_transposed = weight.t().contiguous()
+    ways = [lambda: torch.nn.functional.linear(inputs, weight), lambda: inputs @ stored_transposed]
+    if autotune:
+        tuned = torch.compile(
+            lambda x: torch.nn.functional.linear(x, weight), mode="max-autotune-no-cudagraphs", dynamic=False
+        )
+        ways.append(lambda: tuned(inputs))
+    return ways
+
+
 def profiled_kernels(work: Callable[[], None], device: torch.device) -> tuple[float, list]:
     """The wall seconds of ``work()`` (synchronised) and the GPU kernels it launched."""
     from torch.profiler import ProfilerActivity, profile
@@ -528,15 +568,18 @@ def profiled_kernels(work: Callable[[], None], device: torch.device) -> tuple[fl
 
 
 def print_kernels(title: str, kernels: list, times: int) -> None:
-    by_name = collections.Counter()
+    by_name, calls = collections.Counter(), collections.Counter()
     for event in kernels:
         by_name[event.name] += event.device_time
+        calls[event.name] += 1
     total_us = sum(by_name.values()) / times
-    print(f"\n{title}: {len(kernels) / times:.0f} kernels, {total_us / 1000:.2f} ms on the GPU")
-    print("| kernel | us | share |")
-    print("|---|---:|---:|")
+    # Every figure is one run's, the mean of ``times``.
+    print(f"\n{title}; each: {len(kernels) / times:.0f} kernels, {total_us / 1000:.2f} ms on the GPU")
+    # The calls tell which matmul a kernel runs when one kernel runs several.
+    print("| kernel | calls | us | share |")
+    print("|---|---:|---:|---:|")
     for name, micros in by_name.most_common(12):
-        print(f"| {name[:90]} | {micros / times:.1f} | {micros / times / total_us:.0%} |")
+        print(f"| {name[:90]} | {calls[name] / times:.0f} | {micros / times:.1f} | {micros / times / total_us:.0%} |")
 
 
 def profile_table(model: LoadedModel, rows_list: list[int], steps: int) -> None:
@@ -590,6 +633,8 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="Sweep the kernel's launch settings (CUDA).")
     parser.add_argument("--profile-rows", type=row_counts, default="", help="Row counts to profile a step at (CUDA).")
     parser.add_argument("--overlap-rows", type=row_counts, default="", help="Row counts of the overlap table (CUDA).")
+    parser.add_argument("--matmul-rows", type=row_counts, default="", help="Row counts of the matmul table (CUDA).")
+    parser.add_argument("--matmul-autotune", action="store_true", help="Add max-autotune to the matmul table.")
     parser.add_argument("--context", type=int, default=2464, help="Columns of a slot's cache in the kernel's table.")
     parser.add_argument(
         "--join-rows",
@@ -631,6 +676,8 @@ def main() -> None:
         launch_sweep(model, arguments.context)
     if kernel_runs and arguments.overlap_rows:
         overlap_table(model, arguments.overlap_rows, arguments.context)
+    if model.device.type == "cuda" and arguments.matmul_rows:
+        matmul_table(model, arguments.matmul_rows, arguments.matmul_autotune)
     if model.device.type == "cuda" and arguments.profile_rows:
         profile_table(model, arguments.profile_rows, steps)
     if arguments.join_rows:
