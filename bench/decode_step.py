@@ -579,7 +579,7 @@ def print_kernels(title: str, kernels: list, times: int) -> None:
     print("| kernel | calls | us | share |")
     print("|---|---:|---:|---:|")
     for name, micros in by_name.most_common(12):
-        print(f"| {name[:90]} | {calls[name] / times:.0f} | {micros / times:.1f} | {micros / times / total_us:.0%} |")
+        print(f"| {name[:90]} | {calls[name] / times:g} | {micros / times:.1f} | {micros / times / total_us:.0%} |")
 
 
 def profile_table(model: LoadedModel, rows_list: list[int], steps: int) -> None:
