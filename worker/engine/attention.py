@@ -27,9 +27,9 @@ The step's new key and value come in as tensors, not from the cache: the program
 the new column writes them to the cache (in its dtype, fp8 included) and attends to them as written,
 so a step needs no kernel of its own for the cache write. Given the rotary's table, the kernel also
 rotates the query and the new key to the row's position as it loads them, so that the layer's matmul
-hands them over unrotated and the rotary needs no kernel of its own either. Every bound is read on the device. The one
-entry point is :func:`decode_attention`, so that another backend (FlashInfer's decode kernels, say)
-can take its place. Used on CUDA when Triton is present; elsewhere the runner attends with a mask
+hands them over unrotated and the rotary needs no kernel of its own either. Every bound is read on the
+device. The one entry point is :func:`decode_attention`, so that another backend (FlashInfer's decode
+kernels, say) can take its place. Used on CUDA when Triton is present; elsewhere the runner attends with a mask
 (and Triton's interpreter runs these kernels on the CPU for the tests).
 
 A prefill pass runs the prompts admitted together as one sequence, one after another with no padding
