@@ -54,8 +54,8 @@ the runner runs them (``F.linear`` of the (out, in) weights, cuBLAS's "TN"), aga
 stored transposed ((in, out), ``x @ w``, "NN"), whose kernel cuBLAS chooses apart; with
 ``--matmul-autotune``, also inductor's max-autotune of the matmul compiled for that static shape (its
 Triton templates and cuBLAS, the fastest kept; each shape and row count tuned apart, ~a minute each).
-A full-load profile found the qkv and output projections at ~300 TFLOPS where the MLP's ran at
-~600-700: whether another kernel does better at those shapes.
+A full-load profile found two of the four (likely the output and down projections, the two with 768
+outputs) at 300-400 TFLOPS where gate-up ran at ~620: whether another kernel does better at those shapes.
 
 ``--profile-rows`` (CUDA) runs, under ``torch.profiler`` at each row count, one prefill of that many
 prompts (its wall time too) and the engine's decode step op by op (compiled parts and all, no graph),
@@ -443,17 +443,20 @@ def overlap(
     weights, shape = fused
     before, after = torch.compile(before_attention), torch.compile(after_attention)
     side = torch.cuda.Stream(model.device)
+    # As the runner's decode step splits the work: the attention rotates the query and the new key, from
+    # this table of every column's cos and sin; the layer parts hand them over unrotated.
+    columns = torch.arange(context, device=model.device)
+    rotary = torch.stack(llama.rotary_emb(columns.new_empty(0, dtype=llama.dtype), columns[None]))[:, 0]
 
     def kinds(count: int) -> tuple[Callable[[], None], Callable[[int], None]]:
         """The attention of ``count`` rows (one layer's call) and their layer parts (of a given layer)."""
         arguments = attention_inputs(model, count, context, torch.float8_e4m3fn, generator)
         query = arguments[0]
         hidden = torch.randn(count, 1, llama.config.hidden_size, device=model.device, dtype=llama.dtype)
-        cos, sin = llama.rotary_emb(hidden, arguments[6].view(count, 1))
 
         def parts(layer: int) -> None:
             layer_weights = weights[layer]
-            before(hidden, hidden, layer_weights.input_norm, layer_weights.qkv, cos, sin, shape)
+            before(hidden, hidden, layer_weights.input_norm, layer_weights.qkv, None, None, shape)
             after(
                 hidden,
                 query,
@@ -464,7 +467,7 @@ def overlap(
                 shape.norm_eps,
             )
 
-        return lambda: decode_attention(*arguments), parts
+        return lambda: decode_attention(*arguments, rotary=rotary), parts
 
     def side_by_side(on_side: Callable[[], None], here: Callable[[], None]) -> None:
         main = torch.cuda.current_stream(model.device)
