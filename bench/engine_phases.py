@@ -461,6 +461,10 @@ def main() -> None:
             kv_cache_gib=arguments.kv_cache_gib,
             kv_dtype=kv_dtype,
         )
+        # Compiled from nothing, as in a worker's own process: dynamo keeps a function's compiled variants
+        # (at most 8, its recompile limit) across engines, and the second engine of a call ran its draw
+        # op by op past that limit.
+        torch._dynamo.reset()
         synthesizer = Synthesizer.load(settings)
         device = synthesizer.model.device
         runner = synthesizer.engine.runner
