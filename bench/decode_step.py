@@ -50,8 +50,10 @@ halves in turn. The halves side by side against in turn are what a step split th
 (as NanoFlow splits a batch); the attention reads the standard workload's contexts from an fp8 cache.
 
 ``--matmul-rows`` (CUDA) times a layer's four matmuls alone at each row count, 20 calls a CUDA graph: as
-the runner runs them (``F.linear`` of the (out, in) weights, cuBLAS's "TN"), against the same weights
-stored transposed ((in, out), ``x @ w``, "NN"), whose kernel cuBLAS chooses apart; with
+the runner runs them (``F.linear`` of the (out, in) weights, cuBLAS's "TN"); the same on cuBLASLt
+(``torch.backends.cuda.preferred_blas_library``), which chooses its kernels by heuristics of its own; and
+the same weights stored transposed ((in, out), ``x @ w``, "NN"), whose kernel cuBLAS chooses apart (on an
+H100 it was faster at some row counts and slower at others: docs/performance.md); with
 ``--matmul-autotune``, also inductor's max-autotune of the matmul compiled for that static shape (its
 Triton templates and cuBLAS, the fastest kept; each shape and row count tuned apart, ~a minute each).
 A full-load profile found two of the four (likely the output and down projections, the two with 768
@@ -529,8 +531,8 @@ def matmul_table(model: LoadedModel, rows_list: list[int], autotune: bool) -> No
     """A layer's four matmuls alone, each way (see the module's doc)."""
     weights = fuse_layers(model.chat.gpt.gpt)[0][0]
     print("\nA layer's matmuls alone (us a call, TFLOPS):")
-    print("| matmul | rows | (out, in) weights: F.linear | (in, out) weights: x @ w | max-autotune |")
-    print("|---|---:|---:|---:|---:|")
+    print("| matmul | rows | (out, in) weights: F.linear | same, cuBLASLt | (in, out) weights: x @ w | max-autotune |")
+    print("|---|---:|---:|---:|---:|---:|")
     for name in ("qkv", "output", "gate_up", "down"):
         weight = getattr(weights, name)
         for rows in rows_list:
@@ -540,15 +542,26 @@ def matmul_table(model: LoadedModel, rows_list: list[int], autotune: bool) -> No
             for way in matmul_ways(inputs, weight, autotune):
                 seconds = graph_seconds(lambda way=way: [way() for _ in range(20)], replays=3) / 20
                 cells.append(f"{1e6 * seconds:.1f} ({flops / seconds / 1e12:.0f})")
-            print(f"| {name} {tuple(weight.shape)} | {rows} | " + " | ".join(cells + ["-"] * (3 - len(cells))) + " |")
+            print(f"| {name} {tuple(weight.shape)} | {rows} | " + " | ".join(cells + ["-"] * (4 - len(cells))) + " |")
             torch._dynamo.reset()
 
 
 def matmul_ways(inputs: torch.Tensor, weight: torch.Tensor, autotune: bool) -> list[Callable[[], torch.Tensor]]:
-    """``inputs`` times the (out, in) ``weight`` transposed: as the runner multiplies, with the weight
-    stored transposed, and (``autotune``) compiled by inductor's max-autotune for this static shape."""
+    """``inputs`` times the (out, in) ``weight`` transposed: as the runner multiplies, the same with
+    cuBLASLt's choice of kernel, with the weight stored transposed, and (``autotune``) compiled by
+    inductor's max-autotune for this static shape."""
     stored_transposed = weight.t().contiguous()
-    ways = [lambda: torch.nn.functional.linear(inputs, weight), lambda: inputs @ stored_transposed]
+
+    def on_cublaslt() -> torch.Tensor:
+        # The library is chosen on the host at each call: the capture records cuBLASLt's kernel.
+        previous = torch.backends.cuda.preferred_blas_library()
+        torch.backends.cuda.preferred_blas_library("cublaslt")
+        try:
+            return torch.nn.functional.linear(inputs, weight)
+        finally:
+            torch.backends.cuda.preferred_blas_library(previous)
+
+    ways = [lambda: torch.nn.functional.linear(inputs, weight), on_cublaslt, lambda: inputs @ stored_transposed]
     if autotune:
         tuned = torch.compile(
             lambda x: torch.nn.functional.linear(x, weight), mode="max-autotune-no-cudagraphs", dynamic=False
