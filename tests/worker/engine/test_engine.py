@@ -557,6 +557,11 @@ def test_the_cuda_graphs_draw_what_the_eager_loop_drew(tiny_settings, mixed_segm
     # fp32, so that the graphs' kernels and the eager loop's agree to the last token.
     model = load_model(dataclasses.replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
     monkeypatch.setattr(runner, "KV_BUCKET", 32)  # several buckets, so several graphs
+    # Past dynamo's recompile limit (8 variants) a compiled part would run op by op, silently: captured
+    # ahead and run, each part stays within half of it.
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 4)
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
     prepare = long_running if cache == "runs dry" else list
     expected = eager_reference(model, prepare(mixed_segments()))
     segments = prepare(mixed_segments())
