@@ -331,12 +331,12 @@ def graph_seconds(work: Callable[[], None], replays: int = 5) -> float:
     return start.elapsed_time(end) / 1000 / replays
 
 
-def time_attention(arguments: tuple, calls: int = 20) -> float:
-    """Seconds a call of ``decode_attention(*arguments)``, replayed ``calls`` at a time from a CUDA graph."""
-    return graph_seconds(lambda: [decode_attention(*arguments) for _ in range(calls)], replays=1) / calls
+def time_attention(inputs: dict, calls: int = 20) -> float:
+    """Seconds a call of ``decode_attention(**inputs)``, replayed ``calls`` at a time from a CUDA graph."""
+    return graph_seconds(lambda: [decode_attention(**inputs) for _ in range(calls)], replays=1) / calls
 
 
-def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torch.dtype, generator) -> tuple:
+def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torch.dtype, generator) -> dict:
     config = model.chat.config.gpt
     heads = config.num_attention_heads
     kv_heads = model.chat.gpt.gpt.config.num_key_value_heads
@@ -346,8 +346,10 @@ def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torc
 
 def attention_inputs_of(
     heads: int, kv_heads: int, dim: int, rows: int, context: int, kv_dtype: torch.dtype, device, generator
-) -> tuple:
-    """``decode_attention``'s arguments at the runner's layout, random (on the meta device: shapes alone)."""
+) -> dict:
+    """``decode_attention``'s keyword arguments at the runner's layout, random (on the meta device: shapes
+    alone); as the runner's decode step calls it, the query and the new key unrotated, with the table of
+    every position's cos and sin that the kernel rotates them by."""
     query = torch.randn(rows, heads, 1, dim, device=device, dtype=torch.bfloat16)
     new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=device, dtype=torch.bfloat16)
     width = blocks_for(context)
@@ -356,13 +358,32 @@ def attention_inputs_of(
     keys = torch.randn(rows * width, kv_heads, BLOCK_POSITIONS, dim, device=device).to(kv_dtype)
     values = torch.randn(rows * width, kv_heads, BLOCK_POSITIONS, dim, device=device).to(kv_dtype)
     columns = standard_columns(rows, device, generator)
-    return query, new_key, new_value, keys, values, table, columns, dim**-0.5
+    return dict(
+        query=query,
+        new_key=new_key,
+        new_value=new_value,
+        keys=keys,
+        values=values,
+        block_table=table,
+        columns=columns,
+        scale=dim**-0.5,
+        rotary=llama_rotary(context, dim, device),
+    )
 
 
-def read_bytes(arguments: tuple) -> int:
+def llama_rotary(positions: int, dim: int, device) -> torch.Tensor:
+    """(2, positions, dim) bfloat16: the cos and sin of each position as Llama's default rotary embedding
+    (ChatTTS's GPT's, base 10,000) gives them, the runner's table on a GPU."""
+    inverse_frequencies = 10_000.0 ** -(torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
+    angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inverse_frequencies
+    angles = torch.cat([angles, angles], dim=-1)
+    return torch.stack([angles.cos(), angles.sin()]).to(torch.bfloat16)
+
+
+def read_bytes(inputs: dict) -> int:
     """What a call reads: every row's keys and values up to its new position."""
-    _, new_key, _, keys, _, _, columns, _ = arguments
-    return int(columns.sum()) * new_key.shape[1] * new_key.shape[3] * keys.element_size() * 2
+    new_key, keys = inputs["new_key"], inputs["keys"]
+    return int(inputs["columns"].sum()) * new_key.shape[1] * new_key.shape[3] * keys.element_size() * 2
 
 
 @contextlib.contextmanager
@@ -383,20 +404,20 @@ def launch_sweep(model: LoadedModel, context: int) -> None:
     print("\n| kv cache | tensor cores | us/call | GB/s read | tile | warps |")
     print("|---|---|---:|---:|---:|---:|")
     for kv_dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        arguments = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
-        size = arguments[3].element_size()
-        name, read = str(kv_dtype).removeprefix("torch."), read_bytes(arguments)
+        inputs = attention_inputs(model, 1024, context, kv_dtype, torch.Generator().manual_seed(0))
+        size = inputs["keys"].element_size()
+        name, read = str(kv_dtype).removeprefix("torch."), read_bytes(inputs)
         for tensor_cores in (False, True):
             timings = []
             for tile, warps in itertools.product((32, 64, 128, 256), (1, 2, 4)):
                 launch = {**attention._LAUNCH[size], "TILE": tile, "num_warps": warps, "TENSOR_CORES": tensor_cores}
                 with launch_settings(size, launch):
-                    timings.append((time_attention(arguments, calls=10), tile, warps))
+                    timings.append((time_attention(inputs, calls=10), tile, warps))
             timings.sort()
             for seconds, tile, warps in timings[:3]:
                 speed = f"{1e6 * seconds:.1f} | {read / seconds / 1e9:.0f}"
                 print(f"| {name} | {tensor_cores} | {speed} | {tile} | {warps} |", flush=True)
-        del arguments
+        del inputs
 
 
 def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_dtypes: list[torch.dtype]) -> None:
@@ -408,15 +429,15 @@ def attention_table(model: LoadedModel, rows_list: list[int], context: int, kv_d
     generator = torch.Generator().manual_seed(0)
     for kv_dtype in kv_dtypes:
         for rows in rows_list:
-            arguments = attention_inputs(model, rows, context, kv_dtype, generator)
-            seconds = time_attention(arguments)
-            read = read_bytes(arguments)
+            inputs = attention_inputs(model, rows, context, kv_dtype, generator)
+            seconds = time_attention(inputs)
+            read = read_bytes(inputs)
             print(
-                f"| {str(kv_dtype).removeprefix('torch.')} | {rows} | {float(arguments[6].float().mean()):.0f} "
+                f"| {str(kv_dtype).removeprefix('torch.')} | {rows} | {float(inputs['columns'].float().mean()):.0f} "
                 f"| {1e6 * seconds:.1f} | {read / seconds / 1e9:.0f} | {read / seconds / copy:.0%} |",
                 flush=True,
             )
-            del arguments
+            del inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,15 +466,13 @@ def overlap(
     weights, shape = fused
     before, after = torch.compile(before_attention), torch.compile(after_attention)
     side = torch.cuda.Stream(model.device)
-    # As the runner's decode step splits the work: the attention rotates the query and the new key, from
-    # this table of every column's cos and sin; the layer parts hand them over unrotated.
-    columns = torch.arange(context, device=model.device)
-    rotary = torch.stack(llama.rotary_emb(columns.new_empty(0, dtype=llama.dtype), columns[None]))[:, 0]
 
     def kinds(count: int) -> tuple[Callable[[], None], Callable[[int], None]]:
         """The attention of ``count`` rows (one layer's call) and their layer parts (of a given layer)."""
-        arguments = attention_inputs(model, count, context, torch.float8_e4m3fn, generator)
-        query = arguments[0]
+        # As the runner's decode step splits the work: the attention rotates the query and the new key;
+        # the layer parts hand them over unrotated.
+        inputs = attention_inputs(model, count, context, torch.float8_e4m3fn, generator)
+        query = inputs["query"]
         hidden = torch.randn(count, 1, llama.config.hidden_size, device=model.device, dtype=llama.dtype)
 
         def parts(layer: int) -> None:
@@ -469,7 +488,7 @@ def overlap(
                 shape.norm_eps,
             )
 
-        return lambda: decode_attention(*arguments, rotary=rotary), parts
+        return lambda: decode_attention(**inputs), parts
 
     def side_by_side(on_side: Callable[[], None], here: Callable[[], None]) -> None:
         main = torch.cuda.current_stream(model.device)

@@ -388,16 +388,27 @@ def live_attention(synthesizer: Synthesizer) -> None:
     size = min(runner.keys.element_size(), 2)
     table_context = runner.block_table.shape[1] * runner.keys.shape[3]
     chosen, chosen_split = attention._LAUNCH[size], attention.split_columns_for(rows, heads, table_context)
-    arguments = (query, new_key, new_value, runner.keys[0], runner.values[0], runner.block_table[:rows], columns)
-    # Each setting against the chosen one: what its way of multiplying and summing changes. Rotating the
-    # query and the new key, as the runner's decode step calls the kernel.
-    chosen_output = attention.decode_attention(*arguments, runner._scale, rotary=runner.rotary).float()
+    # Rotating the query and the new key, as the runner's decode step calls the kernel.
+    inputs = dict(
+        query=query,
+        new_key=new_key,
+        new_value=new_value,
+        keys=runner.keys[0],
+        values=runner.values[0],
+        block_table=runner.block_table[:rows],
+        columns=columns,
+        scale=runner._scale,
+        rotary=runner.rotary,
+    )
+    # Each setting against the chosen one: what its way of multiplying and summing changes.
+    chosen_output = attention.decode_attention(**inputs).float()
 
     def timed(split: int, programs: int | None, launch: dict) -> None:
         with launch_settings(size, launch):
-            seconds = time_attention((*arguments, runner._scale, programs, split, runner.rotary), calls=10)
+            launched = {**inputs, "split_programs": programs, "split_columns": split}
+            seconds = time_attention(launched, calls=10)
             shown = programs or attention.split_programs_for(rows, heads, attention.splits_for(table_context, split))
-            output = attention.decode_attention(*arguments, runner._scale, programs, split, runner.rotary).float()
+            output = attention.decode_attention(**launched).float()
         difference = float((output - chosen_output).abs().max() / chosen_output.abs().max())
         settings = f"{launch['TILE']} | {launch['num_warps']} | {launch['num_stages']} | {launch['TENSOR_CORES']}"
         print(

@@ -136,7 +136,7 @@ def compile_for(
     # ChatTTS's GPT gives every head its own keys and values.
     inputs = attention_inputs_of(heads, heads, dim, rows, context, dtype, torch.device("meta"), torch.Generator())
     with launch_settings(size, settings), recorded_launch() as call:
-        attention.decode_attention(*inputs)
+        attention.decode_attention(**inputs)
     function, arguments, keywords = call["launch"]
     target = GPUTarget("cuda", arch, 32)
     backend = CUDABackend(target)
