@@ -100,6 +100,7 @@ from worker.engine.layers import (  # noqa: E402
     before_attention,
     fuse_layers,
 )
+from worker.engine.runner import rotary_table  # noqa: E402
 from worker.engine.sampler import REPETITION_WINDOW, sample  # noqa: E402
 from worker.engine.segment import Segment  # noqa: E402
 from worker.engine.sizing import matmul_dtype  # noqa: E402
@@ -341,15 +342,25 @@ def attention_inputs(model: LoadedModel, rows: int, context: int, kv_dtype: torc
     heads = config.num_attention_heads
     kv_heads = model.chat.gpt.gpt.config.num_key_value_heads
     dim = config.hidden_size // heads
-    return attention_inputs_of(heads, kv_heads, dim, rows, context, kv_dtype, model.device, generator)
+    rotary = rotary_table(model.chat.gpt.gpt, torch.arange(context, device=model.device))
+    return attention_inputs_of(heads, kv_heads, dim, rows, context, kv_dtype, model.device, generator, rotary)
 
 
 def attention_inputs_of(
-    heads: int, kv_heads: int, dim: int, rows: int, context: int, kv_dtype: torch.dtype, device, generator
+    heads: int,
+    kv_heads: int,
+    dim: int,
+    rows: int,
+    context: int,
+    kv_dtype: torch.dtype,
+    device,
+    generator,
+    rotary: torch.Tensor,
 ) -> dict:
     """``decode_attention``'s keyword arguments at the runner's layout, random (on the meta device: shapes
-    alone); as the runner's decode step calls it, the query and the new key unrotated, with the table of
-    every position's cos and sin that the kernel rotates them by."""
+    alone); as the runner's decode step calls it, the query and the new key unrotated, with ``rotary``, the
+    table of every position's cos and sin (:func:`~worker.engine.runner.rotary_table`) that the kernel
+    rotates them by."""
     query = torch.randn(rows, heads, 1, dim, device=device, dtype=torch.bfloat16)
     new_key, new_value = torch.randn(2, rows, kv_heads, 1, dim, device=device, dtype=torch.bfloat16)
     width = blocks_for(context)
@@ -367,17 +378,8 @@ def attention_inputs_of(
         block_table=table,
         columns=columns,
         scale=dim**-0.5,
-        rotary=llama_rotary(context, dim, device),
+        rotary=rotary,
     )
-
-
-def llama_rotary(positions: int, dim: int, device) -> torch.Tensor:
-    """(2, positions, dim) bfloat16: the cos and sin of each position as Llama's default rotary embedding
-    (ChatTTS's GPT's, base 10,000) gives them, the runner's table on a GPU."""
-    inverse_frequencies = 10_000.0 ** -(torch.arange(0, dim, 2, device=device, dtype=torch.float32) / dim)
-    angles = torch.arange(positions, device=device, dtype=torch.float32)[:, None] * inverse_frequencies
-    angles = torch.cat([angles, angles], dim=-1)
-    return torch.stack([angles.cos(), angles.sin()]).to(torch.bfloat16)
 
 
 def read_bytes(inputs: dict) -> int:

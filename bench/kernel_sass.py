@@ -134,7 +134,9 @@ def compile_for(
     size = min(dtype.itemsize, 2)
     settings = {**attention._LAUNCH[size], **launch}
     # ChatTTS's GPT gives every head its own keys and values.
-    inputs = attention_inputs_of(heads, heads, dim, rows, context, dtype, torch.device("meta"), torch.Generator())
+    meta = torch.device("meta")
+    rotary = torch.empty(2, context, dim, dtype=torch.bfloat16, device=meta)  # the runner's table on a GPU
+    inputs = attention_inputs_of(heads, heads, dim, rows, context, dtype, meta, torch.Generator(), rotary)
     with launch_settings(size, settings), recorded_launch() as call:
         attention.decode_attention(**inputs)
     function, arguments, keywords = call["launch"]

@@ -1,9 +1,7 @@
-"""bench/decode_step.py in a tiny form on the CPU: the decode step's table (with fp8 matmuls too), the
-join table (issue 21's "the step-time spike when 64 prompts join"), and the rotary table its kernel tables
-rotate by."""
+"""bench/decode_step.py in a tiny form on the CPU: the decode step's table (with fp8 matmuls too), and the
+join table (issue 21's "the step-time spike when 64 prompts join")."""
 
 import pytest
-import torch
 
 from tests.support import markdown_table, run_bench
 
@@ -40,18 +38,3 @@ def test_prompts_that_join_running_rows_are_timed_at_the_step_that_runs_their_pr
         assert before > 0 and joined > 0 and after > 0, row
         # The spike is the join's step against a step of the same rows without a prefill.
         assert float(row["spike ms"]) == pytest.approx(joined - after, abs=0.02), row
-
-
-def test_the_kernel_tables_rotate_by_the_cos_and_sin_of_the_gpts_own_rotary_embedding(tiny_settings):
-    # The kernel's tables time it as the runner's decode step calls it, rotating the query and the new key.
-    from bench.decode_step import llama_rotary
-    from worker.model.loading import load_model
-
-    llama = load_model(tiny_settings).chat.gpt.gpt
-    dim = llama.config.hidden_size // llama.config.num_attention_heads
-    columns = torch.arange(600)
-    expected = torch.stack(llama.rotary_emb(columns.new_empty(0, dtype=torch.float32), columns[None]))[:, 0]
-    table = llama_rotary(600, dim, "cpu")
-    assert table.shape == expected.shape and table.dtype == torch.bfloat16
-    # bfloat16 keeps 8 bits: each value within half a step of 2**-8 at most.
-    assert (table.float() - expected).abs().max() <= 2**-9

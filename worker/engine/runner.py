@@ -254,11 +254,9 @@ class ModelRunner:
 
         self.slot_index = torch.arange(slots, device=device)
         self.columns = torch.arange(self.table_width * BLOCK_POSITIONS, device=device)
-        # The rotary embedding's cos and sin of every column, (2, columns, head dim): a pass gathers its
-        # positions' in one kernel, where computing them took eight. Per position, so the same values.
-        self.rotary = torch.stack(
-            self.llama.rotary_emb(self.columns.new_empty(0, dtype=self.llama.dtype), self.columns[None])
-        )[:, 0]
+        # A pass gathers its positions' cos and sin from this table in one kernel, where computing them
+        # took eight. Per position, so the same values.
+        self.rotary = rotary_table(self.llama, self.columns)
         self.code_embeddings = torch.stack([embedding.weight.detach() for embedding in chat.embed.emb_code])
         # An empty slot has a prompt of 1 so that its frozen step writes and attends column 0.
         self.prompt_length = per_slot(1, torch.long)
@@ -737,6 +735,12 @@ class ModelRunner:
         self.ended_by[slots] = drawn.ended_by
         self.finished[slots] = drawn.finished
         self.step[slots] = drawn.next_step
+
+
+def rotary_table(llama, columns: torch.Tensor) -> torch.Tensor:
+    """The cos and sin of each of ``columns``' positions as ``llama``'s rotary embedding gives them,
+    (2, columns, head dim) in its dtype."""
+    return torch.stack(llama.rotary_emb(columns.new_empty(0, dtype=llama.dtype), columns[None]))[:, 0]
 
 
 def compiled_exactly(function: Callable) -> Callable:
