@@ -169,7 +169,8 @@ class Engine:
         self.runner.set_blocks(schedule.new_blocks)
         return schedule.admitted
 
-    @torch.inference_mode()
+    # Without autograd, as the runner captures its graphs (see ModelRunner.capture_every_bucket).
+    @torch.no_grad()
     def step(self) -> list[Segment]:
         """Admit, launch SYNC_EVERY decode steps, retire; returns the segments that left the engine.
 

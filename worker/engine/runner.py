@@ -496,6 +496,11 @@ class ModelRunner:
             work(*shape)
         graphs[shape] = graph
 
+    # Without autograd, as the engine's steps run, and not in inference mode: dynamo compiles a variant of
+    # each part for each grad mode, and for inference tensors (all that inference mode makes) apart from
+    # the others (the runner's buffers); in a worker's warm-up the mixes took 7 of a part's 8 variants,
+    # its recompile limit, past which the part runs op by op.
+    @torch.no_grad()
     def capture_every_bucket(self) -> int:
         """Capture the decode step of every (rows, columns) bucket and the prefill of every token bucket up to
         PREFILL_GRAPH_TOKENS now, while no slot runs; returns how many graphs the runner holds.
