@@ -9,7 +9,8 @@ runs once untimed (the graphs' capture) and its median of three is printed:
 
 - ``fp32, 4-context windows (before)``: the vocoder before issue 21: ChatTTS's modules in float32
   (``torch.istft``, which waits for the host), every row in windows of 4 receptive fields, half kept;
-- ``fp32 / bf16, few windows, eager``: the farm's windows, ChatTTS's modules op by op;
+- ``fp32 / bf16, few windows, eager``: the farm's windows (a row of up to 16 receptive fields whole, padded
+  to the window step; a longer one in few windows), ChatTTS's modules op by op;
 - ``bf16, few windows, graphs``: those in CUDA graphs (the farm's path before the fused ConvNeXt blocks);
 - ``bf16, fused, eager / graphs``: the ConvNeXt blocks channels-last with the fused Triton kernel
   (worker.vocoder.convnext), op by op and in CUDA graphs (the farm's path on CUDA).
@@ -51,15 +52,15 @@ BEFORE_WINDOW_CONTEXTS = 4
 def windows_before(frames: int, size: int, context: int) -> list[Window]:
     """The plan of the vocoder before issue 21 (at e4fca89): windows of ``size``, half of each kept."""
     if frames <= size:
-        return [Window(0, frames, 0, frames)] if frames else []
-    windows = [Window(0, size, 0, size - context)]
+        return [Window(0, frames, 0, frames, frames)] if frames else []
+    windows = [Window(0, size, 0, size - context, size)]
     while windows[-1].keep_stop < frames:
         keep_start = windows[-1].keep_stop
         start = keep_start - context
         if start + size >= frames:
-            windows.append(Window(frames - size, frames, keep_start, frames))
+            windows.append(Window(frames - size, frames, keep_start, frames, size))
         else:
-            windows.append(Window(start, start + size, keep_start, start + size - context))
+            windows.append(Window(start, start + size, keep_start, start + size - context, size))
     return windows
 
 
@@ -214,7 +215,7 @@ def main() -> None:
             flush=True,
         )
         for name, vocoder in ways.items():
-            decoded = sum(window.stop - window.start for states in rows for window in vocoder.plan(states.shape[0]))
+            decoded = sum(window.size for states in rows for window in vocoder.plan(states.shape[0]))
 
             def run(vocoder=vocoder, calls=calls):
                 launched = [vocoder.launch(call) for call in calls]

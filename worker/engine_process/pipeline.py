@@ -45,7 +45,7 @@ from worker.engine.sizing import (
 )
 from worker.engine_process.finish import finish, memory_report, reset_memory_stats
 from worker.engine_process.prepare import Preparer
-from worker.engine_process.streaming import Deliver, RequestStream, row_start_piece_frames
+from worker.engine_process.streaming import Deliver, RequestStream
 from worker.engine_process.synthesis import Synthesis
 from worker.engine_report import GateCounts
 from worker.interpreter import freeze_start_up_heap, share_promptly
@@ -126,8 +126,7 @@ class Synthesizer:
 
     def _capture_vocoder(self) -> None:
         started = time.perf_counter()
-        first_pieces = row_start_piece_frames(self.frames_per_second, self.stream_context_frames)
-        windows = self.vocoder.capture_windows(first_pieces)
+        windows = self.vocoder.capture_windows()
         if windows:
             logger.info(
                 "captured the vocoder's windows of %d (length, batch) buckets in %.2f s; %s",

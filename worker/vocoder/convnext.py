@@ -43,12 +43,15 @@ def dwconv_layer_norm(
     norm_bias: torch.Tensor,
     dilation: int,
     eps: float,
+    lengths: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``layer_norm(depthwise_conv1d(x))`` in the channels-last layout: (batch, frames, channels) of any
     strides to a contiguous (batch, frames, channels) in ``x``'s dtype, the arithmetic in float32.
 
     The convolution is a same-length one, zero-padded by ``dilation * (kernel // 2)`` frames each side:
-    ``conv_weight`` is (channels, kernel), kernel odd; the norm is over the channels.
+    ``conv_weight`` is (channels, kernel), kernel odd; the norm is over the channels. With ``lengths``
+    (batch,) int32, each row's frames from its length on read as that padding, so that its first
+    ``length`` frames come out as the row of that length would alone; the frames after are not its.
     """
     rows, frames, channels = x.shape
     kernel = conv_weight.shape[1]
@@ -71,9 +74,11 @@ def dwconv_layer_norm(
         out.stride(0),
         out.stride(1),
         eps,
+        x if lengths is None else lengths,  # not read without lengths
         KERNEL=kernel,
         DILATION=dilation,
         CHANNELS_POWER=1 << (channels - 1).bit_length(),
+        HAS_LENGTHS=lengths is not None,
         **_LAUNCH,
     )
     return out
@@ -101,10 +106,12 @@ def _kernel():
         out_row,
         out_frame,
         eps,
+        lengths,
         KERNEL: tl.constexpr,
         DILATION: tl.constexpr,
         CHANNELS_POWER: tl.constexpr,
         TILE_T: tl.constexpr,
+        HAS_LENGTHS: tl.constexpr,
     ):
         program = tl.program_id(0)
         row = (program // tiles).to(tl.int64)
@@ -112,12 +119,16 @@ def _kernel():
         channel = tl.arange(0, CHANNELS_POWER)
         is_channel = channel < channels
         source = x + row * x_row
+        row_frames = frames
+        if HAS_LENGTHS:
+            row_frames = tl.load(lengths + row)
         total = tl.zeros((TILE_T, CHANNELS_POWER), dtype=tl.float32)
-        # Tap k reads frame t + (k - KERNEL // 2) * DILATION; frames outside the row read as the zero
-        # padding. The taps' tiles overlap, so all but the first mostly hit the cache.
+        # Tap k reads frame t + (k - KERNEL // 2) * DILATION; frames outside the row (before its start,
+        # from its length on) read as the zero padding. The taps' tiles overlap, so all but the first
+        # mostly hit the cache.
         for tap in tl.static_range(KERNEL):
             read = frame + (tap - KERNEL // 2) * DILATION
-            inside = (read >= 0) & (read < frames)
+            inside = (read >= 0) & (read < row_frames)
             values = tl.load(
                 source + read[:, None] * x_frame + channel[None, :] * x_channel,
                 mask=inside[:, None] & is_channel[None, :],
@@ -182,10 +193,11 @@ class ChannelsLastBlock(nn.Module):
         self.register_buffer("weight_out", copied(weight_out), persistent=False)
         self.register_buffer("bias_out", copied(bias_out), persistent=False)
 
-    def branch(self, x: torch.Tensor) -> torch.Tensor:
-        """The block's output less its residual, for (batch, frames, channels) ``x``."""
+    def branch(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The block's output less its residual, for (batch, frames, channels) ``x`` (each row's first
+        ``lengths`` frames, as :func:`dwconv_layer_norm`'s)."""
         normalised = dwconv_layer_norm(
-            x, self.conv_weight, self.conv_bias, self.norm_weight, self.norm_bias, self.dilation, self.eps
+            x, self.conv_weight, self.conv_bias, self.norm_weight, self.norm_bias, self.dilation, self.eps, lengths
         )
         hidden = functional.gelu(functional.linear(normalised, self.weight_in, self.bias_in))
         return functional.linear(hidden, self.weight_out, self.bias_out)
@@ -196,17 +208,19 @@ class ChannelsLastBlock(nn.Module):
 
 class ChannelsLastStack(nn.Module):
     """ConvNeXt blocks applied one after another to (batch, frames, channels) activations, as
-    :class:`ChannelsLastBlock` each; the result is contiguous (batch, frames, channels)."""
+    :class:`ChannelsLastBlock` each; the result is contiguous (batch, frames, channels). With ``lengths``,
+    each row's first ``length`` frames are those of the row of that length alone (:func:`dwconv_layer_norm`):
+    the blocks' only reads across frames are their convolutions'."""
 
     def __init__(self, blocks: Iterable[nn.Module], dtype: torch.dtype):
         super().__init__()
         self.blocks = nn.ModuleList(ChannelsLastBlock(block, dtype) for block in blocks)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         # The one transpose of a channels-first caller's activations (a no-op for channels-last ones).
         summed = x.contiguous()
         for block in self.blocks:
-            branch = block.branch(summed)
+            branch = block.branch(summed, lengths)
             # The caller's tensor stays as it was: only a sum the stack made is added to in place.
             summed = summed + branch if summed is x else summed.add_(branch)
         return summed

@@ -2,15 +2,17 @@
 
 ChatTTS's Decoder (a DVAE decoder that reads each hidden state as two mel frames) and Vocos are
 convolutional and pad every layer with zeros, so zero-padding a short row to a long one's length
-changes the short row's end. Instead each row (its hidden states, one frame per GPT step) is cut into
-a few windows of one size that overlap by at least twice the receptive field of both networks: of a
-window's output only the frames that do not see its edges are kept, except at the row's own start
-and end, where the windows are aligned to the row so that the padding there is the padding the row
-sees alone. Window sizes are multiples of ``WINDOW_STEP_FRAMES``, so windows of rows of different
-lengths share a size and a batch. A row is as few windows as fit ``MAX_WINDOW_CONTEXTS`` (two for
-every segment of up to ~33 s at full scale): a row of N frames decodes about N + 2 x context frames,
-not every frame twice. A row too short for two windows is decoded whole, with the rows of exactly
-its length.
+would change the short row's end, unless every layer that reads across frames reads the padding as
+its own zeros: the network does so, given each window's length (:class:`VocoderNetwork`). A row
+(its hidden states, one frame per GPT step) of up to ``MAX_WINDOW_CONTEXTS`` receptive fields (~17 s
+at full scale) is one window, padded to the next multiple of ``WINDOW_STEP_FRAMES``, so that rows of
+different lengths share a size and a batch. A longer row is cut into a few windows of one size that
+overlap by at least twice the receptive field of both networks: of a window's output only the frames
+that do not see its edges are kept, except at the row's own start and end, where the windows are
+aligned to the row so that the padding there is the padding the row sees alone. Decoded whole, a row
+of N frames decodes fewer than N + 32 frames; in overlapping windows (as every row of more than two
+receptive fields once was), about N + 2 x context: 1.53 frames for each kept frame of the standard
+workload's rows (docs/performance.md).
 
 The networks run as :class:`VocoderNetwork`: copies of ChatTTS's modules, in bf16 on CUDA (the ISTFT
 head in fp32), with an ISTFT that never waits for the host; on CUDA their ConvNeXt blocks run
@@ -27,6 +29,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -35,6 +38,7 @@ from torch.nn import functional
 
 from worker.engine import device_waits
 from worker.engine.attention import triton_available
+from worker.engine.runner import to_device
 from worker.model.loading import LoadedModel
 from worker.vocoder.convnext import ChannelsLastStack
 
@@ -56,38 +60,41 @@ MAX_FRAMES_PER_BATCH = 32768
 
 @dataclass(frozen=True)
 class Window:
-    """Frames [start, stop) of a row are decoded together; the output of frames [keep_start, keep_stop) is kept."""
+    """Frames [start, stop) of a row are decoded together, as a window of ``size`` frames (zeros after
+    ``stop`` where it is longer); the output of frames [keep_start, keep_stop) is kept."""
 
     start: int
     stop: int
     keep_start: int
     keep_stop: int
+    size: int
 
 
 def plan_windows(frames: int, context: int, step: int, max_size: int) -> list[Window]:
     """The windows of a row of ``frames`` frames, in order; their kept ranges cover every frame once.
 
-    The row's windows are all one size, a multiple of ``step`` of at most ``max_size`` frames, as few as
-    fit, spread evenly from the row's start to its end; a row no longer than two of them would be is one
-    window of its own. A kept frame is at least ``context`` frames from each edge of its window that is not an edge
-    of the row.
+    A row of up to ``max_size`` frames is one window, its length rounded up to a multiple of ``step``.
+    A longer row's windows are all one size, a multiple of ``step`` of at most ``max_size`` frames, as few
+    as fit, spread evenly from the row's start to its end; a kept frame is at least ``context`` frames
+    from each edge of its window that is not an edge of the row.
     """
-    if max_size // step * step <= 2 * context + 1:
+    longest = max_size // step * step
+    if longest <= 2 * context + 1:
         raise ValueError(f"a window of {max_size} frames keeps nothing with {context} frames of context each side")
     if not frames:
         return []
+    if frames <= longest:
+        return [Window(0, frames, 0, frames, _round_up(frames, step))]
     for count in itertools.count(2):
         # Neighbours overlap by 2 x context and a frame more, the most their starts' rounding takes.
         size = _round_up(math.ceil((frames + (count - 1) * (2 * context + 1)) / count), step)
-        if size >= frames:
-            return [Window(0, frames, 0, frames)]
-        if size <= max_size:
+        if size <= longest:
             break
     starts = [(frames - size) * index // (count - 1) for index in range(count)]
     # Each overlap is kept from its middle on by the later window: both halves are >= context.
     bounds = [0, *((start + previous + size) // 2 for previous, start in itertools.pairwise(starts)), frames]
     return [
-        Window(start, start + size, keep_start, keep_stop)
+        Window(start, start + size, keep_start, keep_stop, size)
         for start, keep_start, keep_stop in zip(starts, bounds[:-1], bounds[1:], strict=True)
     ]
 
@@ -111,15 +118,14 @@ class VocoderNetwork(nn.Module):
     """ChatTTS's Decoder and Vocos as one network: (windows, width, frames) hidden states to (windows,
     samples) audio in float32, in ``dtype`` up to the ISTFT head, which runs in float32.
 
-    The modules are copies (ChatTTS's own stay in float32); neither the DVAE decoder nor Vocos's ConvNeXt
-    backbone is weight-normalised, so their weights are plain already. On CUDA the ISTFT is
-    ``torch.istft``'s centred one without its check of the window's overlap, which waits for the host
-    (stalling the thread that launches it) and so cannot be captured in a graph.
+    The modules are copies (ChatTTS's own stay in float32), called layer by layer (:meth:`features`), so
+    that windows padded past their rows decode as the rows alone; neither the DVAE decoder nor Vocos's
+    ConvNeXt backbone is weight-normalised, so their weights are plain already.
 
     ``fused`` (by default: on CUDA, where Triton is there) runs the ConvNeXt blocks of both networks
     channels-last (:class:`~worker.vocoder.convnext.ChannelsLastStack`), which then hold the blocks'
-    only copies (off CUDA, such a network runs only in Triton's interpreter); otherwise the network is
-    ChatTTS's modules, op by op.
+    only copies (off CUDA, such a network runs only in Triton's interpreter); otherwise they are
+    ChatTTS's and Vocos's modules.
     """
 
     def __init__(self, decoder: nn.Module, vocos: nn.Module, dtype: torch.dtype, *, fused: bool | None = None):
@@ -129,9 +135,9 @@ class VocoderNetwork(nn.Module):
             fused = decoder.coef.device.type == "cuda" and triton_available()
         self.decoder_blocks = self.backbone_blocks = None
         blocks = (decoder.decoder.decoder_block, vocos.backbone.convnext)
+        # features() reproduces DVAE.forward's decoding and VocosBackbone.forward as ChatTTS calls them.
+        assert decoder.vq_layer is None and not vocos.backbone.adanorm
         if fused:
-            # fused_features reproduces DVAE.forward's decoding and VocosBackbone.forward as ChatTTS calls them.
-            assert decoder.vq_layer is None and not vocos.backbone.adanorm
             # Built from ChatTTS's float32 modules, so that the folded layer scales are rounded once.
             self.decoder_blocks, self.backbone_blocks = (ChannelsLastStack(stack, dtype) for stack in blocks)
         # The module copies leave out the blocks the stacks hold (deepcopy takes a memo's entry as the copy).
@@ -145,35 +151,78 @@ class VocoderNetwork(nn.Module):
         self.n_fft, self.hop_length = istft.n_fft, istft.hop_length
         self.register_buffer("window", istft.window.detach().clone().float())
 
-    def forward(self, windows: torch.Tensor) -> torch.Tensor:
+    def forward(self, windows: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """(windows, width, frames) hidden states to (windows, samples) audio; with ``lengths`` (windows,)
+        int32, each window's first ``length`` frames are its row and the frames after them zeros, and its
+        audio's first samples are the row's alone (:meth:`features`, :meth:`istft`), those after not its."""
         windows = windows.to(self.dtype)
-        if self.decoder_blocks is not None:
-            features = self.fused_features(windows)
-        else:
-            features = self.backbone(self.decoder(windows))  # (windows, mel frames, dim)
+        # Each hidden state is two mel frames, each mel frame the head's STFT frame.
+        mel_lengths = None if lengths is None else 2 * lengths
+        features = self.features(windows, mel_lengths)  # (windows, mel frames, dim)
         log_magnitude, phase = self.spectrum(features.float()).transpose(1, 2).chunk(2, dim=1)
-        # As Vocos's ISTFTHead writes it, so that the CPU's samples are its own to the bit.
+        # As Vocos's ISTFTHead writes it.
         spectrum = log_magnitude.exp().clip(max=1e2) * (phase.cos() + 1j * phase.sin())
-        if spectrum.is_cuda:
-            return self.istft_without_check(spectrum)
-        return torch.istft(spectrum, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
+        return self.istft(spectrum, mel_lengths)
 
-    def fused_features(self, windows: torch.Tensor) -> torch.Tensor:
-        """``self.backbone(self.decoder(windows))`` with both networks' ConvNeXt blocks run channels-last:
-        DVAE.forward's decoding (no quantiser), DVAEDecoder.forward and VocosBackbone.forward (no adaptive
-        norm) op for op but for the blocks. On the CPU only in Triton's interpreter."""
+    def features(self, windows: torch.Tensor, mel_lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``self.backbone(self.decoder(windows))``: DVAE.forward's decoding (no quantiser), DVAEDecoder.forward
+        and VocosBackbone.forward (no adaptive norm) op for op, the ConvNeXt blocks channels-last where the
+        network is fused (on the CPU only in Triton's interpreter).
+
+        With ``mel_lengths``, every layer that reads across frames reads each window's frames from its
+        length on as zeros, the padding its row sees alone: those are the convolutions (the blocks'
+        depthwise ones too), which is where the windows' frames past their rows are zeroed; every other
+        layer is frame by frame."""
         dvae, decoder, backbone = self.decoder, self.decoder.decoder, self.backbone
         count, width, frames = windows.shape
         # Each hidden state's two halves of its channels are two mel-rate frames in a row.
         mel_rate = windows.view(count, 2, width // 2, frames).permute(0, 2, 3, 1).flatten(2)
-        hidden = self.decoder_blocks(decoder.conv_in(mel_rate).transpose(1, 2)).transpose(1, 2)
-        mel = dvae.out_conv(decoder.conv_out(hidden)).mul_(dvae.coef)
-        # The backbone's norm leaves its activations channels-last, and its final norm takes them so.
-        embedded = backbone.norm(backbone.embed(mel).transpose(1, 2))
-        return backbone.final_layer_norm(self.backbone_blocks(embedded))
+        inside = None if mel_lengths is None else _inside(mel_lengths, 2 * frames)[:, None, :]
 
-    def istft_without_check(self, spectrum: torch.Tensor) -> torch.Tensor:
-        """``torch.istft(spectrum, center=True)`` with this window, as an overlap-add that reads nothing back."""
+        def padded(x: torch.Tensor) -> torch.Tensor:  # (windows, channels, mel frames)
+            return x if inside is None else x.where(inside, 0)
+
+        hidden = mel_rate
+        for layer in decoder.conv_in:
+            hidden = layer(padded(hidden) if isinstance(layer, nn.Conv1d) else hidden)
+        if self.decoder_blocks is not None:
+            hidden = self.decoder_blocks(hidden.transpose(1, 2), mel_lengths).transpose(1, 2)
+        else:
+            for block in decoder.decoder_block:
+                hidden = block(padded(hidden))
+        mel = dvae.out_conv(padded(decoder.conv_out(hidden))).mul_(dvae.coef)
+        # The backbone's norm leaves its activations channels-last, and its final norm takes them so.
+        embedded = backbone.norm(backbone.embed(padded(mel)).transpose(1, 2))
+        if self.backbone_blocks is not None:
+            return backbone.final_layer_norm(self.backbone_blocks(embedded, mel_lengths))
+        hidden = embedded.transpose(1, 2)
+        for block in backbone.convnext:
+            hidden = block(padded(hidden))
+        return backbone.final_layer_norm(hidden.transpose(1, 2))
+
+    def istft(self, spectrum: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """``torch.istft(spectrum, center=True)`` with this window; with ``lengths``, each window's audio from
+        its first ``length`` STFT frames alone (then zeros). On CUDA :meth:`istft_without_check`; on the
+        CPU, where torch.istft's check of the window's overlap costs nothing, torch.istft of each window,
+        so that the samples are ChatTTS's to the bit."""
+        if spectrum.is_cuda:
+            return self.istft_without_check(spectrum, lengths)
+        if lengths is None:
+            return self._torch_istft(spectrum)
+        audio = spectrum.new_zeros(len(spectrum), self.hop_length * (spectrum.shape[-1] - 1), dtype=torch.float32)
+        for index, length in enumerate(lengths.tolist()):
+            if length:
+                alone = self._torch_istft(spectrum[index, :, :length])
+                audio[index, : alone.numel()] = alone
+        return audio
+
+    def _torch_istft(self, spectrum: torch.Tensor) -> torch.Tensor:
+        return torch.istft(spectrum, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
+
+    def istft_without_check(self, spectrum: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`istft` as an overlap-add that reads nothing back: torch.istft checks the window's overlap on
+        the host, which stalls the thread that launches it and cannot be captured in a graph. With
+        ``lengths``, each window's STFT frames from its length on are left out of its sums."""
         stft_frames = spectrum.shape[-1]
         length = self.n_fft + self.hop_length * (stft_frames - 1)
 
@@ -190,17 +239,37 @@ class VocoderNetwork(nn.Module):
         if self.n_fft % 2 == 0:
             spectrum.imag[:, -1] = 0
         pieces = torch.fft.irfft(spectrum, self.n_fft, dim=1) * self.window[:, None]
-        envelope = overlap_add(self.window.square()[None, :, None].expand(1, -1, stft_frames))
+        squares = self.window.square()[None, :, None].expand(1, -1, stft_frames)
+        if lengths is not None:
+            inside = _inside(lengths, stft_frames)[:, None, :]
+            pieces, squares = pieces.where(inside, 0), squares.where(inside, 0)
+        # Past a window's length no frame adds to a sample: 0 / 0 there, where no audio of its row is.
+        envelope = overlap_add(squares).clamp(min=torch.finfo(torch.float32).tiny)
         trim = self.n_fft // 2
         return (overlap_add(pieces) / envelope)[:, trim : length - trim]
+
+
+def _inside(lengths: torch.Tensor, frames: int) -> torch.Tensor:
+    """(windows, frames) bool: whether each frame is within its window's length."""
+    return torch.arange(frames, device=lengths.device) < lengths[:, None]
+
+
+class WindowGraph(NamedTuple):
+    """A captured graph of the network over a batch of windows: it reads ``inputs`` and ``lengths`` and
+    writes ``audio``."""
+
+    graph: torch.cuda.CUDAGraph
+    inputs: torch.Tensor  # (windows, width, frames)
+    lengths: torch.Tensor  # (windows,) int32
+    audio: torch.Tensor  # (windows, samples)
 
 
 class WindowGraphs:
     """The network as a CUDA graph per (window frames, batch bucket).
 
     The graphs replay one after another on the vocoder's stream, so they share all their memory: one
-    pool for their activations, one input and one audio buffer, each as large as the largest batch
-    (``max_batch_frames`` frames); a replay's audio is to be copied out before the next replay.
+    pool for their activations, one input, lengths and audio buffer, each as large as the largest batch
+    (``max_batch_frames`` frames); a replay's audio is to be copied out before the next replays.
     The vocoder captures them all at start (:meth:`capture_every_bucket`); one first met mid-run would
     be captured then, waiting for the decode steps queued and holding the thread that launches them.
     """
@@ -219,8 +288,9 @@ class WindowGraphs:
         self.max_batch_frames = max_batch_frames
         self._pool = torch.cuda.graph_pool_handle()
         self._inputs = torch.zeros(max_batch_frames * width, dtype=network.dtype, device=device)
+        self._lengths = torch.zeros(max_batch_frames, dtype=torch.int32, device=device)
         self._audio = torch.zeros(max_batch_frames * samples_per_frame, dtype=torch.float32, device=device)
-        self._graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int], WindowGraph] = {}
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -230,32 +300,34 @@ class WindowGraphs:
         for bucket in sorted({batch_bucket(count, most) for count in range(1, most + 1)}, reverse=True):
             self._graph(frames, bucket)
 
-    def __call__(self, windows: torch.Tensor, most: int) -> torch.Tensor:
-        """(windows, width, frames) as (windows, samples), the batch padded to a bucket of at most ``most``;
-        the audio is the graphs' shared buffer, valid until the next call."""
+    def __call__(self, windows: torch.Tensor, lengths: torch.Tensor, most: int) -> torch.Tensor:
+        """(windows, width, frames) of ``lengths`` (:class:`VocoderNetwork`) as (windows, samples), the batch
+        padded to a bucket of at most ``most``; the audio is the graphs' shared buffer, valid until the next call."""
         count, _, frames = windows.shape
-        graph, inputs, audio = self._graph(frames, batch_bucket(count, most))
-        inputs[:count].copy_(windows)
-        graph.replay()
-        return audio[:count]
+        captured = self._graph(frames, batch_bucket(count, most))
+        captured.inputs[:count].copy_(windows)
+        captured.lengths[:count].copy_(lengths)
+        captured.graph.replay()
+        return captured.audio[:count]
 
-    def _graph(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
-        """The graph of a batch bucket of windows of ``frames`` frames, with its input and its audio;
-        captured now if it is new."""
+    def _graph(self, frames: int, bucket: int) -> WindowGraph:
+        """The graph of a batch bucket of windows of ``frames`` frames; captured now if it is new."""
         if (frames, bucket) not in self._graphs:
             self._graphs[frames, bucket] = self._capture(frames, bucket)
         return self._graphs[frames, bucket]
 
-    def _capture(self, frames: int, bucket: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]:
+    def _capture(self, frames: int, bucket: int) -> WindowGraph:
         if bucket * frames > self.max_batch_frames:
             raise ValueError(f"{bucket} windows of {frames} frames exceed the graphs' {self.max_batch_frames} frames")
         inputs = self._inputs[: bucket * self.width * frames].view(bucket, self.width, frames)
+        lengths = self._lengths[:bucket]
+        lengths.fill_(frames)
         # One call first, off the capture: cuFFT's plan and cuBLAS's workspace for these shapes.
         stream = torch.cuda.current_stream(self.device)
         warm_up = torch.cuda.Stream(self.device)
         warm_up.wait_stream(stream)
         with torch.cuda.stream(warm_up):
-            self.network(inputs)
+            self.network(inputs, lengths)
         stream.wait_stream(warm_up)
         graph = torch.cuda.CUDAGraph()
         # torch.cuda.graph synchronises the device and empties the memory caches first: without emptying
@@ -264,11 +336,11 @@ class WindowGraphs:
         # (worker.asr.listener) and a worker's heartbeat asks the GPU for free memory; either's CUDA
         # calls while this thread captures would break a capture in the default global mode.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            produced = self.network(inputs)
+            produced = self.network(inputs, lengths)
             audio = self._audio[: produced.numel()].view(produced.shape)
             audio.copy_(produced)
         # ``produced`` goes here: its memory in the pool is the next capture's to use.
-        return graph, inputs, audio
+        return WindowGraph(graph, inputs, lengths, audio)
 
 
 def batch_bucket(count: int, most: int) -> int:
@@ -313,8 +385,6 @@ class Vocoder:
         self.graphs = (
             WindowGraphs(self.network, self.width, self.samples_per_frame, model.device) if use_graphs else None
         )
-        # The window lengths that replay graphs (captured on first use where capture_windows did not).
-        self.graph_lengths = set(range(WINDOW_STEP_FRAMES, self.max_window_frames + 1, WINDOW_STEP_FRAMES))
 
     @torch.inference_mode()
     def measure_stream_context(self, tolerance: float = STREAM_CONTEXT_TOLERANCE) -> int:
@@ -362,11 +432,9 @@ class Vocoder:
         return enough
 
     @torch.inference_mode()
-    def capture_windows(self, rows: Iterable[int] = ()) -> int:
-        """Capture now the graphs of every window size the plans take, in every batch (on CUDA), and of the
-        windows of rows of the given lengths (a streamed segment's first pieces, which are not windowed
-        to the window step: worker.engine_process.streaming.row_start_piece_frames); return how many
-        graphs the vocoder holds.
+    def capture_windows(self) -> int:
+        """Capture now the graphs of every window size, in every batch (on CUDA); return how many graphs the
+        vocoder holds.
 
         Captured when first met instead, each capture held the engine's thread and waited for the decode
         steps queued: 1.9 s of a streaming run when none was captured ahead, and 1.5 s of the host's
@@ -375,8 +443,7 @@ class Vocoder:
         """
         if self.graphs is None:
             return 0
-        self.graph_lengths.update(window.stop - window.start for length in rows for window in self.plan(length))
-        for frames in sorted(self.graph_lengths):
+        for frames in range(WINDOW_STEP_FRAMES, self.max_window_frames + 1, WINDOW_STEP_FRAMES):
             self.graphs.capture_every_bucket(frames, self.windows_per_batch(frames))
         return len(self.graphs)
 
@@ -402,25 +469,24 @@ class Vocoder:
         workload's 1,536 rows, 0.9 s of its 6 s (cProfile, H200 host, 2026-12-04).
         """
         plans = [self.plan(states.shape[0]) for states in hidden_states]
-        by_length: dict[int, list[tuple[int, Window]]] = {}  # window length -> (row, window), in row order
+        by_size: dict[int, list[tuple[int, Window]]] = {}  # window size -> (row, window), in row order
         for row, plan in enumerate(plans):
             for window in plan:
-                by_length.setdefault(window.stop - window.start, []).append((row, window))
+                by_size.setdefault(window.size, []).append((row, window))
         rows = [torch.zeros(0)] * len(plans)  # a row of no frames has no audio
         per_frame = self.samples_per_frame
-        for frames, windows in by_length.items():
-            most = self.windows_per_batch(frames)
+        for size, windows in by_size.items():
+            most = self.windows_per_batch(size)
             spans: list[tuple[int, int]] = []  # each window's (first kept sample, kept samples), as windows
             filled: dict[int, int] = {}  # row -> samples placed so far
             for first in range(0, len(windows), most):
                 batch = windows[first : first + most]
-                stacked = torch.stack([hidden_states[row][window.start : window.stop] for row, window in batch])
-                audio = self._decode_windows(stacked.transpose(1, 2), most)
+                audio = self._decode_windows(*self._stacked(hidden_states, batch, size), most)
                 if first == 0:
-                    # A row's windows are all one size, so its length follows from the first batch's audio:
-                    # the ISTFT may give a window fewer samples than its frames' share (ChatTTS's centred
-                    # one gives a hop fewer), and the row's last window keeps only what it has.
-                    spans = [_kept_samples(window, per_frame, audio.shape[1]) for _, window in windows]
+                    # The ISTFT may give a window fewer samples than its frames' share (ChatTTS's centred one
+                    # gives a hop fewer), and so does a row alone: its last window keeps only what it has.
+                    short = size * per_frame - audio.shape[1]
+                    spans = [_kept_samples(window, per_frame, short) for _, window in windows]
                     kept = collections.Counter()
                     for (row, _), (_, count) in zip(windows, spans, strict=True):
                         kept[row] += count
@@ -439,14 +505,29 @@ class Vocoder:
             done.record()
         return LaunchedDecode(rows, done)
 
-    def _decode_windows(self, windows: torch.Tensor, most: int) -> torch.Tensor:
-        """(windows, width, frames) as (windows, samples): a length with graphs (every planned window size,
-        and a streamed segment's first pieces) replays its graph on CUDA; another short row decoded whole
-        runs op by op."""
-        frames = windows.shape[-1]
-        if self.graphs is not None and frames in self.graph_lengths:
-            return self.graphs(windows, most)
-        return self.network(windows.contiguous())
+    def _stacked(
+        self, hidden_states: list[torch.Tensor], batch: list[tuple[int, Window]], size: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch's windows as (windows, width, ``size``), zeros after each window's frames of its row, and
+        their lengths, (windows,) int32; neither waits for the device. The padded windows are placed with one
+        copy: one a window was a launch a window on the engine's thread, 150 windows in a batch."""
+        lengths = [window.stop - window.start for _, window in batch]
+        pieces = [hidden_states[row][window.start : window.stop] for row, window in batch]
+        if min(lengths) == size:
+            stacked = torch.stack(pieces)
+        else:
+            places = np.concatenate([np.arange(length) + index * size for index, length in enumerate(lengths)])
+            stacked = pieces[0].new_zeros(len(batch) * size, self.width)
+            stacked.index_copy_(0, to_device(torch.from_numpy(places), stacked.device), torch.cat(pieces))
+            stacked = stacked.view(len(batch), size, self.width)
+        return stacked.transpose(1, 2), to_device(torch.tensor(lengths, dtype=torch.int32), stacked.device)
+
+    def _decode_windows(self, windows: torch.Tensor, lengths: torch.Tensor, most: int) -> torch.Tensor:
+        """(windows, width, frames) of ``lengths`` as (windows, samples): on CUDA by the graph of their
+        size and batch bucket, elsewhere op by op."""
+        if self.graphs is not None:
+            return self.graphs(windows, lengths, most)
+        return self.network(windows.contiguous(), lengths)
 
 
 @dataclass
@@ -465,11 +546,12 @@ class LaunchedDecode:
         return [row.numpy() for row in self.rows]
 
 
-def _kept_samples(window: Window, samples_per_frame: int, window_samples: int) -> tuple[int, int]:
-    """Where a window's kept audio starts in its own audio, and how many samples it keeps (the slice stops
-    at the window's audio's end)."""
+def _kept_samples(window: Window, samples_per_frame: int, short: int) -> tuple[int, int]:
+    """Where a window's kept audio starts in its own audio, and how many samples it keeps: the slice stops
+    where the audio of its frames of its row stops, ``short`` samples before their share."""
     keep_from = (window.keep_start - window.start) * samples_per_frame
-    keep_to = min((window.keep_stop - window.start) * samples_per_frame, window_samples)
+    row_audio = (window.stop - window.start) * samples_per_frame - short
+    keep_to = min((window.keep_stop - window.start) * samples_per_frame, row_audio)
     return keep_from, max(0, keep_to - keep_from)
 
 

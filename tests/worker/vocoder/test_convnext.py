@@ -71,6 +71,27 @@ def check_the_kernel_is_a_depthwise_convolution_then_a_layer_norm() -> None:
             torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+def check_with_lengths_each_row_s_frames_come_out_as_the_shorter_row_s_alone() -> None:
+    from worker.vocoder import convnext
+
+    generator = torch.Generator().manual_seed(1)
+    channels, frames, dilation = 96, 45, 2
+    x = torch.randn(3, frames, channels, generator=generator)
+    conv_weight, conv_bias, norm_weight, norm_bias = (
+        torch.randn(shape, generator=generator) for shape in ((channels, 7), channels, channels, channels)
+    )
+    parts = (conv_weight, conv_bias, norm_weight, norm_bias, dilation, 1e-6)
+    # The whole row, one shorter than the convolution's reach, and one cut within a tile.
+    lengths = torch.tensor([frames, 5, 30], dtype=torch.int32)
+    out = convnext.dwconv_layer_norm(x, *parts, lengths)
+    for row, length in enumerate(lengths.tolist()):
+        alone = convnext.dwconv_layer_norm(x[row : row + 1, :length], *parts)
+        torch.testing.assert_close(out[row, :length], alone[0], atol=1e-5, rtol=1e-5)
+    # Without the lengths, the frames after a row's length are read, and its last frames are another's.
+    unmasked = convnext.dwconv_layer_norm(x, *parts)
+    assert (unmasked[1, :5] - out[1, :5]).abs().max() > 1e-2
+
+
 def check_a_block_channels_last_is_chattts_s_and_vocos_s_block() -> None:
     from worker.vocoder.convnext import ChannelsLastBlock
 
@@ -107,7 +128,7 @@ def check_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone() -
         assert torch.equal(channels_last, before)
 
 
-def check_the_fused_network_is_chattts_decoder_and_vocos_backbone() -> None:
+def check_the_fused_network_is_chattts_decoder_and_vocos_backbone_and_padded_windows_decode_as_their_rows() -> None:
     from ChatTTS.model.dvae import DVAE
     from vocos.pretrained import instantiate_class
 
@@ -123,14 +144,25 @@ def check_the_fused_network_is_chattts_decoder_and_vocos_backbone() -> None:
     network = VocoderNetwork(decoder, vocos, torch.float32, fused=True)
     # The stacks hold the blocks' only copies.
     assert not [*network.decoder.decoder.decoder_block, *network.backbone.convnext]
+    unfused = VocoderNetwork(decoder, vocos, torch.float32, fused=False)
     windows = torch.randn(2, config.gpt.hidden_size, 24, generator=torch.Generator().manual_seed(9))
     with torch.inference_mode():
         expected = vocos.backbone(decoder(windows))
-        torch.testing.assert_close(network.fused_features(windows), expected, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(network.features(windows), expected, atol=1e-4, rtol=1e-4)
+        # A window padded past its row (a length in mel frames, two a hidden state): the row's frames
+        # come out as the row's alone, fused and not.
+        alone = vocos.backbone(decoder(windows[1:, :, :15].contiguous()))[0]
+        lengths = torch.tensor([48, 30])
+        for padded in (network, unfused):
+            torch.testing.assert_close(padded.features(windows, lengths)[1, :30], alone, atol=1e-4, rtol=1e-4)
 
 
 def test_the_kernel_is_a_depthwise_convolution_then_a_layer_norm():
     in_triton_interpreter("check_the_kernel_is_a_depthwise_convolution_then_a_layer_norm")
+
+
+def test_with_lengths_each_row_s_frames_come_out_as_the_shorter_row_s_alone():
+    in_triton_interpreter("check_with_lengths_each_row_s_frames_come_out_as_the_shorter_row_s_alone")
 
 
 def test_a_block_channels_last_is_chattts_s_and_vocos_s_block_with_and_without_a_layer_scale():
@@ -141,8 +173,10 @@ def test_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone():
     in_triton_interpreter("check_a_stack_is_its_blocks_one_after_another_and_leaves_its_input_alone")
 
 
-def test_the_fused_network_is_chattts_decoder_and_vocos_backbone():
-    in_triton_interpreter("check_the_fused_network_is_chattts_decoder_and_vocos_backbone")
+def test_the_fused_network_is_chattts_decoder_and_vocos_backbone_and_padded_windows_decode_as_their_rows():
+    in_triton_interpreter(
+        "check_the_fused_network_is_chattts_decoder_and_vocos_backbone_and_padded_windows_decode_as_their_rows"
+    )
 
 
 def test_a_block_with_adaptive_layer_norm_is_refused():

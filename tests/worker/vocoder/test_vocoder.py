@@ -41,15 +41,17 @@ def random_hidden_states(chat, frames, seed):
 
 def test_the_plan_covers_every_frame_once_and_keeps_only_frames_that_see_no_window_edge():
     for context, step, most in ((1, 4, 8), (4, 8, 36), (13, 32, 208), (52, 32, 832)):
+        longest = most // step * step
         for frames in [*range(0, 3 * most + 2), 10 * most + 7]:
             windows = plan_windows(frames, context, step, most)
             kept = [frame for window in windows for frame in range(window.keep_start, window.keep_stop)]
             assert kept == list(range(frames)), (frames, context, step, most)
-            (size,) = {window.stop - window.start for window in windows} or {0}
-            if len(windows) > 1:
-                assert size % step == 0 and size <= most and size < frames, (frames, size)
-            else:
-                assert size == frames
+            (size,) = {window.size for window in windows} or {0}
+            assert size % step == 0 and size <= longest, (frames, size)
+            if len(windows) == 1:  # the row whole, padded to the step
+                assert size - step < frames <= size and windows[0].stop == frames
+            elif windows:
+                assert frames > longest and {window.stop - window.start for window in windows} == {size}
             for window in windows:
                 assert 0 <= window.start <= window.keep_start < window.keep_stop <= window.stop <= frames
                 assert window.start == 0 or window.keep_start - window.start >= context
@@ -58,9 +60,12 @@ def test_the_plan_covers_every_frame_once_and_keeps_only_frames_that_see_no_wind
 
 def test_a_row_decodes_its_frames_once_but_for_the_overlaps_and_the_rounding_of_its_windows():
     context, step, most = 52, 32, 832
-    for frames in range(3 * step, 3000, 7):
+    for frames in range(1, 3000, 7):
         windows = plan_windows(frames, context, step, most)
-        decoded = sum(window.stop - window.start for window in windows)
+        decoded = sum(window.size for window in windows)
+        if frames <= most:  # the standard workload's rows (107-330 frames): once, and the rounding
+            assert len(windows) == 1 and decoded < frames + step, frames
+            continue
         overlaps = (len(windows) - 1) * (2 * context + 1)
         assert decoded < frames + overlaps + len(windows) * step, frames
         # As few windows as fit: one fewer would need windows longer than the longest.
@@ -89,13 +94,27 @@ def test_on_the_cpu_the_networks_are_float32_copies_run_op_by_op(synthesizer, vo
     assert not stock & {id(tensor) for tensor in vocoder.network.parameters()}
 
 
-def test_the_istft_that_reads_nothing_back_is_torch_s(vocoder):
+def test_the_istft_that_reads_nothing_back_is_torch_s_and_with_lengths_each_windows_frames_alone(vocoder):
     network = vocoder.network
     generator = torch.Generator().manual_seed(3)
     shape = (3, network.n_fft // 2 + 1, 40)
     spectrum = torch.complex(torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
-    expected = torch.istft(spectrum, network.n_fft, network.hop_length, network.n_fft, network.window, center=True)
-    torch.testing.assert_close(network.istft_without_check(spectrum), expected, atol=1e-6, rtol=0)
+
+    def torch_istft(spectrum):
+        return torch.istft(spectrum, network.n_fft, network.hop_length, network.n_fft, network.window, center=True)
+
+    expected = torch_istft(spectrum)
+    torch.testing.assert_close(network.istft_without_check(spectrum.clone()), expected, atol=1e-6, rtol=0)
+    lengths = torch.tensor([40, 9, 25])
+    # The CPU's own: torch.istft of each window's frames, to the bit.
+    for padded, tolerance in (
+        (network.istft_without_check(spectrum.clone(), lengths), 1e-6),
+        (network.istft(spectrum, lengths), 0),
+    ):
+        assert padded.shape == expected.shape and padded.isfinite().all()  # where no frame adds to a sample too
+        for window, frames in enumerate(lengths.tolist()):
+            alone = torch_istft(spectrum[window, :, :frames])
+            torch.testing.assert_close(padded[window, : alone.numel()], alone, atol=tolerance, rtol=0)
 
 
 def test_in_bf16_the_audio_stays_near_float32_s_and_the_istft_head_stays_float32(synthesizer, vocoder):
@@ -112,9 +131,10 @@ def test_in_bf16_the_audio_stays_near_float32_s_and_the_istft_head_stays_float32
 def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, vocoder):
     chat = synthesizer.model.chat
     longest, context = vocoder.max_window_frames, vocoder.context_frames
-    # Decoded whole (short), two windows, two of the longest, three; empty; a twin of a short one.
+    # Whole (padded, padded, padded, a multiple of the step), two of the longest windows, three; empty; a
+    # twin of a short one.
     lengths = [1, 7, 2 * context + 3, 3 * WINDOW_STEP_FRAMES, 2 * longest - 2 * context - 1, 2 * longest, 0, 7]
-    assert [len(vocoder.plan(frames)) for frames in lengths] == [1, 1, 1, 2, 2, 3, 0, 1]
+    assert [len(vocoder.plan(frames)) for frames in lengths] == [1, 1, 1, 1, 2, 3, 0, 1]
     rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
     decoded = vocoder.decode(rows)
     assert len(decoded) == len(rows)
@@ -125,26 +145,41 @@ def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, 
             assert np.abs(samples - expected).max() < 1e-4, len(states)
 
 
-def test_windows_of_different_rows_share_batches_of_one_shape(synthesizer):
+def test_rows_of_different_lengths_share_batches_of_one_shape(synthesizer):
     chat = synthesizer.model.chat
     vocoder, per_batch = Vocoder(synthesizer.model, max_windows_per_batch=3), 3
-    context = vocoder.context_frames
-    # Rows of different lengths whose two windows have one size; two rows too short for windows, of one length.
-    long_lengths, short_lengths = [2 * WINDOW_STEP_FRAMES + extra for extra in (3, 13, 23)], [context, context]
-    (size,) = {window.stop - window.start for frames in long_lengths for window in vocoder.plan(frames)}
-    assert all(len(vocoder.plan(frames)) == 2 for frames in long_lengths)
-    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate([*long_lengths, *short_lengths, 0])]
+    context, longest = vocoder.context_frames, vocoder.max_window_frames
+    # Rows whole in windows of one size (three lengths, one a multiple of the step), rows of two windows of
+    # one size (two lengths), a row shorter than a step.
+    whole, windowed = [2 * WINDOW_STEP_FRAMES + extra for extra in (3, 13, 32)], [longest + 1, longest + 9]
+    (size,) = {window.size for frames in windowed for window in vocoder.plan(frames)}
+    assert all(len(vocoder.plan(frames)) == 2 for frames in windowed)
+    lengths = [*whole, *windowed, context, 0]
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
 
     shapes = []
-    hook = vocoder.network.decoder.register_forward_pre_hook(
-        lambda module, inputs: shapes.append(tuple(inputs[0].shape))
-    )
+    hook = vocoder.network.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
     try:
-        vocoder.decode(rows)
+        decoded = vocoder.decode(rows)
     finally:
         hook.remove()
-    width = chat.config.gpt.hidden_size
-    assert shapes == [(per_batch, width, size), (per_batch, width, size), (2, width, context)]
+    width, step = chat.config.gpt.hidden_size, WINDOW_STEP_FRAMES
+    assert shapes == [(per_batch, width, 3 * step), (per_batch, width, size), (1, width, size), (1, width, step)]
+    for states, samples in zip(rows[:-1], decoded[:-1], strict=True):
+        assert np.abs(samples - decoded_alone(chat, states)).max() < 1e-4, len(states)
+
+
+def test_a_window_padded_past_its_row_decodes_as_the_row_only_with_its_length(synthesizer, vocoder):
+    chat, network = synthesizer.model.chat, vocoder.network
+    row = random_hidden_states(chat, 2 * vocoder.context_frames + 3, seed=5)
+    expected = decoded_alone(chat, row)
+    padded = torch.cat([row, torch.zeros(WINDOW_STEP_FRAMES - 3, row.shape[1])]).T[None].contiguous()
+    with torch.inference_mode():
+        with_length = network(padded, torch.tensor([row.shape[0]], dtype=torch.int32))[0, : expected.size]
+        without = network(padded)[0, : expected.size]
+    assert np.abs(with_length.numpy() - expected).max() < 1e-4
+    # Zeros read as frames of the row would change its end: every layer's padding is zeros again.
+    assert np.abs(without.numpy() - expected).max() > 1e-3
 
 
 def test_an_empty_call_and_empty_rows_give_empty_audio(vocoder, synthesizer):
@@ -224,7 +259,7 @@ def test_on_a_gpu_graphs_captured_beside_queued_work_decode_what_the_network_dec
     model = load_model(replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
     graphed, eager = Vocoder(model, 64, graphs=True), Vocoder(model, 64, graphs=False)
     busy = torch.randn(4096, 4096, device="cuda")
-    for batch in (1, 3, 5, 3):  # rows of two windows each: three batch buckets, the last met again
+    for batch in (1, 3, 5, 3):  # rows of one window each: three batch buckets, the last met again
         rows = [random_hidden_states(model.chat, 3 * WINDOW_STEP_FRAMES, seed).cuda() for seed in range(batch)]
         for _ in range(20):  # work queued ahead on the stream when a graph is captured
             busy = busy @ busy / 64
@@ -243,14 +278,12 @@ def test_on_a_gpu_every_window_size_is_captured_ahead_in_every_batch_and_met_lat
 
     model = load_model(replace(tiny_settings, device="cuda"))
     vocoder = Vocoder(model, 8)
-    # A streamed segment's first piece, decoded whole: a length of its own.
-    first_piece = WINDOW_STEP_FRAMES // 2 + 1
-    assert [window.stop - window.start for window in vocoder.plan(first_piece)] == [first_piece]
-    sizes = [*range(WINDOW_STEP_FRAMES, vocoder.max_window_frames + 1, WINDOW_STEP_FRAMES), first_piece]
+    sizes = range(WINDOW_STEP_FRAMES, vocoder.max_window_frames + 1, WINDOW_STEP_FRAMES)
     graphs = sum(len({batch_bucket(count, vocoder.windows_per_batch(size)) for count in range(1, 9)}) for size in sizes)
-    assert vocoder.capture_windows([first_piece]) == graphs
+    assert vocoder.capture_windows() == graphs
     for batch in (1, 5, 8):
-        for frames in (first_piece, WINDOW_STEP_FRAMES, 5 * vocoder.max_window_frames):  # rows whole and windowed
+        # A streamed segment's first piece, shorter than a step; rows whole (padded and not) and windowed.
+        for frames in (WINDOW_STEP_FRAMES // 2 + 1, WINDOW_STEP_FRAMES, 5 * vocoder.max_window_frames):
             rows = [random_hidden_states(model.chat, frames, seed).cuda() for seed in range(batch)]
             assert len(vocoder.decode(rows)) == batch
     assert len(vocoder.graphs) == graphs
@@ -266,11 +299,11 @@ def test_on_a_gpu_graphs_that_share_their_buffers_each_give_their_own_batchs_aud
     model = load_model(replace(tiny_settings, device="cuda", cuda_dtype="fp32"))
     graphed, eager = Vocoder(model, 8), Vocoder(model, 8, graphs=False)
     graphed.capture_windows()
-    # Rows of two window sizes in batches of one launch, in two orders: each batch replays a graph that
+    # Rows of four window sizes in batches of one launch, in two orders: each batch replays a graph that
     # writes the same buffers, and each batch's audio must have left them before the next replays. The
     # longest windows fill a batch of 8 and leave 5 in a graph of 6, padded.
     rows = [random_hidden_states(model.chat, frames, frames).cuda() for frames in (64, 96, 64, 1200, 700, 96)]
-    assert sorted(len(graphed.plan(row.shape[0])) for row in rows) == [1, 1, 2, 2, 5, 8]
+    assert sorted(len(graphed.plan(row.shape[0])) for row in rows) == [1, 1, 1, 1, 5, 8]
     for ordered in (rows, rows[::-1]):
         for samples, reference in zip(graphed.decode(ordered), eager.decode(ordered), strict=True):
             assert samples.shape == reference.shape
