@@ -29,13 +29,8 @@ sends, the worker's Celery side and Redis carry. A segment after the one playing
 when the engine hands it over whole, or once it is the one playing. Where the engine draws no faster
 than the audio plays, pieces stay small and go out as soon as they are stable.
 
-A piece takes more context on its left where the row has it, so that its length is a multiple of the
-vocoder's window step: pieces then replay the vocoder's CUDA graphs with the rows' windows, where a
-piece of any other length runs op by op on the engine's thread (on an H200 with 256 streams, py-spy
-found that thread busier launching such pieces than launching the decode steps). A piece from a
-row's start cannot take more context: it ends where its length is a multiple of the window step, but
-for the stream's first piece, whose length is the same for every stream
-(:func:`row_start_piece_frames`), and the vocoder captures graphs for it too.
+A piece takes its context on either side where the row has it; the vocoder pads it to its window step
+(worker.vocoder.vocoder), so that pieces of any length replay its CUDA graphs with the rows' windows.
 """
 
 from __future__ import annotations
@@ -52,7 +47,6 @@ from worker.engine.engine import SYNC_EVERY
 from worker.engine.segment import Segment
 from worker.vocoder.piece import Piece
 from worker.vocoder.quality import SampleStats
-from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 FIRST_CHUNK_S = 0.25
 # A first chunk cut short to end with an engine round is never shorter than this.
@@ -127,14 +121,10 @@ class RequestStream:
             keep_to = self.first_chunk_frames
         elif not self._wanted_now(keep_from, stable):
             return []
-        elif keep_from:
+        else:
             keep_to = stable
-        else:  # from the row's start: to where the piece's length is a multiple of the window step
-            keep_to = (stable + self.context_frames) // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES - self.context_frames
-            if keep_to < self.first_chunk_frames:
-                keep_to = self.first_chunk_frames  # a length the vocoder captured graphs for
         stop = keep_to + self.context_frames
-        start = aligned_start(keep_from - self.context_frames, stop)
+        start = max(0, keep_from - self.context_frames)
         self._cut_to[index] = keep_to
         hiddens = hidden_states(segment, start, stop)
         return [Piece(segment, hiddens, start, keep_from, keep_to, last=False, assess=False)]
@@ -161,7 +151,7 @@ class RequestStream:
         """What is left of a segment the engine finished: the frames not yet cut, to its end."""
         hiddens = segment.output.hiddens
         keep_from = min(self._cut_to[segment.index], hiddens.shape[0])
-        start = aligned_start(keep_from - self.context_frames, hiddens.shape[0])
+        start = max(0, keep_from - self.context_frames)
         return Piece(segment, hiddens[start:], start, keep_from, hiddens.shape[0], last=True, assess=False)
 
     def take(self, piece: Piece, samples: np.ndarray) -> None:
@@ -213,19 +203,3 @@ def first_chunk_frames(frames_per_second: float, context_frames: int) -> int:
     most = math.ceil(FIRST_CHUNK_S * frames_per_second)
     within_a_round = 1 + SYNC_EVERY * ((most + context_frames - 1) // SYNC_EVERY) - context_frames
     return within_a_round if within_a_round >= SHORTEST_FIRST_CHUNK_S * frames_per_second else most
-
-
-def row_start_piece_frames(frames_per_second: float, context_frames: int) -> list[int]:
-    """The lengths of pieces that start at a row's start and are no multiple of the window step: a
-    stream's first piece (:meth:`RequestStream.cut` ends the others at such a multiple), the same for every
-    stream, so that the vocoder captures graphs for it too, and a burst of streams' first pieces does not
-    run op by op on the thread that launches the decode steps."""
-    length = first_chunk_frames(frames_per_second, context_frames) + context_frames
-    return [length] if length % WINDOW_STEP_FRAMES else []
-
-
-def aligned_start(start: int, stop: int) -> int:
-    """Where a piece ending at ``stop`` that needs frames from ``start`` on starts: further left, so that
-    its length is a multiple of WINDOW_STEP_FRAMES, where the row has the frames; else at the row's start."""
-    steps = math.ceil((stop - start) / WINDOW_STEP_FRAMES)
-    return max(0, stop - steps * WINDOW_STEP_FRAMES)

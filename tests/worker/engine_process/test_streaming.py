@@ -16,10 +16,9 @@ from worker.engine.runner import ModelRunner
 from worker.engine.segment import Segment
 from worker.engine.sizing import max_prompt_tokens
 from worker.engine_process.pipeline import Synthesizer
-from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream, aligned_start, row_start_piece_frames
+from worker.engine_process.streaming import FIRST_CHUNK_S, RequestStream
 from worker.engine_process.voices import speaker_sample
 from worker.vocoder.quality import SampleStats
-from worker.vocoder.vocoder import WINDOW_STEP_FRAMES
 
 LONG_TEXT = (
     "The farm streams its audio while it speaks. Every segment starts as soon as the engine has it. "
@@ -271,15 +270,7 @@ def test_silence_before_the_first_segment_goes_out_at_once_and_that_after_the_la
     assert delivered == [(0, 7, False), (0, 3, True), (1, 3, True), (1, 4, False)]
 
 
-def test_a_piece_starts_further_left_to_a_multiple_of_the_window_step_where_the_row_has_the_frames():
-    step = WINDOW_STEP_FRAMES
-    assert aligned_start(100 - step, 100) == 100 - step  # aligned already
-    assert aligned_start(100 - step + 1, 100) == 100 - step
-    assert aligned_start(100 - step - 1, 100) == 100 - 2 * step
-    assert aligned_start(3, step + 5) == 0  # the row's start: too few frames to its left for two steps
-
-
-def test_a_later_segment_is_cut_once_it_plays_its_first_piece_to_a_multiple_of_the_window_step():
+def test_a_later_segment_is_cut_once_it_plays_its_first_piece_keeping_every_stable_frame():
     first, later = segments_of(2)
     clock = {"now": 0.0}
     stream = RequestStream(
@@ -297,12 +288,9 @@ def test_a_later_segment_is_cut_once_it_plays_its_first_piece_to_a_multiple_of_t
     stream.take(PieceOf(first, last=True), np.ones(6000, dtype=np.float32))
     clock["now"] = 10.0  # long since played: the later segment is wanted now
     (piece,) = stream.cut(later, 60, zeros)
-    # From its row's start, so no more context on its left: it keeps frames to where its length is a
-    # multiple of the window step, and the frames after go in its next piece.
-    assert (piece.start, piece.keep_from) == (0, 0)
-    assert piece.hiddens.shape[0] == piece.keep_to + 5 == WINDOW_STEP_FRAMES
-    # A stream's first piece is the one row-start length that is not a multiple: the vocoder captures it.
-    assert row_start_piece_frames(46.875, 7) == [17]
+    # From its row's start, so no context on its left; every frame but the newest 5, which may change.
+    assert (piece.start, piece.keep_from, piece.keep_to) == (0, 0, 55)
+    assert piece.hiddens.shape[0] == piece.keep_to + 5
 
 
 def test_a_first_piece_ends_where_a_round_of_the_engine_leaves_it_stable_unless_that_is_too_short():
@@ -345,11 +333,9 @@ def stream_at_speed(speed: float, frames: int = 400) -> tuple[list[int], int]:
     for drawn in range(1, frames, SYNC_EVERY):
         for piece in stream.cut(segment, drawn, zeros):
             assert piece.keep_to <= drawn - 5  # the newest 5 frames may still change
-            # Context on either side (more on the left where the row has it, to a multiple of the
-            # vocoder's window step).
-            assert piece.start <= max(0, piece.keep_from - 5)
+            # Its context on either side, where the row has it.
+            assert piece.start == max(0, piece.keep_from - 5)
             assert piece.hiddens.shape[0] == piece.keep_to + 5 - piece.start
-            assert piece.start == 0 or piece.hiddens.shape[0] % WINDOW_STEP_FRAMES == 0
             assert piece.keep_from == sum(kept)
             kept.append(piece.keep_to - piece.keep_from)
             stream.take(piece, np.ones(kept[-1] * SAMPLE_RATE // 40, dtype=np.float32))
@@ -394,7 +380,8 @@ def test_a_stream_run_again_after_its_engine_died_cuts_nothing_that_went_out_and
         cut.extend((drawn, piece.keep_from, piece.keep_to) for piece in stream.cut(segment, drawn, zeros))
         clock["now"] += 0.01  # a fast engine: 8 frames (0.2 s) a round in 0.01 s
     # Nothing while every stable frame is within the 2 s (80 frames) that went out; then pieces go out
-    # round by round until the lead is back, the first from the row's start to a multiple of the window step.
+    # as soon as a first piece's worth (10 frames) more is stable, until the lead is back, the first from
+    # the row's start to its newest stable frame.
     first_drawn, keep_from, keep_to = cut[0]
-    assert first_drawn - 5 > 80 and keep_from == 0 and (keep_to + 5) % WINDOW_STEP_FRAMES == 0
-    assert cut[1][0] == first_drawn + SYNC_EVERY and cut[1][2] > 80
+    assert first_drawn - 5 > 80 and keep_from == 0 and keep_to == first_drawn - 5
+    assert cut[1][0] == first_drawn + 2 * SYNC_EVERY and cut[1][1:] == (keep_to, keep_to + 2 * SYNC_EVERY)
