@@ -20,6 +20,13 @@ the first way's audio. With ``--launch-sweep``, the fused eager way again under 
 the fused kernel (frames a program, warps), fastest first. Then the GPT's decode step alone and while
 the farm's vocoder decodes ``--per-call`` rows before each step on a stream of its own, as the
 engine's thread does.
+
+With ``--batch-costs``, only what one call of the farm's vocoder costs for a batch of windows of each
+size and count (rows of exactly a window's frames, so that each call is one batch), and the least-squares
+fit of those times to a cost a batch and a cost a frame decoded (graph buckets' padding included):
+what a batch costs in frames (worker.vocoder.vocoder's choice of shared window sizes rests on it).
+
+    python -m bench.vocoder --model synthetic-full --device cuda --batch-costs
 """
 
 from __future__ import annotations
@@ -44,7 +51,7 @@ from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 from worker.vocoder import convnext  # noqa: E402
-from worker.vocoder.vocoder import Vocoder, Window  # noqa: E402
+from worker.vocoder.vocoder import WINDOW_STEP_FRAMES, Vocoder, Window, batch_bucket  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
 
@@ -109,6 +116,36 @@ def in_calls(rows: list[torch.Tensor], per_call: int) -> list[list[torch.Tensor]
     return [rows[first : first + per_call] for first in range(0, len(rows), per_call)]
 
 
+def batch_costs(vocoder: Vocoder, width: int, dtype: torch.dtype, device: torch.device) -> None:
+    """A call's time for one batch of each window size and count, and the fit of those times to
+    ``a + b x frames decoded``."""
+    step, longest = WINDOW_STEP_FRAMES, vocoder.max_window_frames // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES
+    sizes = sorted({size for size in (step * 2, step * 4, step * 7, step * 11) if size < longest} | {longest})
+    print("| window frames | windows | frames decoded | ms a call |\n|---:|---:|---:|---:|")
+    frames, seconds = [], []
+    generator = torch.Generator().manual_seed(1)
+    for size in sizes:
+        most = vocoder.windows_per_batch(size)
+        for count in sorted({min(count, most) for count in (1, 3, 8, 24, 64)}):
+            rows = [torch.randn(size, width, generator=generator).to(device, dtype) for _ in range(count)]
+            plan = vocoder.plan(size)
+            assert len(plan) == 1 and plan[0].size == size, "a row of a window's frames is that one window"
+            taken = median_seconds(lambda rows=rows: vocoder.launch(rows).result(), device, repeats=5)
+            # Graphs run a batch padded to its bucket; op by op, the windows there are.
+            decoded = (batch_bucket(count, most) if vocoder.graphs is not None else count) * size
+            frames.append(decoded)
+            seconds.append(taken)
+            print(f"| {size} | {count} | {decoded:,} | {1000 * taken:.2f} |", flush=True)
+    (per_batch, per_frame), *_ = np.linalg.lstsq(
+        np.stack([np.ones(len(frames)), np.array(frames, dtype=float)], axis=1), np.array(seconds), rcond=None
+    )
+    print(
+        f"fit: {1000 * per_batch:.3f} ms a batch, {1e6 * per_frame:.3f} ms per 1,000 frames: a batch costs "
+        f"{per_batch / per_frame:,.0f} frames",
+        flush=True,
+    )
+
+
 def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
     """The fused eager vocoder's kept audio-s/s under each launch setting of its kernel, fastest first."""
     kept_s = sum(states.shape[0] for states in rows) / TOKENS_PER_SECOND
@@ -162,6 +199,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=50, help="Decode steps timed alone and beside the vocoder.")
     parser.add_argument("--beside", default="1,8", help="Rows the vocoder decodes before each step, comma-separated.")
     parser.add_argument("--launch-sweep", action="store_true", help="Time the fused kernel's launch settings too.")
+    parser.add_argument(
+        "--batch-costs", action="store_true", help="Only time one batch of each window size and count, and fit."
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -175,6 +215,9 @@ def main() -> None:
     synthesizer = Synthesizer.load(settings)
     model, device = synthesizer.model, synthesizer.model.device
     width = model.chat.config.gpt.hidden_size
+    if arguments.batch_costs:
+        batch_costs(synthesizer.vocoder, width, model.chat.gpt.gpt.dtype, device)
+        return
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(
         round(5 * TOKENS_PER_SECOND), round(15 * TOKENS_PER_SECOND) + 1, (arguments.rows,), generator=generator
