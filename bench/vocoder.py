@@ -119,7 +119,7 @@ def in_calls(rows: list[torch.Tensor], per_call: int) -> list[list[torch.Tensor]
 def batch_costs(vocoder: Vocoder, width: int, dtype: torch.dtype, device: torch.device) -> None:
     """A call's time for one batch of each window size and count, and the fit of those times to
     ``a + b x frames decoded``."""
-    step, longest = WINDOW_STEP_FRAMES, vocoder.max_window_frames // WINDOW_STEP_FRAMES * WINDOW_STEP_FRAMES
+    step, longest = WINDOW_STEP_FRAMES, vocoder.max_window_frames  # a multiple of the step
     sizes = sorted({size for size in (step * 2, step * 4, step * 7, step * 11) if size < longest} | {longest})
     print("| window frames | windows | frames decoded | ms a call |\n|---:|---:|---:|---:|")
     frames, seconds = [], []

@@ -129,7 +129,7 @@ class Synthesizer:
         windows = self.vocoder.capture_windows()
         if windows:
             logger.info(
-                "captured the vocoder's windows of %d (length, batch) buckets in %.2f s; %s",
+                "captured the vocoder's windows of %d (size, batch) buckets in %.2f s; %s",
                 windows,
                 time.perf_counter() - started,
                 describe_memory(self.model.device),
