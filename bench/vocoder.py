@@ -27,6 +27,15 @@ fit of those times to a cost a batch and a cost a frame decoded (graph buckets' 
 what a batch costs in frames (worker.vocoder.vocoder's choice of shared window sizes rests on it).
 
     python -m bench.vocoder --model synthetic-full --device cuda --batch-costs
+
+With ``--profile`` (CUDA), only the GPU kernels of one call of the farm's vocoder over the first
+``--per-call`` rows, under torch.profiler (the call run once before, for its graphs), and the rate of its
+matrix products: the networks' linear layers and dense convolutions (the depthwise ones are the fused
+kernel's) in FLOPs a mel frame, times the windows' mel frames (their graph buckets' padding not counted),
+over the time of the kernels that run them (cuBLAS's and cuDNN's: names with gemm, nvjet, xmma, cutlass
+or conv). Where the vocoder's GPU time goes: arithmetic, memory traffic, or neither.
+
+    python -m bench.vocoder --model synthetic-full --device cuda --profile --per-call 24 --batch-costs
 """
 
 from __future__ import annotations
@@ -46,11 +55,13 @@ configure_allocator()
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from bench.decode_step import print_kernels, profiled_kernels  # noqa: E402
 from bench.device import synchronize  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
 from worker.vocoder import convnext  # noqa: E402
+from worker.vocoder.convnext import ChannelsLastBlock  # noqa: E402
 from worker.vocoder.vocoder import WINDOW_STEP_FRAMES, Vocoder, Window, batch_bucket  # noqa: E402
 
 BEFORE_WINDOW_CONTEXTS = 4
@@ -146,6 +157,37 @@ def batch_costs(vocoder: Vocoder, width: int, dtype: torch.dtype, device: torch.
     )
 
 
+MATMUL_KERNEL_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "conv")
+
+
+def matmul_flops_per_mel_frame(network: torch.nn.Module) -> int:
+    """Twice the weights a mel frame is multiplied by: every linear layer's and every dense convolution's
+    (all of the vocoder's run at the mel rate); the depthwise convolutions are not matrix products."""
+    weights = 0
+    for module in network.modules():
+        if isinstance(module, ChannelsLastBlock):
+            weights += module.weight_in.numel() + module.weight_out.numel()
+        elif isinstance(module, torch.nn.Linear) or (isinstance(module, torch.nn.Conv1d) and module.groups == 1):
+            weights += module.weight.numel()
+    return 2 * weights
+
+
+def profile_call(vocoder: Vocoder, rows: list[torch.Tensor], device: torch.device) -> None:
+    """The GPU kernels of one call of ``vocoder`` over ``rows``, and its matrix products' rate."""
+    vocoder.launch(rows).result()  # first shapes, graph captures
+    wall, kernels = profiled_kernels(lambda: vocoder.launch(rows).result(), device)
+    frames = sum(window.size for states in rows for window in vocoder.plan(states.shape[0]))
+    print_kernels(f"one call of {len(rows)} rows, {frames:,} frames in windows, {1000 * wall:.2f} ms wall", kernels, 1)
+    matmuls = [kernel for kernel in kernels if any(mark in kernel.name.lower() for mark in MATMUL_KERNEL_MARKS)]
+    matmul_us = sum(kernel.device_time for kernel in matmuls)
+    flops = matmul_flops_per_mel_frame(vocoder.network) * 2 * frames  # two mel frames a hidden state
+    print(
+        f"matrix products: {flops / 1e9:,.1f} GFLOP in {matmul_us / 1000:.2f} ms of kernels, "
+        f"{flops / max(matmul_us, 1e-9) / 1e6:,.0f} TFLOPS",
+        flush=True,
+    )
+
+
 def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
     """The fused eager vocoder's kept audio-s/s under each launch setting of its kernel, fastest first."""
     kept_s = sum(states.shape[0] for states in rows) / TOKENS_PER_SECOND
@@ -202,6 +244,9 @@ def main() -> None:
     parser.add_argument(
         "--batch-costs", action="store_true", help="Only time one batch of each window size and count, and fit."
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="Only profile one call of the first --per-call rows (CUDA)."
+    )
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
@@ -217,7 +262,6 @@ def main() -> None:
     width = model.chat.config.gpt.hidden_size
     if arguments.batch_costs:
         batch_costs(synthesizer.vocoder, width, model.chat.gpt.gpt.dtype, device)
-        return
     generator = torch.Generator().manual_seed(0)
     lengths = torch.randint(
         round(5 * TOKENS_PER_SECOND), round(15 * TOKENS_PER_SECOND) + 1, (arguments.rows,), generator=generator
@@ -225,6 +269,10 @@ def main() -> None:
     rows = [
         torch.randn(int(frames), width, generator=generator).to(device, model.chat.gpt.gpt.dtype) for frames in lengths
     ]
+    if arguments.profile and device.type == "cuda":
+        profile_call(synthesizer.vocoder, rows[: int(arguments.per_call.split(",")[0])], device)
+    if arguments.batch_costs or arguments.profile:
+        return
     kept_frames = int(lengths.sum())
     per_batch = settings.max_segments_per_pass
     ways = {
