@@ -32,8 +32,9 @@ With ``--profile`` (CUDA), only the GPU kernels of one call of the farm's vocode
 ``--per-call`` rows, under torch.profiler (the call run once before, for its graphs), and the rate of its
 matrix products: the networks' linear layers and dense convolutions (the depthwise ones are the fused
 kernel's) in FLOPs a mel frame, times the windows' mel frames (their graph buckets' padding not counted),
-over the time of the kernels that run them (cuBLAS's and cuDNN's: names with gemm, nvjet, xmma, cutlass
-or conv). Where the vocoder's GPU time goes: arithmetic, memory traffic, or neither.
+over the time of the kernels that run them (cuBLAS's and cuDNN's: names with gemm, nvjet, xmma or
+cutlass; not the fused kernel, convolve_and_normalise). Where the vocoder's GPU time goes: arithmetic,
+memory traffic, or neither.
 
     python -m bench.vocoder --model synthetic-full --device cuda --profile --per-call 24 --batch-costs
 """
@@ -157,7 +158,7 @@ def batch_costs(vocoder: Vocoder, width: int, dtype: torch.dtype, device: torch.
     )
 
 
-MATMUL_KERNEL_MARKS = ("gemm", "nvjet", "xmma", "cutlass", "conv")
+MATMUL_KERNEL_MARKS = ("gemm", "nvjet", "xmma", "cutlass")
 
 
 def matmul_flops_per_mel_frame(network: torch.nn.Module) -> int:
