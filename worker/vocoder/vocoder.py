@@ -27,7 +27,7 @@ import collections
 import copy
 import itertools
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -56,6 +56,12 @@ WINDOW_STEP_FRAMES = 32
 MAX_WINDOW_CONTEXTS = 16
 # A batch holds at most this many frames (at full scale ~80 KB of working memory each in bf16).
 MAX_FRAMES_PER_BATCH = 32768
+# A batch costs about as much as decoding this many frames more: the windows of a call's sizes share
+# batches, padded to the larger size, where that costs fewer frames than the batches it saves
+# (:func:`shared_sizes`). From the fortieth session's H100 (docs/performance.md): the vocoder took 0.77 s
+# for the standard workload's rows in overlapping windows and 0.70 s for them whole, which fit ~1.1 ms a
+# batch and ~0.5 ms per 1,000 frames.
+BATCH_COST_FRAMES = 2048
 
 
 @dataclass(frozen=True)
@@ -343,6 +349,44 @@ class WindowGraphs:
         return WindowGraph(graph, inputs, lengths, audio)
 
 
+def shared_sizes(counts: dict[int, int], batch_windows: Callable[[int], int], batch_cost_frames: int) -> dict[int, int]:
+    """The size each window size of a call is decoded at, given how many windows of each size there are and
+    how many windows of a size one batch holds: the sizes, ascending, fall in runs, each padded to its
+    largest, and the runs are those for which the frames decoded (each batch padded to its bucket, see
+    :func:`batch_bucket`) plus ``batch_cost_frames`` a batch are fewest. A window padded past its frames
+    decodes as it did (:class:`VocoderNetwork`), so only the cost changes."""
+    sizes = sorted(counts)
+    windows_before = [0, *itertools.accumulate(counts[size] for size in sizes)]
+    fewest = [0]  # fewest[j]: the cost of the first j sizes
+    run_start = [0]  # run_start[j]: where the last run of the first j sizes starts
+    for end in range(1, len(sizes) + 1):
+        size, most = sizes[end - 1], batch_windows(sizes[end - 1])
+        cost, start = min(
+            (
+                fewest[start]
+                + _batches_cost(windows_before[end] - windows_before[start], size, most, batch_cost_frames),
+                start,
+            )
+            for start in range(end)
+        )
+        fewest.append(cost)
+        run_start.append(start)
+    decoded_at, end = {}, len(sizes)
+    while end:
+        start = run_start[end]
+        decoded_at.update((size, sizes[end - 1]) for size in sizes[start:end])
+        end = start
+    return decoded_at
+
+
+def _batches_cost(windows: int, size: int, most: int, batch_cost_frames: int) -> int:
+    """The frames ``windows`` windows of ``size`` frames decode in batches of at most ``most`` (the last padded
+    to its bucket), and ``batch_cost_frames`` a batch."""
+    full, rest = divmod(windows, most)
+    padded = full * most + (batch_bucket(rest, most) if rest else 0)
+    return padded * size + (full + (rest > 0)) * batch_cost_frames
+
+
 def batch_bucket(count: int, most: int) -> int:
     """The batch a graph of ``count`` windows runs: the next of 1, 2, 3, 4, 6, 8, 12, ... (padding wastes at
     most a third), or ``most``."""
@@ -354,7 +398,8 @@ class Vocoder:
     """Decodes rows of hidden states in batches of at most ``max_windows_per_batch`` windows of one size.
 
     ``dtype`` and ``fused`` are :class:`VocoderNetwork`'s (by default: :func:`network_dtype`, fused on CUDA);
-    ``graphs`` (by default: on CUDA) replays :class:`WindowGraphs`.
+    ``graphs`` (by default: on CUDA) replays :class:`WindowGraphs`; ``batch_cost_frames`` is what a batch
+    costs in frames when a call's window sizes share batches (:func:`shared_sizes`).
     """
 
     def __init__(
@@ -365,11 +410,13 @@ class Vocoder:
         dtype: torch.dtype | None = None,
         graphs: bool | None = None,
         fused: bool | None = None,
+        batch_cost_frames: int = BATCH_COST_FRAMES,
     ):
         chat = model.chat
         self.device = model.device
         self.width = chat.config.gpt.hidden_size
         self.max_windows_per_batch = max_windows_per_batch
+        self.batch_cost_frames = batch_cost_frames
         istft = chat.vocos.head.istft
         # DVAE.forward splits each hidden state's channels into two halves, two mel frames in a row.
         mel_frames_per_frame = chat.config.gpt.hidden_size // chat.config.decoder.idim
@@ -469,10 +516,19 @@ class Vocoder:
         workload's 1,536 rows, 0.9 s of its 6 s (cProfile, H200 host, 2026-12-04).
         """
         plans = [self.plan(states.shape[0]) for states in hidden_states]
-        by_size: dict[int, list[tuple[int, Window]]] = {}  # window size -> (row, window), in row order
+        by_plan_size: dict[int, list[tuple[int, Window]]] = {}  # window size -> (row, window), in row order
         for row, plan in enumerate(plans):
             for window in plan:
-                by_size.setdefault(window.size, []).append((row, window))
+                by_plan_size.setdefault(window.size, []).append((row, window))
+        decoded_at = shared_sizes(
+            {size: len(windows) for size, windows in by_plan_size.items()},
+            self.windows_per_batch,
+            self.batch_cost_frames,
+        )
+        # A row's windows are of one size, so they stay together and in order.
+        by_size: dict[int, list[tuple[int, Window]]] = {}
+        for size in sorted(by_plan_size):
+            by_size.setdefault(decoded_at[size], []).extend(by_plan_size[size])
         rows = [torch.zeros(0)] * len(plans)  # a row of no frames has no audio
         per_frame = self.samples_per_frame
         for size, windows in by_size.items():

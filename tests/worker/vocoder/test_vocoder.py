@@ -2,6 +2,7 @@
 (in float32 on the CPU; in bf16, near it)."""
 
 import copy
+import itertools
 import math
 from dataclasses import asdict
 from types import SimpleNamespace
@@ -20,6 +21,7 @@ from worker.vocoder.vocoder import (
     WindowGraphs,
     batch_bucket,
     plan_windows,
+    shared_sizes,
 )
 
 
@@ -147,7 +149,8 @@ def test_rows_of_any_lengths_decode_together_exactly_as_each_alone(synthesizer, 
 
 def test_rows_of_different_lengths_share_batches_of_one_shape(synthesizer):
     chat = synthesizer.model.chat
-    vocoder, per_batch = Vocoder(synthesizer.model, max_windows_per_batch=3), 3
+    # Batches that cost nothing: each window size its own.
+    vocoder, per_batch = Vocoder(synthesizer.model, max_windows_per_batch=3, batch_cost_frames=0), 3
     context, longest = vocoder.context_frames, vocoder.max_window_frames
     # Rows whole in windows of one size (three lengths, one a multiple of the step), rows of two windows of
     # one size (two lengths), a row shorter than a step.
@@ -164,8 +167,58 @@ def test_rows_of_different_lengths_share_batches_of_one_shape(synthesizer):
     finally:
         hook.remove()
     width, step = chat.config.gpt.hidden_size, WINDOW_STEP_FRAMES
-    assert shapes == [(per_batch, width, 3 * step), (per_batch, width, size), (1, width, size), (1, width, step)]
+    assert shapes == [(1, width, step), (per_batch, width, 3 * step), (per_batch, width, size), (1, width, size)]
     for states, samples in zip(rows[:-1], decoded[:-1], strict=True):
+        assert np.abs(samples - decoded_alone(chat, states)).max() < 1e-4, len(states)
+
+
+def test_a_call_s_window_sizes_share_batches_where_the_batches_saved_cost_more_than_the_padding():
+    def most(size):
+        return 8
+
+    counts = {64: 3, 96: 4, 128: 1, 320: 8}
+
+    def cost(decoded_at, batch_cost):
+        total = 0
+        for size in set(decoded_at.values()):
+            windows = sum(count for planned, count in counts.items() if decoded_at[planned] == size)
+            full, rest = divmod(windows, 8)
+            padded = 8 * full + (batch_bucket(rest, 8) if rest else 0)
+            total += padded * size + (full + (rest > 0)) * batch_cost
+        return total
+
+    sizes = sorted(counts)
+    # Every way to cut the ascending sizes into runs, each padded to its largest.
+    ways = []
+    for cuts in itertools.product([False, True], repeat=len(sizes) - 1):
+        ends = [index for index, cut in enumerate(cuts) if cut] + [len(sizes) - 1]
+        ways.append({size: sizes[next(end for end in ends if end >= index)] for index, size in enumerate(sizes)})
+    for batch_cost in (0, 50, 200, 1000, 5000, 10**6):
+        chosen = shared_sizes(counts, most, batch_cost)
+        assert cost(chosen, batch_cost) == min(cost(way, batch_cost) for way in ways), batch_cost
+    # Batches that cost nothing: each size its own (3 and 4 windows fill their buckets).
+    assert shared_sizes(counts, most, 0) == {64: 64, 96: 96, 128: 128, 320: 320}
+    # Dear batches: as few as fit (two of 8), each padded the least.
+    assert shared_sizes(counts, most, 10**6) == {64: 128, 96: 128, 128: 128, 320: 320}
+    assert shared_sizes({}, most, 200) == {}
+
+
+def test_windows_padded_to_another_size_s_batch_decode_as_their_rows_alone(synthesizer):
+    chat = synthesizer.model.chat
+    vocoder = Vocoder(synthesizer.model, max_windows_per_batch=8, batch_cost_frames=10**6)
+    longest = vocoder.max_window_frames
+    lengths = [5, WINDOW_STEP_FRAMES + 1, 3 * WINDOW_STEP_FRAMES, 2 * longest + 3]
+    rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
+    shapes = []
+    hook = vocoder.network.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
+    try:
+        decoded = vocoder.decode(rows)
+    finally:
+        hook.remove()
+    # One batch: the whole rows' windows padded to the long row's windows' size.
+    (size,) = {window.size for window in vocoder.plan(lengths[-1])}
+    assert shapes == [(3 + len(vocoder.plan(lengths[-1])), chat.config.gpt.hidden_size, size)]
+    for states, samples in zip(rows, decoded, strict=True):
         assert np.abs(samples - decoded_alone(chat, states)).max() < 1e-4, len(states)
 
 
