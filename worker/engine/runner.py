@@ -756,37 +756,52 @@ def compiled_exactly(function: Callable) -> Callable:
     return torch.compile(function, options={"emulate_precision_casts": True})
 
 
-class SplitHeads(NamedTuple):
-    """The code heads' float32 weights as two bfloat16 terms, each weight ``high + low`` (to 16 of its 24
-    bits), side by side along their input: bfloat16 hidden states, twice over, times them in one matmul on
-    tensor cores that adds in float32 (:func:`code_logits`)."""
+class SplitWeights(NamedTuple):
+    """Float32 weights (outputs, inputs) as two bfloat16 terms, each weight ``high + low`` (to 16 of its 24
+    bits), side by side along their input: a bfloat16 input, twice over, times them in one matmul on
+    tensor cores that adds in float32 (:func:`split_product`)."""
 
-    weights: torch.Tensor  # (codebooks x vocab, 2 x width) bfloat16: each row its high terms, then its low
+    terms: torch.Tensor  # (outputs, 2 x inputs) bfloat16: each row its high terms, then its low
+
+
+def split_weights(weights: torch.Tensor) -> SplitWeights:
+    """``weights`` (outputs, inputs) float32 as :class:`SplitWeights`."""
+    high = weights.bfloat16()
+    low = (weights - high.float()).bfloat16()
+    return SplitWeights(torch.cat([high, low], dim=-1))
+
+
+def split_product(x: torch.Tensor, weights: SplitWeights) -> torch.Tensor:
+    """``x @ weights.T`` in float32 for bfloat16 ``x`` (rows, inputs), which each term multiplies exactly:
+    the two terms' products summed in float32."""
+    twice = torch.cat([x, x], dim=-1)
+    if x.is_cuda:
+        return torch.mm(twice, weights.terms.t(), out_dtype=torch.float32)
+    # A float32 output of bfloat16 operands is CUDA's alone: widened first (exactly), the same sums.
+    return torch.mm(twice.float(), weights.terms.float().t())
+
+
+class SplitHeads(NamedTuple):
+    """The code heads' float32 weights as :class:`SplitWeights`, their codebooks' rows one after another."""
+
+    weights: SplitWeights  # (codebooks x vocab) outputs
     codebooks: int
 
 
 def split_heads(head_weights: torch.Tensor) -> SplitHeads:
     """``head_weights`` (codebooks, vocab, width) float32 as :class:`SplitHeads`."""
     codebooks, vocab, width = head_weights.shape
-    high = head_weights.bfloat16()
-    low = (head_weights - high.float()).bfloat16()
-    return SplitHeads(torch.cat([high, low], dim=-1).reshape(codebooks * vocab, 2 * width), codebooks)
+    return SplitHeads(split_weights(head_weights.reshape(codebooks * vocab, width)), codebooks)
 
 
 def code_logits(hidden: torch.Tensor, heads: torch.Tensor | SplitHeads) -> torch.Tensor:
     """The code heads' logits (rows, codebooks, vocab) in float32 from the final norm's ``hidden``
-    (rows, width): over float32 heads, a float32 matmul; over :class:`SplitHeads` (bfloat16 hidden states,
-    which each term multiplies exactly), the two terms' products summed in float32. The float32 matmul ran
-    on CUDA cores, 1.6% of a full-load step on an H100; split, a step at 2,048 slots took 3.09 ms instead of
-    3.28 there (docs/performance.md)."""
+    (rows, width): over float32 heads, a float32 matmul; over :class:`SplitHeads` (bfloat16 hidden states),
+    :func:`split_product`. The float32 matmul ran on CUDA cores, 1.6% of a full-load step on an H100;
+    split, a step at 2,048 slots took 3.09 ms instead of 3.28 there (docs/performance.md)."""
     if not isinstance(heads, SplitHeads):
         return torch.einsum("bh,qvh->bqv", hidden.float(), heads)
-    twice = torch.cat([hidden, hidden], dim=-1)
-    if hidden.is_cuda:
-        logits = torch.mm(twice, heads.weights.t(), out_dtype=torch.float32)
-    else:  # a float32 output of bfloat16 operands is CUDA's alone: widened first (exactly), the same sums
-        logits = torch.mm(twice.float(), heads.weights.float().t())
-    return logits.view(len(hidden), heads.codebooks, -1)
+    return split_product(hidden, heads.weights).view(len(hidden), heads.codebooks, -1)
 
 
 class Drawn(NamedTuple):

@@ -38,7 +38,7 @@ from torch.nn import functional
 
 from worker.engine import device_waits
 from worker.engine.attention import triton_available
-from worker.engine.runner import to_device
+from worker.engine.runner import SplitWeights, split_product, split_weights, to_device
 from worker.model.loading import LoadedModel
 from worker.vocoder.convnext import ChannelsLastStack
 
@@ -150,8 +150,12 @@ class VocoderNetwork(nn.Module):
         left_out = {id(stack): nn.ModuleList() for stack in blocks} if fused else {}
         self.decoder = copy.deepcopy(decoder, dict(left_out)).to(dtype)
         self.backbone = copy.deepcopy(vocos.backbone, dict(left_out)).to(dtype)
-        # The head's exponential turns bf16's relative rounding of log magnitudes into the audio's.
+        # The head's exponential turns bf16's relative rounding of log magnitudes into the audio's: its
+        # weights stay float32, multiplied on tensor cores as two bfloat16 terms where the features are
+        # bfloat16 (which the terms multiply exactly), on the CUDA cores in float32 otherwise.
         self.spectrum = copy.deepcopy(vocos.head.out).float()
+        terms = split_weights(self.spectrum.weight.detach()).terms if dtype == torch.bfloat16 else None
+        self.register_buffer("spectrum_terms", terms, persistent=False)
         istft = vocos.head.istft
         assert istft.padding == "center", f"{istft.padding} ISTFT padding"
         self.n_fft, self.hop_length = istft.n_fft, istft.hop_length
@@ -165,10 +169,19 @@ class VocoderNetwork(nn.Module):
         # Each hidden state is two mel frames, each mel frame the head's STFT frame.
         mel_lengths = None if lengths is None else 2 * lengths
         features = self.features(windows, mel_lengths)  # (windows, mel frames, dim)
-        log_magnitude, phase = self.spectrum(features.float()).transpose(1, 2).chunk(2, dim=1)
+        log_magnitude, phase = self.head(features).transpose(1, 2).chunk(2, dim=1)
         # As Vocos's ISTFTHead writes it.
         spectrum = log_magnitude.exp().clip(max=1e2) * (phase.cos() + 1j * phase.sin())
         return self.istft(spectrum, mel_lengths)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        """Vocos's head's linear layer in float32: (windows, mel frames, dim) features to (windows, mel
+        frames, log magnitudes then phases)."""
+        if self.spectrum_terms is None:
+            return self.spectrum(features.float())
+        count, frames, dim = features.shape
+        product = split_product(features.reshape(count * frames, dim), SplitWeights(self.spectrum_terms))
+        return product.add_(self.spectrum.bias).view(count, frames, -1)
 
     def features(self, windows: torch.Tensor, mel_lengths: torch.Tensor | None = None) -> torch.Tensor:
         """``self.backbone(self.decoder(windows))``: DVAE.forward's decoding (no quantiser), DVAEDecoder.forward

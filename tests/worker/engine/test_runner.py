@@ -99,8 +99,8 @@ def with_split_heads(state: dict) -> dict:
 def test_split_heads_hold_each_float32_weight_to_16_bits_as_a_high_and_a_low_bfloat16_term():
     heads = slot_state("cpu")["heads"]
     split = split_heads(heads)
-    assert isinstance(split, SplitHeads) and split.weights.dtype == torch.bfloat16
-    high, low = split.weights.float().view(CODEBOOKS, VOCAB, 2, WIDTH).unbind(dim=2)
+    assert isinstance(split, SplitHeads) and split.weights.terms.dtype == torch.bfloat16
+    high, low = split.weights.terms.float().view(CODEBOOKS, VOCAB, 2, WIDTH).unbind(dim=2)
     # The high term is the weight rounded to bfloat16 (8 bits); the low term rounds what is left.
     assert torch.equal(high, heads.bfloat16().float())
     assert ((high + low - heads).abs() <= heads.abs() * 2**-16).all()
