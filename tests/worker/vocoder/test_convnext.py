@@ -186,3 +186,23 @@ def test_a_block_with_adaptive_layer_norm_is_refused():
 
     with pytest.raises(ValueError, match="adaptive layer norm"):
         ChannelsLastBlock(ConvNeXtBlock(8, 16, 0.1, adanorm_num_embeddings=2), torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="cuBLASLt's GELU epilogue runs on a GPU")
+def test_on_a_gpu_a_bf16_block_s_gelu_is_the_tanh_form_in_its_first_matmul():
+    from worker.vocoder import convnext
+    from worker.vocoder.convnext import ChannelsLastBlock
+
+    block = ChannelsLastBlock(chattts_block(512, 2048, dilation=2, layer_scale=0.5, seed=1), torch.bfloat16).cuda()
+    assert block.tanh_gelu
+    x = torch.randn(2, 100, 512, generator=torch.Generator().manual_seed(2)).cuda().bfloat16()
+    with torch.inference_mode():
+        parts = (block.conv_weight, block.conv_bias, block.norm_weight, block.norm_bias, block.dilation, block.eps)
+        normalised = convnext.dwconv_layer_norm(x, *parts)
+        hidden = F.gelu(F.linear(normalised, block.weight_in, block.bias_in), approximate="tanh")
+        expected = F.linear(hidden, block.weight_out, block.bias_out)
+        branch = block.branch(x)
+    # The epilogue rounds the matmul's sums once, to bfloat16, after the GELU; op by op they are rounded
+    # before it too.
+    torch.testing.assert_close(branch.float(), expected.float(), atol=2e-2, rtol=2e-2)
+    assert not ChannelsLastBlock(chattts_block(64, 128, 2, 0.5, seed=3), torch.float32).tanh_gelu
