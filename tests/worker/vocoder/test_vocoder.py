@@ -35,6 +35,16 @@ def decoded_alone(chat, states):
     return chat._decode_to_wavs([states.clone()], True)[0]
 
 
+def decoded_with_batch_shapes(vocoder, rows):
+    """``vocoder.decode(rows)``, and the (windows, width, frames) shape of each batch its network ran."""
+    shapes = []
+    hook = vocoder.network.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
+    try:
+        return vocoder.decode(rows), shapes
+    finally:
+        hook.remove()
+
+
 def random_hidden_states(chat, frames, seed):
     # The tiny GPT's hidden states come out of a norm layer: unit scale, as these.
     generator = torch.Generator().manual_seed(seed)
@@ -160,12 +170,7 @@ def test_rows_of_different_lengths_share_batches_of_one_shape(synthesizer):
     lengths = [*whole, *windowed, context, 0]
     rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
 
-    shapes = []
-    hook = vocoder.network.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
-    try:
-        decoded = vocoder.decode(rows)
-    finally:
-        hook.remove()
+    decoded, shapes = decoded_with_batch_shapes(vocoder, rows)
     width, step = chat.config.gpt.hidden_size, WINDOW_STEP_FRAMES
     assert shapes == [(1, width, step), (per_batch, width, 3 * step), (per_batch, width, size), (1, width, size)]
     for states, samples in zip(rows[:-1], decoded[:-1], strict=True):
@@ -209,12 +214,7 @@ def test_windows_padded_to_another_size_s_batch_decode_as_their_rows_alone(synth
     longest = vocoder.max_window_frames
     lengths = [5, WINDOW_STEP_FRAMES + 1, 3 * WINDOW_STEP_FRAMES, 2 * longest + 3]
     rows = [random_hidden_states(chat, frames, seed) for seed, frames in enumerate(lengths)]
-    shapes = []
-    hook = vocoder.network.register_forward_pre_hook(lambda module, inputs: shapes.append(tuple(inputs[0].shape)))
-    try:
-        decoded = vocoder.decode(rows)
-    finally:
-        hook.remove()
+    decoded, shapes = decoded_with_batch_shapes(vocoder, rows)
     # One batch: the whole rows' windows padded to the long row's windows' size.
     (size,) = {window.size for window in vocoder.plan(lengths[-1])}
     assert shapes == [(3 + len(vocoder.plan(lengths[-1])), chat.config.gpt.hidden_size, size)]
