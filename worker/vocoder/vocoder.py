@@ -58,9 +58,10 @@ MAX_WINDOW_CONTEXTS = 16
 MAX_FRAMES_PER_BATCH = 32768
 # A batch costs about as much as decoding this many frames more: the windows of a call's sizes share
 # batches, padded to the larger size, where that costs fewer frames than the batches it saves
-# (:func:`shared_sizes`). From the fortieth session's H100 (docs/performance.md): the vocoder took 0.77 s
-# for the standard workload's rows in overlapping windows and 0.70 s for them whole, which fit ~1.1 ms a
-# batch and ~0.5 ms per 1,000 frames.
+# (:func:`shared_sizes`). On the forty-first session's H100 (docs/performance.md) the engine's vocoder took
+# 0.68-0.69 s of GPU time with this setting and the head's split weights, against 0.71-0.72 s with neither;
+# `bench.vocoder --batch-costs` there fit 0.82 ms a batch and 0.76 ms per 1,000 frames, ~1,070 frames a
+# batch, a setting not measured in the engine yet.
 BATCH_COST_FRAMES = 2048
 
 
