@@ -28,13 +28,14 @@ what a batch costs in frames (worker.vocoder.vocoder's choice of shared window s
 
     python -m bench.vocoder --model synthetic-full --device cuda --batch-costs
 
-With ``--profile`` (CUDA), only the GPU kernels of one call of the farm's vocoder over the first
-``--per-call`` rows, under torch.profiler (the call run once before, for its graphs), and the rate of its
+With ``--profile``, only one call of the farm's vocoder over the first ``--per-call`` rows under
+torch.profiler. On CUDA, its GPU kernels (the call run once before, for its graphs) and the rate of its
 matrix products: the networks' linear layers and dense convolutions (the depthwise ones are the fused
 kernel's) in FLOPs a mel frame, times the windows' mel frames (their graph buckets' padding not counted),
 over the time of the kernels that run them (cuBLAS's and cuDNN's: names with gemm, nvjet, xmma or
 cutlass; not the fused kernel, convolve_and_normalise). Where the vocoder's GPU time goes: arithmetic,
-memory traffic, or neither.
+memory traffic, or neither. Then, on any device, the same call op by op (no graphs), its ATen operations
+by their time: the names a graph's kernels do not carry.
 
     python -m bench.vocoder --model synthetic-full --device cuda --profile --per-call 24 --batch-costs
 """
@@ -55,6 +56,7 @@ configure_allocator()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.decode_step import print_kernels, profiled_kernels  # noqa: E402
 from bench.device import synchronize  # noqa: E402
@@ -159,6 +161,7 @@ def batch_costs(vocoder: Vocoder, width: int, dtype: torch.dtype, device: torch.
 
 
 MATMUL_KERNEL_MARKS = ("gemm", "nvjet", "xmma", "cutlass")
+PROFILED_OPERATIONS = 25
 
 
 def matmul_flops_per_mel_frame(network: torch.nn.Module) -> int:
@@ -173,20 +176,30 @@ def matmul_flops_per_mel_frame(network: torch.nn.Module) -> int:
     return 2 * weights
 
 
-def profile_call(vocoder: Vocoder, rows: list[torch.Tensor], device: torch.device) -> None:
-    """The GPU kernels of one call of ``vocoder`` over ``rows``, and its matrix products' rate."""
-    vocoder.launch(rows).result()  # first shapes, graph captures
-    wall, kernels = profiled_kernels(lambda: vocoder.launch(rows).result(), device)
+def profile_call(vocoder: Vocoder, eager: Vocoder, rows: list[torch.Tensor], device: torch.device) -> None:
+    """The GPU kernels of one call of ``vocoder`` over ``rows`` and its matrix products' rate (CUDA), then
+    the operations of the same call run op by op by ``eager``, which name what the kernels ran."""
     frames = sum(window.size for states in rows for window in vocoder.plan(states.shape[0]))
-    print_kernels(f"one call of {len(rows)} rows, {frames:,} frames in windows, {1000 * wall:.2f} ms wall", kernels, 1)
-    matmuls = [kernel for kernel in kernels if any(mark in kernel.name.lower() for mark in MATMUL_KERNEL_MARKS)]
-    matmul_us = sum(kernel.device_time for kernel in matmuls)
-    flops = matmul_flops_per_mel_frame(vocoder.network) * 2 * frames  # two mel frames a hidden state
-    print(
-        f"matrix products: {flops / 1e9:,.1f} GFLOP in {matmul_us / 1000:.2f} ms of kernels, "
-        f"{flops / max(matmul_us, 1e-9) / 1e6:,.0f} TFLOPS",
-        flush=True,
-    )
+    if device.type == "cuda":
+        vocoder.launch(rows).result()  # first shapes, graph captures
+        wall, kernels = profiled_kernels(lambda: vocoder.launch(rows).result(), device)
+        title = f"one call of {len(rows)} rows, {frames:,} frames in windows, {1000 * wall:.2f} ms wall"
+        print_kernels(title, kernels, 1)
+        matmuls = [kernel for kernel in kernels if any(mark in kernel.name.lower() for mark in MATMUL_KERNEL_MARKS)]
+        matmul_us = sum(kernel.device_time for kernel in matmuls)
+        flops = matmul_flops_per_mel_frame(vocoder.network) * 2 * frames  # two mel frames a hidden state
+        print(
+            f"matrix products: {flops / 1e9:,.1f} GFLOP in {matmul_us / 1000:.2f} ms of kernels, "
+            f"{flops / max(matmul_us, 1e-9) / 1e6:,.0f} TFLOPS",
+            flush=True,
+        )
+    eager.launch(rows).result()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as recorded:
+        eager.launch(rows).result()
+    sort_by = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    print(f"\nthe same call op by op, its operations by {sort_by}:")
+    print(recorded.key_averages().table(sort_by=sort_by, row_limit=PROFILED_OPERATIONS, max_name_column_width=60))
 
 
 def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
@@ -270,8 +283,9 @@ def main() -> None:
     rows = [
         torch.randn(int(frames), width, generator=generator).to(device, model.chat.gpt.gpt.dtype) for frames in lengths
     ]
-    if arguments.profile and device.type == "cuda":
-        profile_call(synthesizer.vocoder, rows[: int(arguments.per_call.split(",")[0])], device)
+    if arguments.profile:
+        eager = Vocoder(model, settings.max_segments_per_pass, graphs=False)
+        profile_call(synthesizer.vocoder, eager, rows[: int(arguments.per_call.split(",")[0])], device)
     if arguments.batch_costs or arguments.profile:
         return
     kept_frames = int(lengths.sum())
