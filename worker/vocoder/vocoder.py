@@ -14,8 +14,11 @@ of N frames decodes fewer than N + 32 frames; in overlapping windows (as every r
 receptive fields once was), about N + 2 x context: 1.53 frames for each kept frame of the standard
 workload's rows (docs/performance.md).
 
+A call's window sizes share batches too, padded to the larger, where the batches saved cost more than
+the frames added (:func:`shared_sizes`).
+
 The networks run as :class:`VocoderNetwork`: copies of ChatTTS's modules, in bf16 on CUDA (the ISTFT
-head in fp32), with an ISTFT that never waits for the host; on CUDA their ConvNeXt blocks run
+head's weights in fp32), with an ISTFT that never waits for the host; on CUDA their ConvNeXt blocks run
 channels-last with a fused Triton kernel (worker.vocoder.convnext). On CUDA a batch of windows replays
 a CUDA graph captured the first time its (window size, batch bucket) is met, and each window's kept
 audio is copied from the GPU straight to its place in its row's host buffer.
