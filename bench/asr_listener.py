@@ -21,9 +21,8 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from torch.profiler import ProfilerActivity, profile
 
-from bench.device import synchronize
+from bench.device import operations_table, synchronize
 from bench.standard import seconds_range
 from bench.workload import standard_requests
 from chattts_farm.settings import Settings
@@ -99,12 +98,13 @@ def main() -> None:
     if rest < 0:
         print("\nThe rest is the batch less phases timed alone. Below zero, the machine is busy: raise --repeat.")
 
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with torch.no_grad(), profile(activities=activities) as recorded:
-        backend.transcribe_batch(clips, SAMPLE_RATE, texts)
-    sort_by = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    def transcribe() -> None:
+        with torch.no_grad():
+            backend.transcribe_batch(clips, SAMPLE_RATE, texts)
+
+    sort_by, table = operations_table(transcribe, device, arguments.kernels, name_width=70)
     print(f"\nthe whole batch's operations and kernels, by {sort_by}:")
-    print(recorded.key_averages().table(sort_by=sort_by, row_limit=arguments.kernels, max_name_column_width=70))
+    print(table)
 
 
 if __name__ == "__main__":

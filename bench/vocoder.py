@@ -56,10 +56,9 @@ configure_allocator()
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from bench.decode_step import print_kernels, profiled_kernels  # noqa: E402
-from bench.device import synchronize  # noqa: E402
+from bench.device import operations_table, synchronize  # noqa: E402
 from chattts_farm.settings import Settings  # noqa: E402
 from chattts_farm.speech_length import TOKENS_PER_SECOND  # noqa: E402
 from worker.engine_process.pipeline import Synthesizer  # noqa: E402
@@ -194,12 +193,9 @@ def profile_call(vocoder: Vocoder, eager: Vocoder, rows: list[torch.Tensor], dev
             flush=True,
         )
     eager.launch(rows).result()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    with profile(activities=activities) as recorded:
-        eager.launch(rows).result()
-    sort_by = "device_time_total" if device.type == "cuda" else "cpu_time_total"
+    sort_by, table = operations_table(lambda: eager.launch(rows).result(), device, PROFILED_OPERATIONS, name_width=60)
     print(f"\nthe same call op by op, its operations by {sort_by}:")
-    print(recorded.key_averages().table(sort_by=sort_by, row_limit=PROFILED_OPERATIONS, max_name_column_width=60))
+    print(table)
 
 
 def launch_sweep(vocoder: Vocoder, rows: list[torch.Tensor], per_calls: list[int], device: torch.device) -> None:
@@ -258,9 +254,7 @@ def main() -> None:
     parser.add_argument(
         "--batch-costs", action="store_true", help="Only time one batch of each window size and count, and fit."
     )
-    parser.add_argument(
-        "--profile", action="store_true", help="Only profile one call of the first --per-call rows (CUDA)."
-    )
+    parser.add_argument("--profile", action="store_true", help="Only profile one call of the first --per-call rows.")
     arguments = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("ChatTTS").setLevel(logging.ERROR)
