@@ -37,7 +37,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 from torch import nn
-from torch.nn import functional
 
 from worker.engine import device_waits
 from worker.engine.attention import triton_available
@@ -163,6 +162,7 @@ class VocoderNetwork(nn.Module):
         istft = vocos.head.istft
         assert istft.padding == "center", f"{istft.padding} ISTFT padding"
         self.n_fft, self.hop_length = istft.n_fft, istft.hop_length
+        assert self.n_fft % self.hop_length == 0, "the overlap-add sums whole hops"
         self.register_buffer("window", istft.window.detach().clone().float())
 
     def forward(self, windows: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
@@ -173,7 +173,10 @@ class VocoderNetwork(nn.Module):
         # Each hidden state is two mel frames, each mel frame the head's STFT frame.
         mel_lengths = None if lengths is None else 2 * lengths
         features = self.features(windows, mel_lengths)  # (windows, mel frames, dim)
-        log_magnitude, phase = self.head(features).transpose(1, 2).chunk(2, dim=1)
+        head = self.head(features)  # (windows, mel frames, log magnitudes then phases)
+        if head.is_cuda:
+            return self.audio_without_check(head, mel_lengths)
+        log_magnitude, phase = head.transpose(1, 2).chunk(2, dim=1)
         # As Vocos's ISTFTHead writes it.
         spectrum = log_magnitude.exp().clip(max=1e2) * (phase.cos() + 1j * phase.sin())
         return self.istft(spectrum, mel_lengths)
@@ -225,11 +228,8 @@ class VocoderNetwork(nn.Module):
 
     def istft(self, spectrum: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
         """``torch.istft(spectrum, center=True)`` with this window; with ``lengths``, each window's audio from
-        its first ``length`` STFT frames alone (then zeros). On CUDA :meth:`istft_without_check`; on the
-        CPU, where torch.istft's check of the window's overlap costs nothing, torch.istft of each window,
-        so that the samples are ChatTTS's to the bit."""
-        if spectrum.is_cuda:
-            return self.istft_without_check(spectrum, lengths)
+        its first ``length`` STFT frames alone (then zeros): torch.istft of each window, so that on the CPU
+        the samples are ChatTTS's to the bit. CUDA runs :meth:`audio_without_check` instead."""
         if lengths is None:
             return self._torch_istft(spectrum)
         audio = spectrum.new_zeros(len(spectrum), self.hop_length * (spectrum.shape[-1] - 1), dtype=torch.float32)
@@ -242,34 +242,45 @@ class VocoderNetwork(nn.Module):
     def _torch_istft(self, spectrum: torch.Tensor) -> torch.Tensor:
         return torch.istft(spectrum, self.n_fft, self.hop_length, self.n_fft, self.window, center=True)
 
-    def istft_without_check(self, spectrum: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
-        """:meth:`istft` as an overlap-add that reads nothing back: torch.istft checks the window's overlap on
-        the host, which stalls the thread that launches it and cannot be captured in a graph. With
-        ``lengths``, each window's STFT frames from its length on are left out of its sums."""
-        stft_frames = spectrum.shape[-1]
-        length = self.n_fft + self.hop_length * (stft_frames - 1)
-
-        def overlap_add(pieces: torch.Tensor) -> torch.Tensor:
-            return functional.fold(
-                pieces, output_size=(1, length), kernel_size=(1, self.n_fft), stride=(1, self.hop_length)
-            )[:, 0, 0]
-
+    def audio_without_check(self, head: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        """The audio :meth:`istft` makes of the head's spectrum, from the head's (windows, STFT frames, log
+        magnitudes then phases) float32, reading nothing back: torch.istft checks the window's overlap on the
+        host, which stalls the thread that launches it and cannot be captured in a graph. Frames-major
+        throughout (a frame's bins, then its samples, side by side in memory), so that every op reads and
+        writes in order. With ``lengths``, each window's STFT frames from its length on are left out."""
+        windows, stft_frames, _ = head.shape
+        log_magnitude, phase = head.split(self.n_fft // 2 + 1, dim=-1)
+        if lengths is not None:
+            # A frame past its window's length has no magnitude: it adds nothing.
+            log_magnitude = log_magnitude.masked_fill(~_inside(lengths, stft_frames)[:, :, None], -math.inf)
+        # Vocos's magnitude * (cos + 1j * sin), in one kernel.
+        spectrum = torch.polar(log_magnitude.exp().clamp_(max=1e2), phase)
         # A real signal's DC and Nyquist bins are real. The head's phases give them imaginary parts, which
         # the CPU's FFT ignores and cuFFT's inverse kernels do not all ignore: on an H200, 2,304 inverse
         # transforms of 1,024 points in one call came out 9% off, 1,920 exact (2026-12-04), so that a
         # window's audio depended on how many windows shared its batch.
-        spectrum.imag[:, 0] = 0
+        spectrum.imag[..., 0] = 0
         if self.n_fft % 2 == 0:
-            spectrum.imag[:, -1] = 0
-        pieces = torch.fft.irfft(spectrum, self.n_fft, dim=1) * self.window[:, None]
-        squares = self.window.square()[None, :, None].expand(1, -1, stft_frames)
-        if lengths is not None:
-            inside = _inside(lengths, stft_frames)[:, None, :]
-            pieces, squares = pieces.where(inside, 0), squares.where(inside, 0)
+            spectrum.imag[..., -1] = 0
+        pieces = torch.fft.irfft(spectrum, self.n_fft, dim=-1).mul_(self.window)  # (windows, frames, n_fft)
+        # The overlap-add, a hop of samples at a time: each hop is the sum of the pieces of the frames
+        # that cover it, one of each of a piece's hops.
+        hop, overlaps = self.hop_length, self.n_fft // self.hop_length
+        hops = stft_frames + overlaps - 1
+        summed = pieces.new_zeros(windows, hops, hop)
+        by_hop = pieces.view(windows, stft_frames, overlaps, hop)
+        for offset in range(overlaps):
+            summed[:, offset : offset + stft_frames].add_(by_hop[:, :, offset])
+        # The window's squares summed the same way over the same frames: for each hop, which frames cover
+        # it (within the length) times the squares of the window's hops.
+        frame = torch.arange(hops, device=head.device)[:, None] - torch.arange(overlaps, device=head.device)
+        ends = torch.full((windows,), stft_frames, device=head.device) if lengths is None else lengths
+        covering = ((frame >= 0) & (frame < ends[:, None, None])).float()  # (windows, hops, overlaps)
+        envelope = covering @ self.window.square().view(overlaps, hop)
         # Past a window's length no frame adds to a sample: 0 / 0 there, where no audio of its row is.
-        envelope = overlap_add(squares).clamp(min=torch.finfo(torch.float32).tiny)
+        audio = (summed / envelope.clamp_(min=torch.finfo(torch.float32).tiny)).view(windows, hops * hop)
         trim = self.n_fft // 2
-        return (overlap_add(pieces) / envelope)[:, trim : length - trim]
+        return audio[:, trim : hops * hop - trim]
 
 
 def _inside(lengths: torch.Tensor, frames: int) -> torch.Tensor:
