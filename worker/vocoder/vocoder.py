@@ -63,7 +63,8 @@ MAX_FRAMES_PER_BATCH = 32768
 # (:func:`shared_sizes`). On the forty-first session's H100 (docs/performance.md) the engine's vocoder took
 # 0.68-0.69 s of GPU time with this setting and the head's split weights, against 0.71-0.72 s with neither;
 # `bench.vocoder --batch-costs` there fit 0.82 ms a batch and 0.76 ms per 1,000 frames, ~1,070 frames a
-# batch, a setting not measured in the engine yet.
+# batch; in the engine, on the forty-second session's, 1,024 left the vocoder's GPU time as it was and the
+# workload 3-4% slower than 2,048 in turn (a batch beside the decode steps costs launches and waits too).
 BATCH_COST_FRAMES = 2048
 
 
