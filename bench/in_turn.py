@@ -15,6 +15,11 @@ its tree with the tree first on PYTHONPATH (what PYTHONPATH held stays after it:
 inside its limit with what it measured. The table at the end gives each run's exit, its seconds, and
 the lines of its log that match ``--keep`` (by default the figures of ``bench.engine_phases`` and
 ``bench.decode_step``; a table's bars shown as ``¦``).
+
+A summary follows: for each ``--figure LABEL=REGEX`` (the regex's one group a number, its first match
+in each log), each run name's mean, least and most over its runs, and its mean against the
+``--baseline`` name's (by default ``bench.engine_phases``' untimed audio-s per wall-s and its vocoder's
+GPU seconds, against ``main``). The same name run several times is how one setting's spread shows.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tarfile
@@ -32,6 +38,10 @@ from pathlib import Path
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 DEFAULT_KEEP = r"audio-s per wall-s|decode step of \d+ slot|^\| engine-graph"
+DEFAULT_FIGURES = (
+    r"untimed audio-s/s=([\d,]+\.?\d*) audio-s per wall-s \(phases untimed\)",
+    r"vocoder s=^\s*\| vocoder \| ([\d.]+) \|",
+)
 
 
 @dataclass(frozen=True)
@@ -59,12 +69,44 @@ class Run:
         return " ".join(f"{variable}={value}" for variable, value in self.settings.items())
 
 
+@dataclass(frozen=True)
+class Figure:
+    """A number the summary gathers from each run's log: the one group of ``pattern``'s first match."""
+
+    label: str
+    pattern: re.Pattern
+
+    @classmethod
+    def parse(cls, text: str) -> Figure:
+        """A figure from ``LABEL=REGEX``."""
+        label, equals, regex = text.partition("=")
+        if not equals or not label or not regex:
+            raise argparse.ArgumentTypeError(f"figure {text!r} is not LABEL=REGEX")
+        try:
+            pattern = re.compile(regex, re.MULTILINE)
+        except re.error as error:
+            raise argparse.ArgumentTypeError(f"figure {text!r}: {error}") from None
+        if pattern.groups != 1:
+            raise argparse.ArgumentTypeError(f"figure {text!r}: its regex needs one group, the number")
+        return cls(label, pattern)
+
+    def value(self, log: str) -> float | None:
+        match = self.pattern.search(log)
+        if match is None:
+            return None
+        try:
+            return float(match.group(1).replace(",", ""))
+        except ValueError:
+            return None
+
+
 @dataclass
 class Outcome:
     run: Run
     status: str  # the exit status, "stopped" at the budget, or "skipped"
     seconds: float = 0.0
     figures: list[str] = field(default_factory=list)
+    values: dict[str, float] = field(default_factory=dict)  # by figure label, those its log holds
 
 
 class Trees:
@@ -89,7 +131,14 @@ class Trees:
 
 
 def run_in_turn(
-    runs: list[Run], command: list[str], *, budget_s: float, min_run_s: float, out: Path, keep: str
+    runs: list[Run],
+    command: list[str],
+    *,
+    budget_s: float,
+    min_run_s: float,
+    out: Path,
+    keep: str,
+    figures: tuple[Figure, ...] = (),
 ) -> list[Outcome]:
     """Each run's ``python3 COMMAND`` in turn, within ``budget_s`` seconds from now."""
     deadline = time.monotonic() + budget_s
@@ -123,8 +172,10 @@ def run_in_turn(
                     status = str(finished.returncode)
                 except subprocess.TimeoutExpired:
                     status = "stopped"
-            figures = [line.strip() for line in log_path.read_text().splitlines() if re.search(keep, line)]
-            outcome = Outcome(run, status, time.monotonic() - started, figures)
+            log_text = log_path.read_text()
+            kept = [line.strip() for line in log_text.splitlines() if re.search(keep, line)]
+            values = {figure.label: value for figure in figures if (value := figure.value(log_text)) is not None}
+            outcome = Outcome(run, status, time.monotonic() - started, kept, values)
             outcomes.append(outcome)
             print(table_row(number, outcome), flush=True)
     return outcomes
@@ -142,6 +193,31 @@ def table_row(number: int, outcome: Outcome) -> str:
 TABLE_HEADER = "| run | name | tree | settings | exit | s | figures |\n|---:|---|---|---|---|---:|---|"
 
 
+def summary(outcomes: list[Outcome], figures: tuple[Figure, ...], baseline: str) -> list[str]:
+    """The summary's lines: each figure's values by run name, in the order the names first ran."""
+    names = list(dict.fromkeys(outcome.run.name for outcome in outcomes))
+    lines = [
+        f"| figure | name | runs | mean | least | most | mean against {baseline} |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for figure in figures:
+        values = {
+            name: [o.values[figure.label] for o in outcomes if o.run.name == name and figure.label in o.values]
+            for name in names
+        }
+        base = statistics.fmean(values[baseline]) if values.get(baseline) else None
+        for name, found in values.items():
+            if not found:
+                continue
+            mean = statistics.fmean(found)
+            against = "" if base is None or name == baseline else f"{mean / base - 1:+.1%}"
+            lines.append(
+                f"| {figure.label} | {name} | {len(found)} | {mean:,.6g} | {min(found):,.6g} | {max(found):,.6g} "
+                f"| {against} |"
+            )
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if "--" not in argv:
@@ -153,7 +229,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--min-run-s", type=float, default=100, help="Seconds left below which no run starts.")
     parser.add_argument("--out", type=Path, default=Path("."), help="Folder of the runs' logs.")
     parser.add_argument("--keep", default=DEFAULT_KEEP, help="Regex of the log lines the table shows.")
+    parser.add_argument(
+        "--figure",
+        type=Figure.parse,
+        action="append",
+        help="LABEL=REGEX of a number the summary gathers (repeat; default: the untimed workload and the vocoder).",
+    )
+    parser.add_argument("--baseline", default="main", help="The run name the summary sets the others against.")
     arguments = parser.parse_args(argv[:split])
+    figures = tuple(arguments.figure or map(Figure.parse, DEFAULT_FIGURES))
     command = argv[split + 1 :]
     if not command:
         parser.error("no command after --: give python3's arguments, e.g. -- -m bench.engine_phases ...")
@@ -166,11 +250,13 @@ def main(argv: list[str] | None = None) -> None:
         min_run_s=arguments.min_run_s,
         out=arguments.out,
         keep=arguments.keep,
+        figures=figures,
     )
     # Once more at the end, all together (and the runs left out): the reply of a call shows its last lines.
     print("\n" + TABLE_HEADER)
     for number, outcome in enumerate(outcomes, start=1):
         print(table_row(number, outcome))
+    print("\n" + "\n".join(summary(outcomes, figures, arguments.baseline)))
 
 
 if __name__ == "__main__":

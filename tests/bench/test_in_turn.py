@@ -108,3 +108,57 @@ def test_without_a_command_nothing_runs_and_the_usage_says_what_is_missing():
 
     assert finished.returncode != 0
     assert "PYTHON-ARGUMENTS" in finished.stderr
+
+
+def tree_with_figure(folder: Path) -> Path:
+    """A tree whose module ``valued`` prints the figure PROBE_VALUE names (with a thousands separator, as
+    the benches print theirs), or nothing without it."""
+    folder.mkdir()
+    (folder / "valued.py").write_text(
+        "import os\nvalue = os.environ.get('PROBE_VALUE')\n"
+        "if value:\n    print(f'  1,536 jobs: {float(value):,} a second')\n"
+    )
+    return folder
+
+
+def test_the_summary_sets_each_names_runs_against_the_baseline_name(tmp_path):
+    tree = tree_with_figure(tmp_path / "t")
+
+    finished = in_turn(
+        *(f"main@{tree}:PROBE_VALUE=1000", f"change@{tree}:PROBE_VALUE=1250.5", f"main@{tree}:PROBE_VALUE=1400"),
+        f"silent@{tree}",
+        *("--figure", r"rate=jobs: ([\d,.]+) a second", "--out", str(tmp_path / "out")),
+        *("--", "-m", "valued"),
+    )
+
+    assert finished.returncode == 0, finished.stderr
+    rows = markdown_table(finished.stdout.splitlines(), "| figure |")
+    # A name runs again to show its spread; a run whose log holds no such figure adds no row.
+    assert [(row["name"], row["runs"], row["mean"], row["least"], row["most"]) for row in rows] == [
+        ("main", "2", "1,200", "1,000", "1,400"),
+        ("change", "1", "1,250.5", "1,250.5", "1,250.5"),
+    ]
+    assert [row["mean against main"] for row in rows] == ["", "+4.2%"]
+    assert {row["figure"] for row in rows} == {"rate"}
+
+
+def test_by_default_the_summary_reads_the_engine_s_untimed_rate_and_its_vocoder_s_seconds(tmp_path):
+    tree = tmp_path / "t"
+    tree.mkdir()
+    # Two lines as bench.engine_phases prints them.
+    (tree / "phases.py").write_text(
+        "print('  1536 jobs: 5.83 s, 2682.7 audio-s per wall-s (phases untimed)')\n"
+        "print('  | vocoder | 0.55 | 63 | 8.74 |')\n"
+    )
+
+    finished = in_turn(f"main@{tree}", "--out", str(tmp_path / "out"), "--", "-m", "phases")
+
+    rows = markdown_table(finished.stdout.splitlines(), "| figure |")
+    assert [(row["figure"], row["mean"]) for row in rows] == [("untimed audio-s/s", "2,682.7"), ("vocoder s", "0.55")]
+
+
+def test_a_figure_without_one_group_for_its_number_is_refused_naming_it(tmp_path):
+    finished = in_turn("main", "--figure", "rate=jobs: [0-9]+", "--", "-m", "probe")
+
+    assert finished.returncode == 2
+    assert "figure 'rate=jobs: [0-9]+': its regex needs one group, the number" in finished.stderr
