@@ -143,6 +143,22 @@ class ModeResult:
     def latency(self, fraction: float) -> float | None:
         return percentile(self.latencies_s, fraction)
 
+    def headline(self) -> str:
+        """The mode's figures in a line, printed as it ends: a run cut off later (a device call's time
+        limit) still shows every mode it finished."""
+        line = (
+            f"{self.mode}: {self.done} of {self.jobs} jobs, {self.audio_s:.1f} audio s in {self.wall_s:.2f} s, "
+            f"{self.audio_per_wall:.1f} audio-s/s, latency p50 {cell(self.latency(0.5), 2)} s, "
+            f"p95 {cell(self.latency(0.95), 2)} s"
+        )
+        if self.hops:
+            to_engine = [hop.to_engine for hop in self.hops]
+            line += (
+                f"; submit -> engine starts p50 {cell(percentile(to_engine, 0.5), 2)} s, "
+                f"p95 {cell(percentile(to_engine, 0.95), 2)} s"
+            )
+        return line
+
     def as_dict(self) -> dict:
         figures = asdict(self)
         del figures["latencies_s"], figures["hops"]
@@ -196,6 +212,11 @@ class SoakSample:
 def progress(message: str) -> None:
     """A line on stderr as each part begins, so a long run shows where it is."""
     print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def finished(results: list[ModeResult], result: ModeResult) -> None:
+    results.append(result)
+    progress(result.headline())
 
 
 def percentile(values: list[float], fraction: float) -> float | None:
@@ -602,16 +623,16 @@ def main() -> None:
     synthesize_timed(synthesizer, warm_up)
     synthesize_timed(synthesizer, alone)
     progress("engine: batch 1")
-    results.append(run_engine(synthesizer, "engine, batch 1", alone))
+    finished(results, run_engine(synthesizer, "engine, batch 1", alone))
     progress("engine: the workload")
-    results.append(run_engine(synthesizer, "engine alone", workload))
+    finished(results, run_engine(synthesizer, "engine alone", workload))
     if arguments.stock and not arguments.skip_stock:
         progress("stock ChatTTS")
-        results.append(run_stock(synthesizer, workload[: arguments.stock]))
+        finished(results, run_stock(synthesizer, workload[: arguments.stock]))
     if arguments.soak_s > 0:
         progress(f"engine: soak for {arguments.soak_s:g} s")
         soak_result, soak = run_soak(synthesizer, arguments.jobs, seconds, arguments.soak_s, arguments.soak_every_s)
-        results.append(soak_result)
+        finished(results, soak_result)
     # The workers load a model of their own on the same device: free this one first.
     del synthesizer
     free_memory(device)
@@ -624,7 +645,7 @@ def main() -> None:
                 workload if jobs == len(workload) else standard_requests(jobs, seed=WORKLOAD_SEED, seconds=seconds)
             )
             for processes in [int(count) for count in arguments.celery_processes.split(",")]:
-                results.append(run_farm(arguments, warm_up, requests, placement, processes, named))
+                finished(results, run_farm(arguments, warm_up, requests, placement, processes, named))
 
     print(
         f"\nmodel {info.source} ({info.kind}, {info.scale or 'real'}), device {info.device} ({gpu}), "

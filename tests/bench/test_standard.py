@@ -44,6 +44,13 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     assert len(soak) >= 2
     assert sum(float(row["audio-s/s"]) for row in soak[1:]) > 0
 
+    # Each mode's figures also went to stderr as it ended, so a run cut off later still shows them.
+    headlines = [line.split("] ", 1)[1] for line in finished.stderr.splitlines() if " audio-s/s, latency p50 " in line]
+    assert [line.split(":", 1)[0] for line in headlines] == list(MODES)
+    for line, row in zip(headlines, modes, strict=True):
+        assert f"{row['done']} of {row['jobs']} jobs" in line and f", {row['audio-s/s']} audio-s/s" in line, line
+    assert re.search(r"; submit -> engine starts p50 [\d.]+ s, p95 [\d.]+ s$", headlines[4]), headlines[4]
+
 
 def test_farm_runs_on_several_workers_carry_the_load_of_one_each_and_are_compared_with_one(
     tiny_assets, data_dir, tmp_path
