@@ -227,9 +227,9 @@ class Settings:
     celery_processes: int = _setting(
         0,
         "Celery processes that take jobs for each engine (0: 3 for a GPU, 1 for a CPU worker): one "
-        "process's interpreter carries ~80 jobs a second on an H200 host, fewer than its engine can "
-        "finish; the first starts and watches the engine process, the others connect to it, and they "
-        "share MAX_JOBS_IN_FLIGHT",
+        "process spends 8-12 ms of CPU a job (a GPU host, 2026-12-07), so it carries ~100 jobs a second, "
+        "fewer than its engine finishes (~265 on an H100); the first starts and watches the engine "
+        "process, the others connect to it, and they share MAX_JOBS_IN_FLIGHT",
         minimum=0,
         role="worker",
     )
