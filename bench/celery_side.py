@@ -12,6 +12,13 @@ how many cores they kept busy, and the Redis reads (about its round trips) and c
 caller's included: the same for every version of the worker; unlike CPU time, not moved by other
 load on the host).
 The engine has to be at least this fast for the Celery side to be the farm's limit.
+
+The jobs come from the same client processes as bench.standard's farm runs (how long they took to send
+is in the table), and the table says how soon a burst reached the engine: from each job's send to its
+arrival there, p50 and p95. ``--hold-s`` has the stand-in answer each job that long after it arrived,
+as a GPU's engine answers none of a burst's jobs in its first seconds: the burst's delivery is then
+measured without results flowing back beside it. ``--celery-processes`` sets the worker's
+``CHATTTS_FARM_CELERY_PROCESSES`` (the GPU's way of feeding one engine from several processes).
 """
 
 from __future__ import annotations
@@ -23,12 +30,13 @@ from pathlib import Path
 
 import redis
 from celery import Celery
-from celery.result import ResultSet
+from celery.result import AsyncResult, ResultSet
 
-from bench.farm import bench_redis, cpu_used, running_workers, worker_pids
+from bench.farm import bench_redis, cpu_used, percentile, running_workers, senders, worker_pids
+from bench.instant_engine import HOLD_ENV
 from bench.workload import standard_requests
-from chattts_farm.contract import TASK_NAME
 
+WARM_UP_JOBS = 16
 WAYS = {"wav": ("wav", False), "mp3": ("mp3", False), "ogg": ("ogg", False), "wav streamed": ("wav", True)}
 
 
@@ -40,22 +48,29 @@ def redis_work(server: redis.Redis) -> tuple[int, int]:
     return stats["total_reads_processed"], stats["total_commands_processed"]
 
 
-def run_way(client: Celery, server: redis.Redis, pids: dict, jobs: int, audio_format: str, stream: bool) -> dict:
+def run_way(client: Celery, send, server: redis.Redis, pids: dict, jobs: int, audio_format: str, stream: bool) -> dict:
     requests = standard_requests(jobs, seed=len(audio_format) + stream)
     arguments = [{**request.as_arguments(), "format": audio_format, "stream": stream} for request in requests]
     before = redis_work(server)
     with cpu_used(pids) as used:
         started = time.perf_counter()
-        results = [client.send_task(TASK_NAME, kwargs=kwargs) for kwargs in arguments]
-        outputs = ResultSet(results).join_native(timeout=3600, propagate=True)
+        sent = send(arguments)
+        outputs = ResultSet([AsyncResult(job.task_id, app=client) for job in sent]).join_native(
+            timeout=3600, propagate=True
+        )
         wall = time.perf_counter() - started
     reads, commands = (now - then for now, then in zip(redis_work(server), before, strict=True))
     audio_s = sum(output["duration_s"] for output in outputs)
+    # The stand-in's start of a job is when it arrived at the engine (its started_at, epoch seconds).
+    reached = [output["started_at"] - job.wall for job, output in zip(sent, outputs, strict=True)]
     return {
         "redis_reads": reads / len(outputs),
         "redis_commands": commands / len(outputs),
         "jobs": len(outputs),
         "wall_s": wall,
+        "sent_s": max(job.at for job in sent) - started,
+        "reached_p50_s": percentile(reached, 0.5),
+        "reached_p95_s": percentile(reached, 0.95),
         "jobs_per_s": len(outputs) / wall,
         "audio_per_wall": audio_s / wall,
         "celery_ms": 1000 * used["celery"] / len(outputs),
@@ -69,6 +84,12 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=2000, help="Jobs of each way, all sent at once.")
     parser.add_argument("--jobs-in-flight", type=int, default=512, help="Jobs the worker holds at once.")
     parser.add_argument("--ways", default=",".join(WAYS), help=f"Which of: {', '.join(WAYS)}.")
+    parser.add_argument(
+        "--hold-s", type=float, default=0, help="The stand-in answers each job this long after it arrived."
+    )
+    parser.add_argument(
+        "--celery-processes", type=int, default=0, help="The worker's Celery processes (0: its default, one)."
+    )
     parser.add_argument("--redis-server", default=shutil.which("redis-server"))
     parser.add_argument("--workdir", default="var/bench")
     arguments = parser.parse_args()
@@ -84,27 +105,38 @@ def main() -> None:
             "CHATTTS_FARM_REDIS_URL": redis_url,
             "CHATTTS_FARM_ENGINE_MODULE": "bench.instant_engine",
             "CHATTTS_FARM_MAX_JOBS_IN_FLIGHT": str(arguments.jobs_in_flight),
+            "CHATTTS_FARM_CELERY_PROCESSES": str(arguments.celery_processes),
+            HOLD_ENV: str(arguments.hold_s),
         }
-        with running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log") as supervisor:
+        with (
+            running_workers(client, ["--cpu", "1"], settings, workdir / "celery-side-worker.log") as supervisor,
+            senders(redis_url) as send,
+        ):
             pids = worker_pids(client, ["cpu0"], supervisor)
             del pids["engine"]  # the stand-in's own cost is not the farm's
-            run_way(client, server, pids, min(arguments.jobs, arguments.jobs_in_flight), "wav", False)  # warm-up
+            # A few jobs (connections, Redis's scripts, imports): each way's burst then comes as a fresh
+            # worker's first does, as bench.standard's farm runs send theirs.
+            run_way(client, send, server, pids, min(arguments.jobs, WARM_UP_JOBS), "wav", False)
             for way in ways:
-                rows.append((way, run_way(client, server, pids, arguments.jobs, *WAYS[way])))
+                rows.append((way, run_way(client, send, server, pids, arguments.jobs, *WAYS[way])))
                 print(f"{way}: {rows[-1][1]['jobs_per_s']:.1f} jobs/s", flush=True)
 
+    answering = f"{arguments.hold_s:g} s after each job arrived" if arguments.hold_s else "at once"
     print(
-        f"\none worker's Celery side, its engine answering at once; {arguments.jobs} jobs of the standard "
-        f"workload a way, sent at once, {arguments.jobs_in_flight} held at a time\n"
+        f"\none worker's Celery side ({arguments.celery_processes or 1} Celery process(es)), its engine answering "
+        f"{answering}; {arguments.jobs} jobs of the standard workload a way, sent at once, "
+        f"{arguments.jobs_in_flight} held at a time\n"
     )
     print(
-        "| way | jobs | wall s | jobs/s | audio-s/s carried | Celery process CPU ms a job "
-        "| encoders' CPU ms a job | cores busy | Redis reads a job | Redis commands a job |"
+        "| way | jobs | wall s | jobs/s | audio-s/s carried | sent in s | reached the engine p50 / p95 s "
+        "| Celery process CPU ms a job | encoders' CPU ms a job | cores busy | Redis reads a job "
+        "| Redis commands a job |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for way, row in rows:
         print(
             f"| {way} | {row['jobs']} | {row['wall_s']:.2f} | {row['jobs_per_s']:.1f} | {row['audio_per_wall']:.0f} "
+            f"| {row['sent_s']:.2f} | {row['reached_p50_s']:.2f} / {row['reached_p95_s']:.2f} "
             f"| {row['celery_ms']:.1f} | {row['encoders_ms']:.1f} | {row['cores']:.2f} "
             f"| {row['redis_reads']:.1f} | {row['redis_commands']:.1f} |"
         )

@@ -12,6 +12,7 @@ Markdown table of jobs per second and audio seconds per wall second.
 from __future__ import annotations
 
 import argparse
+import math
 import multiprocessing
 import os
 import shutil
@@ -85,6 +86,17 @@ def _send_share(jobs: list[dict]) -> list[Sent]:
         task_id = _sender_client.send_task(TASK_NAME, kwargs=kwargs).id
         sent.append(Sent(task_id, time.perf_counter(), time.time()))
     return sent
+
+
+def percentile(values: list[float], fraction: float) -> float | None:
+    """Linear interpolation between the closest ranks; None without values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    position = fraction * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def cpu_seconds(pid: int) -> float:

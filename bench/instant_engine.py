@@ -6,14 +6,21 @@ each ``submit`` at once with a result of the speech its text is expected to last
 streaming job's audio in chunks of CHUNK_S instead. No model, no torch: what the worker then spends on
 a job (its thread, Redis, the audio store, encoding) is the Celery side's own cost, which
 bench/celery_side.py reports.
+
+With ``BENCH_INSTANT_ENGINE_HOLD_S`` set, each answer goes out that many seconds after its job arrived, as
+a GPU's engine answers none of a burst's jobs in its first seconds: the burst's delivery to the engine is
+then measured alone, without results flowing back beside it.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,6 +32,7 @@ from worker.channel import Channel, float32_bytes, listen
 from worker.results import SynthesisResult, timeline
 
 CHUNK_S = 0.5
+HOLD_ENV = "BENCH_INSTANT_ENGINE_HOLD_S"
 MODEL = {"kind": "instant", "scale": None, "source": "bench.instant_engine", "device": "cpu", "dtype": "fp32"}
 # A quiet 220 Hz tone, long enough for any job: each result is a slice of it.
 TONE = (0.1 * np.sin(2 * np.pi * 220 * np.arange(120 * SAMPLE_RATE) / SAMPLE_RATE)).astype(np.float32)
@@ -54,10 +62,36 @@ def result_for(request: SynthesisRequest) -> SynthesisResult:
     )
 
 
-def serve(channel: Channel) -> None:
+class Held:
+    """Answers that go out ``hold_s`` after their jobs arrived, in the order they arrived, on one thread."""
+
+    def __init__(self, hold_s: float):
+        self.hold_s = hold_s
+        self._due: collections.deque[tuple[float, Callable[[], None]]] = collections.deque()
+        self._waiting = threading.Condition()
+        threading.Thread(target=self._answer, name="held-answers", daemon=True).start()
+
+    def later(self, answer: Callable[[], None]) -> None:
+        with self._waiting:
+            self._due.append((time.monotonic() + self.hold_s, answer))
+            self._waiting.notify()
+
+    def _answer(self) -> None:
+        while True:
+            with self._waiting:
+                while not self._due:
+                    self._waiting.wait()
+                due, answer = self._due[0]
+                if time.monotonic() < due:
+                    self._waiting.wait(due - time.monotonic())
+                    continue
+                self._due.popleft()
+            answer()
+
+
+def serve(channel: Channel, held: Held | None) -> None:
     """Answer the channel's jobs until the Celery process at its other end goes."""
     channel.send("ready", model=MODEL, pid=os.getpid())
-    chunk = int(CHUNK_S * SAMPLE_RATE)
     while True:
         try:
             message = channel.receive()
@@ -65,29 +99,40 @@ def serve(channel: Channel) -> None:
             return
         if message["kind"] != "submit":
             continue
-        job, now, wall = message["job"], time.monotonic(), time.time()
-        request = SynthesisRequest.from_arguments(message["arguments"], max_text_chars=10**6, request_id=job)
-        result = result_for(request)
-        if message["stream"]:
-            # As the engine does: a stream's audio goes out in chunks, and its result carries none.
-            samples = result.pieces[0]
-            for start in range(message["sent_samples"], samples.size, chunk):
-                channel.send("audio", job=job, segment=0, pcm=float32_bytes(samples[start : start + chunk]))
-            result.pieces = None
-        channel.send("finished", job=job, started_at=now, started_wall=wall, result=result.as_message())
+        now, wall = time.monotonic(), time.time()
+        request = SynthesisRequest.from_arguments(message["arguments"], max_text_chars=10**6, request_id=message["job"])
+        answer = functools.partial(_answer, channel, message, request, now, wall)
+        if held is None:
+            answer()
+        else:
+            held.later(answer)
 
 
-def accept(listener) -> None:
+def _answer(channel: Channel, message: dict, request: SynthesisRequest, now: float, wall: float) -> None:
+    """A submitted job's result (a streaming job's audio first), started at ``now`` (monotonic) and ``wall``."""
+    job, result = message["job"], result_for(request)
+    if message["stream"]:
+        # As the engine does: a stream's audio goes out in chunks, and its result carries none.
+        samples, chunk = result.pieces[0], int(CHUNK_S * SAMPLE_RATE)
+        for start in range(message["sent_samples"], samples.size, chunk):
+            channel.send("audio", job=job, segment=0, pcm=float32_bytes(samples[start : start + chunk]))
+        result.pieces = None
+    channel.send("finished", job=job, started_at=now, started_wall=wall, result=result.as_message())
+
+
+def accept(listener, held: Held | None) -> None:
     while True:
-        threading.Thread(target=serve, args=(Channel.accept(listener),), daemon=True).start()
+        threading.Thread(target=serve, args=(Channel.accept(listener), held), daemon=True).start()
 
 
 def main(argv: list[str]) -> None:
+    hold_s = float(os.environ.get(HOLD_ENV) or 0)
+    held = Held(hold_s) if hold_s > 0 else None
     # The GPU's other Celery processes, if any, connect where the worker's settings say.
     socket_path = Settings.from_env().engine_socket
     if socket_path:
-        threading.Thread(target=accept, args=(listen(socket_path),), daemon=True).start()
-    serve(Channel.from_fd(int(argv[0])))
+        threading.Thread(target=accept, args=(listen(socket_path), held), daemon=True).start()
+    serve(Channel.from_fd(int(argv[0])), held)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import platform
 import sys
@@ -67,7 +66,16 @@ from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
 from bench.device import free_memory, synchronize  # noqa: E402
-from bench.farm import SENDER_PROCESSES, Sent, bench_redis, cpu_used, running_workers, senders, worker_pids  # noqa: E402
+from bench.farm import (  # noqa: E402
+    SENDER_PROCESSES,
+    Sent,
+    bench_redis,
+    cpu_used,
+    percentile,
+    running_workers,
+    senders,
+    worker_pids,
+)
 from bench.workload import STANDARD_SEGMENT_CHARS, standard_requests, stock_infer  # noqa: E402
 from chattts_farm.celery_client import create_celery  # noqa: E402
 from chattts_farm.contract import SynthesisRequest, worker_queue  # noqa: E402
@@ -217,17 +225,6 @@ def progress(message: str) -> None:
 def finished(results: list[ModeResult], result: ModeResult) -> None:
     results.append(result)
     progress(result.headline())
-
-
-def percentile(values: list[float], fraction: float) -> float | None:
-    """Linear interpolation between the closest ranks; None without values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    position = fraction * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def synthesize_timed(synthesizer: Synthesizer, requests: list[SynthesisRequest]) -> tuple[float, list[Finished]]:

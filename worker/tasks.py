@@ -13,7 +13,14 @@ from typing import Any
 import redis
 from celery.concurrency import get_implementation
 from celery.exceptions import Ignore
-from celery.signals import task_postrun, task_received, task_revoked, worker_init, worker_shutting_down
+from celery.signals import (
+    task_postrun,
+    task_received,
+    task_revoked,
+    worker_init,
+    worker_ready,
+    worker_shutting_down,
+)
 from celery.worker import state as worker_state
 from kombu.exceptions import OperationalError
 
@@ -33,7 +40,7 @@ from chattts_farm.contract import (
 )
 from worker import callbacks, runtime
 from worker.celery_app import app, settings
-from worker.interpreter import share_promptly
+from worker.interpreter import share_promptly, start_threads_ahead
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +74,12 @@ def _start_runtime(sender, **_) -> None:
         log_level=sender.loglevel,
     )
     threading.Thread(target=_report_progress, name="progress-reporter", daemon=True).start()
+
+
+@worker_ready.connect
+def _start_the_job_threads(sender, **_) -> None:
+    # A thread for every job this process may hold, before the first burst comes (see start_threads_ahead).
+    start_threads_ahead(sender.pool.executor, sender.pool.limit)
 
 
 @worker_shutting_down.connect

@@ -123,6 +123,26 @@ def test_an_unknown_priority_fails_naming_priority_and_the_worker_keeps_serving(
     assert workers.client.send_task(TASK_NAME, kwargs={"text": "Still serving."}).get(timeout=60)["duration_s"] > 0
 
 
+def test_a_fresh_worker_has_started_a_thread_for_every_job_it_may_hold(
+    own_redis_url, data_dir, tiny_settings, tmp_path
+):
+    # Started before the first burst comes, not one by one between the messages it takes in.
+    worker = Workers.start(
+        own_redis_url, data_dir, tmp_path / "worker.log", count=1, CHATTTS_FARM_MAX_JOBS_IN_FLIGHT="24"
+    )
+    try:
+        client = create_celery(dataclasses.replace(tiny_settings, redis_url=own_redis_url))
+
+        def pool() -> dict:
+            [node] = client.control.inspect(timeout=10).stats().values()
+            return node["pool"]
+
+        wait_until(lambda: pool()["threads"] == 24, 30, "a thread for each of the 24 jobs it may hold")
+        assert pool()["max-concurrency"] == 24
+    finally:
+        worker.stop()
+
+
 def test_an_interactive_job_sent_after_30_bulk_ones_finishes_while_most_of_them_still_wait(
     own_redis_url, data_dir, tiny_settings, tmp_path
 ):
