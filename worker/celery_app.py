@@ -30,6 +30,7 @@ app.conf.update(
     redis_max_connections=2 * settings.max_jobs_in_flight + 32,
     worker_hijack_root_logger=False,
     # A message on a queue that is no job (garbage pushed by hand, a broken client) goes to a
-    # dead-letter list and the worker keeps serving; Celery's own consumer would end it.
-    worker_consumer="worker.dead_letters:Consumer",
+    # dead-letter list and the worker keeps serving, where Celery's own consumer would end it; task
+    # events go out in batches (see worker.consumer).
+    worker_consumer="worker.consumer:Consumer",
 )

@@ -4,7 +4,8 @@ Anything can be pushed onto a queue. Kombu's Redis transport reads each message 
 worker's event loop (JSON, then its envelope), and Celery's consumer then builds a request from it;
 an error in either ends the worker process ("Unrecoverable error"). A message that was delivered
 goes back to the queue when the worker stops, and ends the next one too. So the workers' Celery app
-(:mod:`worker.celery_app`) uses :class:`Consumer` (``worker_consumer``) in place of Celery's own:
+(:mod:`worker.celery_app`) uses :class:`Consumer` (``worker_consumer``, through :mod:`worker.consumer`) in
+place of Celery's own:
 
 - it consumes (and sends its events) through :class:`Transport`, whose channels check each message as
   it comes off a queue, before kombu reads it, and move a message kombu could not deliver to the
