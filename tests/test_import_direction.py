@@ -100,6 +100,7 @@ CELERY_SIDE = [
     "worker.stream_publisher",
     "worker.encoders",
     "worker.dead_letters",
+    "worker.consumer",
     "worker.failover",
     "worker.audio",
     "worker.results",
