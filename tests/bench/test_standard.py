@@ -49,7 +49,8 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     assert [line.split(":", 1)[0] for line in headlines] == list(MODES)
     for line, row in zip(headlines, modes, strict=True):
         assert f"{row['done']} of {row['jobs']} jobs" in line and f", {row['audio-s/s']} audio-s/s" in line, line
-    assert re.search(r"; submit -> engine starts p50 [\d.]+ s, p95 [\d.]+ s$", headlines[4]), headlines[4]
+    # A hop can be -0.00: a sender notes a job's send once its message has gone, and the engine may have begun it.
+    assert re.search(r"; submit -> engine starts p50 -?[\d.]+ s, p95 -?[\d.]+ s$", headlines[4]), headlines[4]
 
 
 def test_farm_runs_on_several_workers_carry_the_load_of_one_each_and_are_compared_with_one(
