@@ -165,7 +165,9 @@ def test_an_interactive_job_sent_after_30_bulk_ones_finishes_while_most_of_them_
         interactive = client.send_task(TASK_NAME, kwargs={"text": text, "voice": 99, "priority": "interactive"})
         assert interactive.get(timeout=120)["duration_s"] > 0
         finished_before = sum(job.ready() for job in bulk)
-        assert finished_before < 10, f"{finished_before} of 30 bulk jobs finished before the interactive one"
+        # Taken in turn, it would start after 27 of them had finished. Ahead of them, it waits for one of the 4
+        # slots and runs beside the jobs then running: 4 to 9 finish first on an idle machine, more on a loaded one.
+        assert finished_before < len(bulk) // 2, f"{finished_before} of 30 bulk jobs finished before the interactive"
         assert all(job.get(timeout=300)["duration_s"] > 0 for job in bulk)
     finally:
         worker.stop()
