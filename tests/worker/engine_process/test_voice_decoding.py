@@ -60,14 +60,12 @@ def test_a_bomb_short_enough_for_the_contract_is_refused_without_expanding(speak
     bomb = voice_bomb(8)  # 8 MiB of zeros in a few hundred characters: the length bound lets it in
     tracemalloc.start()
     try:
-        started = time.perf_counter()
         error = refusal(speaker, bomb)
-        elapsed = time.perf_counter() - started
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert f"more than {speaker.dim} values" in error.message
-    assert elapsed < 0.05 and peak < 256 * 1024
+    assert peak < 256 * 1024  # expanded, it would have taken 8 MiB
 
 
 ZEROS = bytes(2 * 64)  # 64 float16 zeros: synthetic-tiny's width
