@@ -48,6 +48,9 @@ AT_WORK = (RUNNING_PYTHON, NATIVE, CUDA_DRIVER)
 _PYTHON_FRAME = re.compile(r"\((?:[^()]*\.pyx?|<[^()]*>):\d+\)$")
 _LIBRARY = re.compile(r"\(([^()]*\.so[.\d]*)\)$")
 _THREAD = re.compile(r"^thread \((?:0x)?[0-9a-f]+\)(?::\s*(?P<name>.*))?$")
+# A thread pool's threads, which Python names PREFIX_N (a Celery process's job threads: hundreds of them),
+# are one row, PREFIX_*: each alone would fall under a summary's least share.
+_POOL_THREAD = re.compile(r"_\d+$")
 # Taking the interpreter's lock back: after a call that let go of it (a torch call, a numpy reduction, a
 # blocking read), or between two bytecodes when another thread asked for it. take_gil waits on a timed
 # condition (the switch interval at a time), and an interpreter without its symbols shows only that wait,
@@ -113,7 +116,7 @@ def read_samples(lines: Iterable[str]) -> dict[str, ThreadSamples]:
             continue
         frames = stack.split(";")
         match = _THREAD.match(frames[0])
-        name = (match.group("name") or frames[0]) if match else "?"
+        name = _POOL_THREAD.sub("_*", match.group("name") or frames[0]) if match else "?"
         if match:
             frames = frames[1:]
         thread = threads.setdefault(name, ThreadSamples(name))

@@ -37,6 +37,11 @@ its results report them), fragmentation is 1 - peak allocated / peak reserved, a
 allocator's peak count of segments (``segment.all``); on the CPU there are none ("-"). Prints one
 Markdown table of every mode last, then the soak's table.
 
+Under the table, where the farm's jobs spent their time, split at the times their results give: submit,
+a worker's taking the job off its queue, the engine's start of it, its end, the result stored, the result
+read. With ``--py-spy DIR``, py-spy samples the workers' engine and Celery processes over each farm
+run's workload and a table says where each of their threads was (bench.py_spy).
+
 Farm runs on several GPUs (``--farm-gpus 0 --farm-gpus 0,1``; on the CPU ``--farm-cpus 1 --farm-cpus 2``,
 not a performance claim) with ``--jobs-per-worker`` send ``--jobs`` jobs for each GPU they have, and each
 run on several is printed as a multiple of the first run on one, with both p95 latencies.
@@ -45,6 +50,7 @@ run on several is printed as a multiple of the first run on one, with both p95 l
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -65,6 +71,7 @@ import torch  # noqa: E402 - the allocator setting must come first
 from celery import Celery  # noqa: E402
 from celery.result import ResultSet  # noqa: E402
 
+from bench import py_spy  # noqa: E402
 from bench.device import free_memory, synchronize  # noqa: E402
 from bench.farm import (  # noqa: E402
     SENDER_PROCESSES,
@@ -143,6 +150,7 @@ class ModeResult:
     sent_s: float | None = None
     hops: list[FarmHops] | None = field(default=None, repr=False)
     workers: int = 0  # of a farm run: its GPUs (or CPU workers)
+    samples: list[Path] = field(default_factory=list, repr=False)  # with --py-spy: its processes' recordings
 
     @property
     def audio_per_wall(self) -> float:
@@ -160,7 +168,7 @@ class ModeResult:
             f"p95 {cell(self.latency(0.95), 2)} s"
         )
         if self.hops:
-            to_engine = [hop.to_engine for hop in self.hops]
+            to_engine = [hop.to_engine_start for hop in self.hops]
             line += (
                 f"; submit -> engine starts p50 {cell(percentile(to_engine, 0.5), 2)} s, "
                 f"p95 {cell(percentile(to_engine, 0.95), 2)} s"
@@ -169,7 +177,7 @@ class ModeResult:
 
     def as_dict(self) -> dict:
         figures = asdict(self)
-        del figures["latencies_s"], figures["hops"]
+        del figures["latencies_s"], figures["hops"], figures["samples"]
         return {
             **figures,
             "audio_per_wall": self.audio_per_wall,
@@ -191,12 +199,14 @@ class Finished:
 
 
 class FarmHops(NamedTuple):
-    """Where a farm job's latency went (seconds), from its result's times: from its submit to its start in
-    the engine (Redis, Celery's delivery, the engine process's channel), its time in the engine (preparing,
-    generating, decoding), from there to the worker's writing its audio and result (the channel, the
-    Celery process's job thread, the audio store), and from there to the client (Celery's result store,
-    its message to the client)."""
+    """Where a farm job's latency went (seconds), from its result's times: from its submit to a worker's
+    taking it (Redis, Celery's delivery to a job thread), from there to its start in the engine (the
+    engine process's channel, a place in the engine), its time in the engine (preparing, generating,
+    decoding), from there to the worker's writing its audio and result (the channel, the Celery process's
+    job thread, the audio store), and from there to the client (Celery's result store, its message to
+    the client)."""
 
+    to_worker: float
     to_engine: float
     in_engine: float
     to_worker_done: float
@@ -206,8 +216,14 @@ class FarmHops(NamedTuple):
     def of(cls, sent_wall: float, result: dict, received_wall: float) -> FarmHops:
         timings = result["timings"]
         in_engine = timings["text_s"] + timings["generate_s"] + timings["decode_s"]
-        started, finished = result["started_at"], result["finished_at"]
-        return cls(started - sent_wall, in_engine, finished - started - in_engine, received_wall - finished)
+        taken, started, finished = result["received_at"], result["started_at"], result["finished_at"]
+        return cls(
+            taken - sent_wall, started - taken, in_engine, finished - started - in_engine, received_wall - finished
+        )
+
+    @property
+    def to_engine_start(self) -> float:
+        return self.to_worker + self.to_engine
 
 
 @dataclass
@@ -380,9 +396,16 @@ def run_farm(
             progress("farm: warming up")
             through_farm(client, send, warm_up)
             progress("farm: the workload")
-            with cpu_used(worker_pids(client, queues, supervisor)) as used:
+            pids = worker_pids(client, queues, supervisor)
+            sampled = (
+                py_spy.recording(pids["engine"]() + pids["celery"](), arguments.py_spy, f"farm-{celery_processes}")
+                if arguments.py_spy
+                else contextlib.nullcontext([])
+            )
+            with cpu_used(pids) as used, sampled as samples:
                 result = through_farm(client, send, requests)
             result.cpu_s = used
+            result.samples = samples
     result.mode += named
     result.workers = count
     if celery_processes:
@@ -520,14 +543,18 @@ def print_tables(results: list[ModeResult], soak: list[SoakSample]) -> None:
             "\nwhere the farm's jobs spent their time, p50 / p95 s of each part on its own (from the jobs' results):\n"
         )
         print(
-            "| farm run | submit -> engine starts the job | -> the engine has it done | -> the worker has written it "
-            "| -> the client has its result |"
+            "| farm run | submit -> a worker takes the job | -> the engine starts it | -> the engine has it done "
+            "| -> the worker has written it | -> the client has its result |"
         )
-        print("|---|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|")
         for r in farms:
             parts = zip(*r.hops, strict=True)
             cells = (f"{percentile(part, 0.5):.2f} / {percentile(part, 0.95):.2f}" for part in parts)
             print(f"| {r.mode} | " + " | ".join(cells) + " |")
+    for r in results:
+        for recording in r.samples:
+            print(f"\nwhere a worker process's threads were over {r.mode}'s workload (py-spy):\n")
+            print(py_spy.summary(recording))
     if soak:
         print(
             "\nsoak: the allocator's current figures at each sample; audio-s/s of the jobs done since the one before\n"
@@ -584,6 +611,13 @@ def main() -> None:
         "--celery-processes",
         default="0",
         help="Celery processes a GPU for the farm runs, comma-separated: a run each (0: the default).",
+    )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        metavar="DIR",
+        help="Sample each farm run's engine and Celery processes with py-spy (native stacks) over its workload, "
+        "into DIR, and print where their threads were (bench.py_spy); the sampling slows the runs.",
     )
     parser.add_argument("--soak-s", type=float, default=0, help="Seconds of soak through the engine (0: none).")
     parser.add_argument("--soak-every-s", type=float, default=30, help="Seconds between the soak's samples.")

@@ -56,6 +56,9 @@ PROGRESS_STATE = "PROGRESS"
 # chattts_farm.audio_store reads it from any store. ``timeline`` places each segment in the audio:
 # [{"index", "text", "start_s", "end_s"}], counted in the joined audio's samples, silences included
 # (pauses between segments, SSML breaks; sentence-level: ChatTTS's codes say nothing of where its words fall).
+# ``received_at``, ``started_at`` and ``finished_at`` are epoch seconds: a worker took the job off its queue,
+# its engine began it, the worker had its audio stored; so a caller that knows when it sent the job sees how
+# long it waited in the queue and how long for a place in the engine.
 RESULT_FIELDS = (
     "job_id",
     "format",
@@ -76,6 +79,7 @@ RESULT_FIELDS = (
     "timings",
     "memory",
     "timeline",
+    "received_at",
     "started_at",
     "finished_at",
 )

@@ -107,6 +107,7 @@ def _note_revoked(request, **_) -> None:
 # is stored by the task itself, with the look at whether it has succeeded already (see worker.result_backend).
 @app.task(bind=True, name=TASK_NAME, throws=(FarmError,), track_started=False)
 def synthesize(self, **arguments) -> dict:
+    received_at = time.time()
     held = runtime.current()
     job_id = self.request.id
     try:
@@ -170,6 +171,7 @@ def synthesize(self, **arguments) -> dict:
         "worker": held.hostname,
         "model": outcome.model["kind"],
         "model_info": outcome.model,
+        "received_at": received_at,
         "started_at": handle.started_wall,
         "finished_at": time.time(),
     }

@@ -80,6 +80,19 @@ def test_samples_are_summed_thread_by_thread_and_function_by_function():
     assert threads["channel-sender"].places == {py_spy.LOCK_WAIT: 9}
 
 
+def test_a_thread_pools_threads_are_summed_as_one_row():
+    threads = py_spy.read_samples(
+        [
+            f"thread (7080): ThreadPoolExecutor-0_0;{PYTHON} 2",
+            f"thread (7081): ThreadPoolExecutor-0_17;{PYTHON};pthread_cond_timedwait (libc.so.6) 3",
+            f"thread (7082): ThreadPoolExecutor-0_767;{PYTHON} 1",
+            f"thread (7075): channel-sender;{PYTHON} 4",
+        ]
+    )
+    assert set(threads) == {"ThreadPoolExecutor-0_*", "channel-sender"}
+    assert threads["ThreadPoolExecutor-0_*"].places == {py_spy.RUNNING_PYTHON: 3, py_spy.GIL_WAIT: 3}
+
+
 CONTENDING = textwrap.dedent(
     """
     import sys, threading, time

@@ -12,6 +12,7 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
         "standard",
         *("--model", "synthetic-tiny", "--device", "cpu", "--jobs", "6", "--stock", "1"),
         *("--soak-s", "3", "--soak-every-s", "1", "--seconds", "1-2", "--workdir", str(tmp_path)),
+        *("--py-spy", str(tmp_path / "py-spy")),
         data_dir=data_dir,
     )
     lines = finished.stdout.splitlines()
@@ -35,10 +36,22 @@ def test_every_mode_runs_side_by_side_and_finishes_every_job(tiny_assets, data_d
     [hops] = markdown_table(lines, "| farm run |")
     assert hops["farm run"] == "farm (Redis + Celery)"
     parts = [[float(figure) for figure in cell.split(" / ")] for cell in list(hops.values())[1:]]
-    assert len(parts) == 4
+    assert len(parts) == 5
     for p50, p95 in parts:
         assert -0.01 <= p50 <= p95 <= float(modes[4]["p95 latency s"]) + 0.05, hops
-    assert parts[1][0] > 0  # the engine's own time
+    assert parts[2][0] > 0  # the engine's own time
+
+    # With --py-spy, where each of the farm's worker processes' threads were over its workload: the engine
+    # process's batcher in one, the Celery processes' job threads (one row for the pool) in the others.
+    title = "where a worker process's threads were over farm (Redis + Celery)'s workload (py-spy):"
+    starts = [index for index, line in enumerate(lines) if line == title]
+    assert len(starts) >= 2  # the engine process and at least one Celery process
+    threads = [
+        {row["thread"]: int(row["samples"]) for row in markdown_table(lines[start:], "| thread |")} for start in starts
+    ]
+    assert sum(1 for sampled in threads if sampled.get("batcher", 0) > 0) == 1, threads
+    celery = [sampled for sampled in threads if "batcher" not in sampled]
+    assert celery and all(sampled.get("ThreadPoolExecutor-0_*", 0) > 0 for sampled in celery), threads
 
     soak = markdown_table(lines, "| t s |")
     assert len(soak) >= 2

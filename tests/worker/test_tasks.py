@@ -84,6 +84,7 @@ def test_a_plain_celery_client_gets_valid_audio_in_every_format(workers, audio_s
     for audio_format in FORMATS:
         result = report["results"][audio_format]
         assert set(RESULT_FIELDS) <= set(result)
+        assert result["received_at"] <= result["started_at"] <= result["finished_at"]
         assert result["format"] == audio_format and result["mime_type"] == MIME_TYPES[audio_format]
         assert result["model"] == "synthetic" and result["audio_key"] == audio_store.key(result["job_id"], audio_format)
         assert result["audio_url"] == audio_store.url(result["audio_key"])
