@@ -14,10 +14,11 @@ load on the host).
 The engine has to be at least this fast for the Celery side to be the farm's limit.
 
 The jobs come from the same client processes as bench.standard's farm runs (how long they took to send
-is in the table), and the table says how soon a burst reached the engine: from each job's send to its
-arrival there, p50 and p95. ``--hold-s`` has the stand-in answer each job that long after it arrived,
-as a GPU's engine answers none of a burst's jobs in its first seconds: the burst's delivery is then
-measured without results flowing back beside it. ``--celery-processes`` sets the worker's
+is in the table), and the table says how soon a burst reached the engine: from each job's send to a job
+thread's taking it (the result's ``received_at``) and to its arrival at the engine, p50 and p95.
+``--hold-s`` has the stand-in answer each job that long after it arrived, as a GPU's engine answers
+none of a burst's jobs in its first seconds: the burst's delivery is then measured without results
+flowing back beside it. ``--celery-processes`` sets the worker's
 ``CHATTTS_FARM_CELERY_PROCESSES`` (the GPU's way of feeding one engine from several processes).
 """
 
@@ -61,7 +62,9 @@ def run_way(client: Celery, send, server: redis.Redis, pids: dict, jobs: int, au
         wall = time.perf_counter() - started
     reads, commands = (now - then for now, then in zip(redis_work(server), before, strict=True))
     audio_s = sum(output["duration_s"] for output in outputs)
-    # The stand-in's start of a job is when it arrived at the engine (its started_at, epoch seconds).
+    # When a job thread took it (received_at), and when it arrived at the engine: the stand-in's start of
+    # a job (its started_at). Epoch seconds.
+    taken = [output["received_at"] - job.wall for job, output in zip(sent, outputs, strict=True)]
     reached = [output["started_at"] - job.wall for job, output in zip(sent, outputs, strict=True)]
     return {
         "redis_reads": reads / len(outputs),
@@ -69,6 +72,8 @@ def run_way(client: Celery, send, server: redis.Redis, pids: dict, jobs: int, au
         "jobs": len(outputs),
         "wall_s": wall,
         "sent_s": max(job.at for job in sent) - started,
+        "taken_p50_s": percentile(taken, 0.5),
+        "taken_p95_s": percentile(taken, 0.95),
         "reached_p50_s": percentile(reached, 0.5),
         "reached_p95_s": percentile(reached, 0.95),
         "jobs_per_s": len(outputs) / wall,
@@ -128,15 +133,17 @@ def main() -> None:
         f"{arguments.jobs_in_flight} held at a time\n"
     )
     print(
-        "| way | jobs | wall s | jobs/s | audio-s/s carried | sent in s | reached the engine p50 / p95 s "
+        "| way | jobs | wall s | jobs/s | audio-s/s carried | sent in s | a job thread took it p50 / p95 s "
+        "| reached the engine p50 / p95 s "
         "| Celery process CPU ms a job | encoders' CPU ms a job | cores busy | Redis reads a job "
         "| Redis commands a job |"
     )
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|")
     for way, row in rows:
         print(
             f"| {way} | {row['jobs']} | {row['wall_s']:.2f} | {row['jobs_per_s']:.1f} | {row['audio_per_wall']:.0f} "
-            f"| {row['sent_s']:.2f} | {row['reached_p50_s']:.2f} / {row['reached_p95_s']:.2f} "
+            f"| {row['sent_s']:.2f} | {row['taken_p50_s']:.2f} / {row['taken_p95_s']:.2f} "
+            f"| {row['reached_p50_s']:.2f} / {row['reached_p95_s']:.2f} "
             f"| {row['celery_ms']:.1f} | {row['encoders_ms']:.1f} | {row['cores']:.2f} "
             f"| {row['redis_reads']:.1f} | {row['redis_commands']:.1f} |"
         )

@@ -23,6 +23,9 @@ def test_every_way_finishes_every_job_and_reports_the_celery_sides_cpu_and_how_s
         # Eight held at a time, each answered 0.5 s after it reached the engine: three rounds at least.
         p50, p95 = (float(figure) for figure in row["reached the engine p50 / p95 s"].split(" / "))
         assert 0 <= p50 <= p95 < float(row["wall s"]) - 0.5, row
+        # A job thread takes each job before it reaches the engine; with eight at a time, most wait for one.
+        taken_p50, taken_p95 = (float(figure) for figure in row["a job thread took it p50 / p95 s"].split(" / "))
+        assert taken_p50 <= p50 and taken_p95 <= p95 and taken_p95 > 0.5, row
         assert float(row["wall s"]) >= 1.5 and 0 < float(row["sent in s"]) < float(row["wall s"]), row
     # mp3 is encoded by the worker's encoder processes, wav in its job threads.
     assert float(rows[1]["encoders' CPU ms a job"]) > 0 and float(rows[0]["encoders' CPU ms a job"]) == 0
