@@ -23,6 +23,7 @@ def describe(job: Job) -> dict:
             "segments": job.result.get("segments"),
             "batch_size": job.result.get("batch_size"),
             "worker": job.result.get("worker"),
+            "received_at": _iso(job.result.get("received_at")),
             "started_at": _iso(job.result.get("started_at")),
             "first_chunk_s": (job.result.get("timings") or {}).get("first_chunk_s"),
             "first_chunk_engine_s": (job.result.get("timings") or {}).get("first_chunk_engine_s"),

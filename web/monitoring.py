@@ -92,16 +92,21 @@ class _FarmCollector:
             .order_by(Job.finished_at.desc())
             .limit(HISTOGRAM_JOBS)
         ).all()
-        waits, synthesis, whole, first_chunks = [], [], [], []
+        pickups, waits, synthesis, whole, first_chunks = [], [], [], [], []
         for created_at, result in recent:
             if result and result.get("started_at") and result.get("finished_at"):
                 wait = max(0.0, result["started_at"] - created_at.timestamp())
                 waits.append(wait)
+                if result.get("received_at"):  # none in the results of workers older than it
+                    pickups.append(max(0.0, result["received_at"] - created_at.timestamp()))
                 synthesis.append(max(0.0, result["finished_at"] - result["started_at"]))
                 whole.append(max(0.0, result["finished_at"] - created_at.timestamp()))
                 first_chunk = (result.get("timings") or {}).get("first_chunk_s")
                 if first_chunk is not None:
                     first_chunks.append(wait + first_chunk)
+        yield _histogram(
+            "chattts_worker_pickup_seconds", "From submission to a worker's taking the job", pickups, WAIT_BUCKETS
+        )
         yield _histogram("chattts_queue_wait_seconds", "From submission to the start of synthesis", waits, WAIT_BUCKETS)
         yield _histogram(
             "chattts_synthesis_seconds", "From the start of synthesis to the result", synthesis, SYNTHESIS_BUCKETS

@@ -4,6 +4,8 @@ import dataclasses
 import json
 import re
 import time
+import uuid
+from datetime import timedelta
 from pathlib import Path
 
 import redis
@@ -11,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from chattts_farm import redis_keys
 from web import create_app
+from web.models import Job, JobStatus, db, utcnow
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/monitoring/grafana/dashboards/chattts-farm.json"
 
@@ -112,3 +115,44 @@ def test_every_metric_the_dashboard_queries_is_one_the_web_exports(client, redis
         for suffix in HISTOGRAM_SUFFIXES:
             family = family.removesuffix(suffix)
         assert family in exported or name in exported, f"the dashboard queries {name}, which /metrics lacks"
+
+
+def test_a_jobs_wait_is_split_at_the_worker_that_took_it_in_metrics_and_status(app, client):
+    created = utcnow() - timedelta(minutes=1)
+    submitted = created.timestamp()
+    taken, older = str(uuid.uuid4()), str(uuid.uuid4())
+    with app.app_context():
+        for job_id, result in (
+            (taken, {"received_at": submitted + 0.3, "started_at": submitted + 4, "finished_at": submitted + 9}),
+            # From a worker older than received_at: its wait is counted whole, its pickup not at all.
+            (older, {"started_at": submitted + 2, "finished_at": submitted + 3}),
+        ):
+            db.session.add(
+                Job(
+                    id=job_id,
+                    text="Hi.",
+                    parameters={},
+                    format="wav",
+                    status=JobStatus.DONE,
+                    created_at=created,
+                    finished_at=utcnow(),
+                    result={**result, "sample_rate": 24_000},
+                )
+            )
+        db.session.commit()
+    metrics = client.get("/metrics").get_data(as_text=True)
+    samples = {
+        (sample.name, sample.labels.get("le")): sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+    }
+    assert samples["chattts_worker_pickup_seconds_count", None] == 1
+    assert samples["chattts_worker_pickup_seconds_bucket", "0.1"] == 0
+    assert samples["chattts_worker_pickup_seconds_bucket", "0.5"] == 1
+    assert samples["chattts_queue_wait_seconds_count", None] == 2
+    assert samples["chattts_queue_wait_seconds_bucket", "2"] == 1
+    assert samples["chattts_queue_wait_seconds_bucket", "5"] == 2
+
+    shown = client.get(f"/api/jobs/{taken}").get_json()["result"]
+    assert shown["received_at"] < shown["started_at"]  # ISO 8601 in UTC, which sorts as time does
+    assert client.get(f"/api/jobs/{older}").get_json()["result"]["received_at"] is None
