@@ -168,10 +168,10 @@ class ModeResult:
             f"p95 {cell(self.latency(0.95), 2)} s"
         )
         if self.hops:
-            to_engine = [hop.to_engine_start for hop in self.hops]
+            to_engine_start = [hop.to_engine_start for hop in self.hops]
             line += (
-                f"; submit -> engine starts p50 {cell(percentile(to_engine, 0.5), 2)} s, "
-                f"p95 {cell(percentile(to_engine, 0.95), 2)} s"
+                f"; submit -> engine starts p50 {cell(percentile(to_engine_start, 0.5), 2)} s, "
+                f"p95 {cell(percentile(to_engine_start, 0.95), 2)} s"
             )
         return line
 

@@ -95,12 +95,13 @@ class _FarmCollector:
         pickups, waits, synthesis, whole, first_chunks = [], [], [], [], []
         for created_at, result in recent:
             if result and result.get("started_at") and result.get("finished_at"):
-                wait = max(0.0, result["started_at"] - created_at.timestamp())
+                submitted = created_at.timestamp()
+                wait = max(0.0, result["started_at"] - submitted)
                 waits.append(wait)
                 if result.get("received_at"):  # none in the results of workers older than it
-                    pickups.append(max(0.0, result["received_at"] - created_at.timestamp()))
+                    pickups.append(max(0.0, result["received_at"] - submitted))
                 synthesis.append(max(0.0, result["finished_at"] - result["started_at"]))
-                whole.append(max(0.0, result["finished_at"] - created_at.timestamp()))
+                whole.append(max(0.0, result["finished_at"] - submitted))
                 first_chunk = (result.get("timings") or {}).get("first_chunk_s")
                 if first_chunk is not None:
                     first_chunks.append(wait + first_chunk)
